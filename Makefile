@@ -1,0 +1,14 @@
+# The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
+.PHONY: setup demo test bench
+setup:
+	./scripts/setup.sh
+
+demo: setup
+	.venv/bin/spec-batch run examples/sample_batch.jsonl -o out/sample_results.jsonl
+
+test: setup
+	./scripts/services.sh
+	.venv/bin/python -m pytest -q
+
+bench: setup
+	.venv/bin/python bench/bench_core.py

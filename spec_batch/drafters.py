@@ -1,0 +1,238 @@
+"""Drafters: what proposes tokens for the target to check.
+
+A drafter sees the rows of the batch (each row's token list ends with the token the target will read next)
+and proposes up to k[b] tokens per row. Drafters that sample from a distribution return it too, so the
+verifier can run rejection sampling; drafters without one (n-gram) are verified as one-hot drafts.
+New kinds (EAGLE/Medusa heads) implement the same protocol; the decoding loop does not change.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from .kv_batch import KVBatch
+from .sampling import STREAM_DRAFT, SamplingParams, exponential_noise, logits_to_probs, sample_from
+
+
+class DraftRow(Protocol):
+    """What a drafter may read of a row in flight."""
+
+    tokens: list[int]  # prompt + generated; the last is the next token the target reads
+    params: SamplingParams
+    seed: int
+    n_generated: int  # output position of the next token to be produced
+
+
+@dataclass
+class Draft:
+    tokens: list[list[int]]  # per row, at most k[b] tokens
+    probs: torch.Tensor | None = None  # [B, kmax, V] the draft's distributions, or None (one-hot drafts)
+    forwards: int = 0  # draft-model forward passes spent
+    seconds: float = 0.0
+
+
+class Drafter(Protocol):
+    name: str
+    has_probs: bool  # True: proposals are sampled from `Draft.probs` (rejection sampling applies)
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        """New rows join the batch, appended after the current ones."""
+
+    def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
+        """How many tokens each row could be offered now (cheap; the policy uses it)."""
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        """Up to k[b] draft tokens per row."""
+
+    def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
+        """After verification: rows accepted accepted[b] of the k[b] proposed tokens (before tokens are appended)."""
+
+    def keep_rows(self, keep: list[int]) -> None:
+        """Only these row indices stay in the batch, in this order."""
+
+
+class NoDrafter:
+    """Plain decoding through the same loop: the baseline speedups are measured against."""
+
+    name = "none"
+    has_probs = False
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        pass
+
+    def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
+        return [0] * len(rows)
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        return Draft(tokens=[[] for _ in rows])
+
+    def feedback(self, rows, k, accepted) -> None:
+        pass
+
+    def keep_rows(self, keep: list[int]) -> None:
+        pass
+
+
+class _NgramIndex:
+    """Latest end position of every n-gram (n in [n_min, n_max]) of one row, updated incrementally."""
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+        self.last_end: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending before this position are in the index
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """Continuation (<= k tokens) of the latest earlier occurrence of the longest matching suffix."""
+        end = len(tokens) - 1  # the suffix ends here; index n-grams ending strictly before it
+        for i in range(self.indexed, end):
+            for n in range(self.n_min, min(self.n_max, i + 1) + 1):
+                self.last_end[tuple(tokens[i - n + 1 : i + 1])] = i
+        self.indexed = max(self.indexed, end)
+        for n in range(min(self.n_max, end + 1), self.n_min - 1, -1):
+            pos = self.last_end.get(tuple(tokens[end - n + 1 : end + 1]))
+            if pos is not None:
+                return tokens[pos + 1 : pos + 1 + k]
+        return []
+
+
+class NgramDrafter:
+    """Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens."""
+
+    name = "ngram"
+    has_probs = False
+
+    def __init__(self, n_min: int = 1, n_max: int = 3):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"ngram sizes need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self.indexes: list[_NgramIndex] = []
+        self._cached: list[list[int]] = []
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        self.indexes.extend(_NgramIndex(self.n_min, self.n_max) for _ in rows)
+
+    def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
+        self._cached = [index.lookup(row.tokens, k_max) for index, row in zip(self.indexes, rows)]
+        return [len(c) for c in self._cached]
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        if len(self._cached) != len(rows):
+            self.available(rows, max(k, default=0))
+        return Draft(tokens=[c[:kb] for c, kb in zip(self._cached, k)])
+
+    def feedback(self, rows, k, accepted) -> None:
+        self._cached = []
+
+    def keep_rows(self, keep: list[int]) -> None:
+        self.indexes = [self.indexes[i] for i in keep]
+        self._cached = []
+
+
+class ModelDrafter:
+    """A smaller causal LM sharing the target's tokenizer; keeps its own KV cache, rolled back like the target's."""
+
+    has_probs = True
+
+    def __init__(self, model, name: str, device: torch.device, placeholder_id: int, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size  # the target's: draft rows past it are padding and never proposed
+        self.name = name
+        self.device = device
+        self.placeholder_id = placeholder_id
+        self.kv = KVBatch(model, device, 0)
+        self.seen: list[int] = []  # per row: how many of row.tokens the draft cache holds
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        group = KVBatch(self.model, self.device, len(rows))
+        prefill = [row.tokens[:-1] for row in rows]  # the last token is read when drafting, like the target
+        width = max(1, max(len(p) for p in prefill))
+        ids = torch.full((len(rows), width), self.placeholder_id, dtype=torch.long)
+        valid = torch.zeros((len(rows), width), dtype=torch.bool)
+        for b, p in enumerate(prefill):
+            if p:
+                ids[b, width - len(p) :] = torch.tensor(p)
+                valid[b, width - len(p) :] = True
+        group.forward(ids.to(self.device), valid.to(self.device), logits_to_keep=1)
+        self.kv.extend(group)
+        self.seen.extend(len(p) for p in prefill)
+
+    def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
+        return [k_max] * len(rows)
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        t0 = time.perf_counter()
+        batch = len(rows)
+        k_max = max(k, default=0)
+        tokens: list[list[int]] = [[] for _ in rows]
+        if k_max == 0:
+            return Draft(tokens=tokens)
+        active = [b for b in range(batch) if k[b] > 0]
+        # first forward: every token of the row the draft has not read yet (ragged; left placeholders)
+        unseen = [rows[b].tokens[self.seen[b] :] if k[b] > 0 else [] for b in range(batch)]
+        width = max(len(u) for u in unseen)
+        ids = torch.full((batch, width), self.placeholder_id, dtype=torch.long)
+        valid = torch.zeros((batch, width), dtype=torch.bool)
+        for b, u in enumerate(unseen):
+            if u:
+                ids[b, width - len(u) :] = torch.tensor(u)
+                valid[b, width - len(u) :] = True
+        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=self.device)
+        top_k = torch.tensor([r.params.top_k for r in rows], device=self.device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=self.device)
+        greedy = [r.params.greedy for r in rows]
+        probs_steps: list[torch.Tensor] = []
+        forwards = 0
+        for j in range(k_max):
+            logits = self.kv.forward(ids.to(self.device), valid.to(self.device), logits_to_keep=1)[:, -1]  # [B, Vd]
+            logits = _to_vocab(logits, self.vocab_size)  # [B, V]
+            forwards += 1
+            probs = logits_to_probs(logits.unsqueeze(1), temps, top_k, top_p)[:, 0]  # [B, V]
+            probs_steps.append(probs)
+            greedy_pick = logits.argmax(dim=-1).tolist()
+            next_ids = torch.full((batch, 1), self.placeholder_id, dtype=torch.long)
+            next_valid = torch.zeros((batch, 1), dtype=torch.bool)
+            for b in active:
+                if j >= k[b]:
+                    continue
+                if greedy[b]:
+                    tok = greedy_pick[b]
+                else:
+                    row = rows[b]
+                    noise = exponential_noise(row.seed, row.n_generated + j, STREAM_DRAFT, probs.shape[-1], self.device)
+                    tok = int(sample_from(probs[b], noise))
+                tokens[b].append(tok)
+                if j + 1 < k[b]:  # the last draft token is fed only if accepted (next step, with the bonus)
+                    next_ids[b, 0] = tok
+                    next_valid[b, 0] = True
+            if j + 1 == k_max or not bool(next_valid.any()):
+                break
+            ids, valid = next_ids, next_valid
+        for b in active:
+            self.seen[b] = len(rows[b].tokens) + k[b] - 1
+        probs_all = torch.stack(probs_steps, dim=1)  # [B, k_max, V]
+        return Draft(tokens=tokens, probs=probs_all, forwards=forwards, seconds=time.perf_counter() - t0)
+
+    def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
+        # the cache holds row.tokens + the first k-1 drafts; keep only the accepted ones
+        drop = [0] * len(rows)
+        for b in range(len(rows)):
+            if k[b] > 0:
+                kept = min(accepted[b], k[b] - 1)
+                drop[b] = (k[b] - 1) - kept
+                self.seen[b] = len(rows[b].tokens) + kept
+        self.kv.rollback(torch.tensor(drop, dtype=torch.long, device=self.device))
+        self.kv.maybe_compact()
+
+    def keep_rows(self, keep: list[int]) -> None:
+        self.kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
+        self.seen = [self.seen[i] for i in keep]
+
+
+def _to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Cuts padding rows off, or pads with -inf (never proposed) up to the target's vocabulary."""
+    if logits.shape[-1] >= vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))

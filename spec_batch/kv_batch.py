@@ -1,0 +1,190 @@
+"""A model's KV cache for a batch of rows that advance by different amounts.
+
+Every row shares one cache tensor layout; a per-row validity mask marks which cache columns hold the row's
+tokens. Rolling a row back after a rejection only clears its last columns in the mask (a "hole"), so rows
+never wait for each other and the prefix is never recomputed. Positions come from the mask, so holes cost
+memory, not correctness; `compact` squeezes them out with a gather when they pile up.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class SlabLayer(DynamicLayer):
+    """A cache layer with preallocated, doubling capacity: appends write in place instead of torch.cat."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._kbuf = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3]))
+        self._vbuf = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]))
+        self.length = 0
+        self.is_initialized = True
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.keys = self._kbuf[:, :, : self.length]
+        self.values = self._vbuf[:, :, : self.length]
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self._kbuf.shape[2]
+        if needed <= capacity:
+            return
+        new_cap = max(needed, 2 * capacity, 64)
+        for name in ("_kbuf", "_vbuf"):
+            old = getattr(self, name)
+            buf = old.new_empty((*old.shape[:2], new_cap, old.shape[3]))
+            buf[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, buf)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self._reserve(self.length + n)
+        self._kbuf[:, :, self.length : self.length + n] = key_states
+        self._vbuf[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self._refresh()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.is_initialized and tokens_to_remove < 0:
+            self.length = max(0, self.length + tokens_to_remove)
+            self._refresh()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._kbuf = self._kbuf[indices, :, : self.length].clone()
+            self._vbuf = self._vbuf[indices, :, : self.length].clone()
+            self._refresh()
+
+    def gather_columns(self, columns: torch.Tensor) -> None:
+        """Keeps, for each row b, the columns columns[b] (in order). columns [B, new_len]."""
+        if not self.is_initialized:
+            return
+        idx = columns.view(columns.shape[0], 1, columns.shape[1], 1)
+        idx = idx.expand(-1, self._kbuf.shape[1], -1, self._kbuf.shape[3])
+        self._kbuf = self._kbuf[:, :, : self.length].gather(2, idx)
+        self._vbuf = self._vbuf[:, :, : self.length].gather(2, idx)
+        self.length = columns.shape[1]
+        self._refresh()
+
+    def pad_left(self, n: int) -> None:
+        if self.is_initialized and n > 0:
+            pad_shape = (*self._kbuf.shape[:2], n, self._kbuf.shape[3])
+            self._kbuf = torch.cat([self._kbuf.new_zeros(pad_shape), self._kbuf[:, :, : self.length]], dim=2)
+            self._vbuf = torch.cat([self._vbuf.new_zeros(pad_shape), self._vbuf[:, :, : self.length]], dim=2)
+            self.length += n
+            self._refresh()
+
+    def concat_rows(self, other: "SlabLayer") -> None:
+        """Appends other's rows (same cache length) below ours."""
+        self._kbuf = torch.cat([self._kbuf[:, :, : self.length], other._kbuf[:, :, : other.length]], dim=0)
+        self._vbuf = torch.cat([self._vbuf[:, :, : self.length], other._vbuf[:, :, : other.length]], dim=0)
+        self._refresh()
+
+
+def supports_model(model) -> str | None:
+    """None if the model's attention fits this cache; otherwise why not."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))} (only full attention is supported)"
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder models are not supported"
+    return None
+
+
+class KVBatch:
+    """One model, its cache, and which cache columns each row owns."""
+
+    def __init__(self, model, device: torch.device, batch: int):
+        self.model = model
+        self.device = device
+        self.cache = Cache(layer_class_to_replicate=SlabLayer)
+        self.mask = torch.zeros(batch, 0, dtype=torch.long, device=device)  # [B, cache_len], 1 = the row's token
+        self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # [B] = valid entries per row
+
+    @property
+    def batch(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        """Appends input_ids [B, n] (valid [B, n] bool marks real tokens) and returns logits [B, n or keep, V]."""
+        valid_l = valid.long()
+        positions = (self.next_pos.unsqueeze(1) + valid_l.cumsum(dim=1) - 1).clamp_min(0)
+        mask = torch.cat([self.mask, valid_l], dim=1)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.mask = mask
+        self.next_pos = self.next_pos + valid_l.sum(dim=1)
+        return out.logits
+
+    def rollback(self, drop: torch.Tensor) -> None:
+        """Forgets each row's last drop[b] tokens. drop [B] long."""
+        if not bool((drop > 0).any()):
+            return
+        valid_from_end = self.mask.flip(1).cumsum(dim=1).flip(1)  # valid entries at or after each column
+        kill = (valid_from_end <= drop.unsqueeze(1)) & (self.mask == 1)
+        self.mask = self.mask.masked_fill(kill, 0)
+        self.next_pos = self.next_pos - drop
+        self._trim_tail()
+
+    def _trim_tail(self) -> None:
+        used = self.mask.any(dim=0).nonzero()
+        keep = int(used.max()) + 1 if used.numel() else 0
+        if keep < self.length:
+            self.cache.crop(keep - self.length)
+            self.mask = self.mask[:, :keep]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+        self.next_pos = self.next_pos[rows]
+        self._trim_tail()
+        self.maybe_compact()
+
+    def maybe_compact(self) -> None:
+        """Squeezes holes out once they waste more than a third of the cache."""
+        longest = int(self.next_pos.max()) if self.batch else 0
+        if self.length <= 1.5 * longest + 32:
+            return
+        # row b keeps its valid columns, right-aligned; left padding points at column 0 and is masked
+        order = torch.arange(self.length, device=self.device).expand(self.batch, -1)
+        key = torch.where(self.mask == 1, order, order - self.length)  # valid columns sort last, in order
+        columns = key.sort(dim=1).indices[:, self.length - longest :]
+        new_mask = self.mask.gather(1, columns)
+        columns = torch.where(new_mask == 1, columns, torch.zeros_like(columns))
+        for layer in self.cache.layers:
+            layer.gather_columns(columns)
+        self.mask = new_mask
+
+    def extend(self, other: "KVBatch") -> None:
+        """Appends other's rows (a freshly prefilled group) below ours, aligning cache lengths on the left."""
+        if self.batch == 0:
+            self.cache, self.mask, self.next_pos = other.cache, other.mask, other.next_pos
+            return
+        diff = self.length - other.length
+        shorter, pad = (other, diff) if diff > 0 else (self, -diff)
+        if pad:
+            for layer in shorter.cache.layers:
+                layer.pad_left(pad)
+            shorter.mask = torch.cat([shorter.mask.new_zeros(shorter.batch, pad), shorter.mask], dim=1)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.concat_rows(theirs)
+        self.mask = torch.cat([self.mask, other.mask], dim=0)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos], dim=0)

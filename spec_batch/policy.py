@@ -1,0 +1,118 @@
+"""How many tokens to draft next.
+
+Each step the policy compares, for every candidate draft length k, the tokens the step is expected to yield
+(from each row's observed acceptance) with what a step of that width is measured to cost at this batch size,
+and picks the best rate. k = 0 is plain decoding, so speculation switches itself off where it does not pay
+(low acceptance, or a batch so large that verifying k + 1 tokens per row costs nearly k + 1 plain steps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RowAcceptance:
+    """Per-row acceptance as a geometric model: alpha = P(next draft token accepted | previous accepted)."""
+
+    accepted: float = 1.0  # prior: one accepted ...
+    rejections: float = 1.0  # ... and one rejection, i.e. alpha = 0.5 before any evidence
+    decay: float = 0.9
+
+    def observe(self, accepted: int, rejected: bool) -> None:
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejections = self.rejections * self.decay + (1.0 if rejected else 0.0)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejections)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens from one step with k draft tokens: accepted run + the target's own token."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 0.999999:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds of a whole step, by (batch size, input width = 1 + longest draft), as moving averages."""
+
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    smoothing: float = 0.3
+
+    def observe(self, batch: int, width: int, seconds: float) -> None:
+        key = (batch, width)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def estimate(self, batch: int, width: int) -> float | None:
+        """Measured, else interpolated/extrapolated linearly in width from this batch size's measurements."""
+        if (batch, width) in self.seconds:
+            return self.seconds[(batch, width)]
+        known = sorted((w, s) for (b, w), s in self.seconds.items() if b == batch)
+        if not known:
+            return None
+        if len(known) == 1:
+            w0, s0 = known[0]
+            # optimistic prior: each extra token per row costs 5% of a step; measuring it corrects this
+            return s0 * max(0.05, 1.0 + 0.05 * (width - w0))
+        below = [p for p in known if p[0] < width]
+        above = [p for p in known if p[0] > width]
+        if below and above:
+            (w1, s1), (w2, s2) = below[-1], above[0]  # interpolate
+        elif below:
+            (w1, s1), (w2, s2) = known[-2], known[-1]  # extrapolate past the widest measured
+        else:
+            (w1, s1), (w2, s2) = known[0], known[1]  # extrapolate below the narrowest measured
+        slope = max(0.0, (s2 - s1) / (w2 - w1))
+        return max(1e-6, s1 + slope * (width - w1))
+
+
+class DraftPolicy:
+    def __init__(self, k_max: int = 8, adaptive: bool = True, candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16)):
+        if k_max < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
+        self.k_max = k_max
+        self.adaptive = adaptive
+        self.candidates = sorted({c for c in candidates if c <= k_max} | {k_max})
+        self.costs = StepCosts()
+        self.probe_every = 32
+        self._idle_steps = 0
+
+    def choose(self, batch: int, alphas: list[float], available: list[int]) -> int:
+        """The draft length for this step. available[b]: tokens the drafter can offer row b (after budget caps)."""
+        longest = max(available, default=0)
+        if longest == 0 or self.k_max == 0:
+            return 0
+        if not self.adaptive:
+            return min(self.k_max, longest)
+        k = self._best(batch, alphas, available, longest)
+        if k == 0:
+            # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay
+            # (the output began copying the prompt) is noticed
+            self._idle_steps += 1
+            if self._idle_steps >= self.probe_every:
+                self._idle_steps = 0
+                return min(longest, 2)
+        else:
+            self._idle_steps = 0
+        return k
+
+    def _best(self, batch: int, alphas: list[float], available: list[int], longest: int) -> int:
+        best_k, best_rate = 0, -1.0
+        for k in sorted({min(c, longest) for c in self.candidates}):
+            width = 1 + k
+            cost = self.costs.estimate(batch, width)
+            if cost is None:  # nothing measured at this batch size yet: start from a middling draft
+                return min(longest, max(1, self.k_max // 2))
+            tokens = sum(expected_tokens(a, min(k, n)) for a, n in zip(alphas, available))
+            rate = tokens / cost
+            if rate > best_rate * 1.0001:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def observe_step(self, batch: int, width: int, seconds: float) -> None:
+        self.costs.observe(batch, width, seconds)

@@ -1,0 +1,123 @@
+"""Sampling parameters and the one way logits become probabilities.
+
+Temperature, top-k and top-p are applied by the same function to the target's and the draft's logits, so
+both distributions are shaped the same way (a trap real systems shipped as a bug).
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .errors import InvalidParameterError
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # None: fresh randomness for this request
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
+            raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not (0.0 <= float(self.temperature) <= 100.0):
+            raise InvalidParameterError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < float(self.top_p) <= 1.0):
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise InvalidParameterError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise InvalidParameterError(f"seed must be an integer or None, got {self.seed!r}")
+        for s in self.stop:
+            if not isinstance(s, str) or s == "":
+                raise InvalidParameterError(f"stop strings must be non-empty strings, got {s!r}")
+        self.temperature = float(self.temperature)
+        self.top_p = float(self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamplingParams":
+        """Builds params from a plain dict; an unknown key is an error, not ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidParameterError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def fresh_seed() -> int:
+    return secrets.randbits(63)
+
+
+def _key(seed: int, position: int, stream: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{position}:{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+# Randomness is keyed by (request seed, output position, stream), never by step or batch slot: a seeded
+# request gives the same output whatever batch it is in, however many tokens were drafted around it.
+STREAM_TARGET = 0  # exponential noise that picks the target's token at a position
+STREAM_ACCEPT = 1  # the uniform of the accept test at a position (draft models)
+STREAM_DRAFT = 2  # exponential noise with which a draft model samples its proposal at a position
+
+
+def position_generator(seed: int, position: int, stream: int, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(_key(seed, position, stream))
+    return gen
+
+
+def exponential_noise(seed: int, position: int, stream: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise over the vocabulary; argmax(probs / noise) is an exact sample from probs."""
+    gen = position_generator(seed, position, stream, device)
+    u = torch.rand(vocab, generator=gen, device=device, dtype=torch.float32)
+    return -torch.log1p(-u).clamp_min_(1e-20)  # 1 - u in (0, 1]; clamp keeps the division finite
+
+
+def accept_uniform(seed: int, position: int, device: torch.device) -> float:
+    gen = position_generator(seed, position, STREAM_ACCEPT, torch.device("cpu"))
+    return float(torch.rand(1, generator=gen).item())
+
+
+def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Exponential-race sampling: argmax(probs / noise) along the last dim. probs [..., vocab]."""
+    return (probs / noise).argmax(dim=-1)
+
+
+def logits_to_probs(
+    logits: torch.Tensor,  # [rows, n, vocab]
+    temperature: torch.Tensor,  # [rows], > 0
+    top_k: torch.Tensor,  # [rows], 0 = off
+    top_p: torch.Tensor,  # [rows], 1 = off
+) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (HF's order), then softmax. Returns float32 [rows, n, vocab]."""
+    logits = logits.float() / temperature.view(-1, 1, 1)
+    vocab = logits.shape[-1]
+    need_k = bool((top_k > 0).any())
+    need_p = bool((top_p < 1.0).any())
+    if need_k or need_p:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if need_k:
+            k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).clamp(max=vocab)
+            ranks = torch.arange(vocab, device=logits.device)
+            drop |= ranks.view(1, 1, -1) >= k.view(-1, 1, 1)
+        if need_p:
+            sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+            drop |= before > top_p.view(-1, 1, 1)  # the top token always survives (before == 0)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return logits.softmax(dim=-1)

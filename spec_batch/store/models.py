@@ -1,0 +1,225 @@
+"""SQLAlchemy 2.x tables of bulk jobs and their requests.
+
+Alembic migrations in ``migrations/`` are the only way this schema changes: edit these classes, then add a
+migration (``alembic revision -m ...``) that makes the same change, with a working downgrade.
+
+The ``job_summary`` view is not part of this metadata (``create_all`` must not create it); it is created by
+migration 0001 and described for queries by :data:`job_summary` below.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Job lifecycle, as OpenAI's Batch API: validating -> in_progress -> finalizing -> completed;
+# failed (the job as a whole: e.g. no valid line); cancelling -> cancelled.
+JOB_VALIDATING = "validating"
+JOB_IN_PROGRESS = "in_progress"
+JOB_FINALIZING = "finalizing"
+JOB_COMPLETED = "completed"
+JOB_FAILED = "failed"
+JOB_CANCELLING = "cancelling"
+JOB_CANCELLED = "cancelled"
+JOB_STATUSES = (
+    JOB_VALIDATING,
+    JOB_IN_PROGRESS,
+    JOB_FINALIZING,
+    JOB_COMPLETED,
+    JOB_FAILED,
+    JOB_CANCELLING,
+    JOB_CANCELLED,
+)
+JOB_TERMINAL = (JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED)
+
+REQ_PENDING = "pending"
+REQ_RUNNING = "running"
+REQ_COMPLETED = "completed"
+REQ_FAILED = "failed"
+REQ_CANCELLED = "cancelled"
+REQUEST_STATUSES = (REQ_PENDING, REQ_RUNNING, REQ_COMPLETED, REQ_FAILED, REQ_CANCELLED)
+REQUEST_OPEN = (REQ_PENDING, REQ_RUNNING)  # not finished yet
+REQUEST_DONE = (REQ_COMPLETED, REQ_FAILED, REQ_CANCELLED)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC timestamp on every backend (SQLite stores no offset: it is UTC by convention)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: spec-batch stores timezone-aware UTC timestamps")
+        value = value.astimezone(timezone.utc)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Job(Base):
+    """One bulk job: a batch file's requests, the models that ran them and the job's measured speedup."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (CheckConstraint(_in("status", JOB_STATUSES), name="status"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), default=JOB_VALIDATING, server_default=JOB_VALIDATING, index=True)
+    target: Mapped[str] = mapped_column(String(512))
+    drafter: Mapped[str] = mapped_column(String(512))
+    input_file: Mapped[str | None] = mapped_column(String(1024))
+    output_file: Mapped[str | None] = mapped_column(String(1024))
+    # Defaults for lines that omit a value: {"max_new_tokens": .., "temperature": .., "top_p": ..}
+    sampling_defaults: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
+    batch_size: Mapped[int] = mapped_column(Integer, default=8, server_default="8")
+    baseline_sample: Mapped[int] = mapped_column(Integer, default=8, server_default="8")  # 0: no baseline, speedup NULL
+    chunk_size: Mapped[int | None] = mapped_column(Integer)  # queue: requests per task
+    queue: Mapped[str | None] = mapped_column(String(128))  # queue: Celery queue name; NULL = in-process
+    # Request counts fixed at creation: every non-blank line, and those that failed validation.
+    n_requests: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    n_invalid: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Seconds spent inside decoder.generate() storing this job's results, summed over runs and workers.
+    decode_wall_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # The measured baseline: the same sample of requests decoded with and without speculation
+    # (same engine, same batch size); speedup = (sample tokens/s) / (baseline tokens/s).
+    baseline_requests: Mapped[int | None] = mapped_column(Integer)
+    baseline_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    baseline_wall_s: Mapped[float | None] = mapped_column(Float)
+    sample_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    sample_wall_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # in_progress since
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    requests: Mapped[list["Request"]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", passive_deletes=True, order_by="Request.line_number"
+    )
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, status={self.status!r}, target={self.target!r}, drafter={self.drafter!r})"
+
+
+class Request(Base):
+    """One line of a batch file. Invalid lines are rows too (status failed, error_code set, no prompt)."""
+
+    __tablename__ = "requests"
+    __table_args__ = (
+        UniqueConstraint("job_id", "custom_id"),
+        UniqueConstraint("job_id", "line_number"),
+        CheckConstraint(_in("status", REQUEST_STATUSES), name="status"),
+        Index("ix_requests_job_id_status", "job_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # NULL for an invalid line (its custom_id, if any, is in `input`); unique within a job otherwise.
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    line_number: Mapped[int] = mapped_column(Integer)  # 1-based line of the batch file
+    input: Mapped[str] = mapped_column(Text)  # the line exactly as read
+    endpoint: Mapped[str | None] = mapped_column(String(64))  # "/v1/chat/completions" | "/v1/completions"
+    prompt: Mapped[Any] = mapped_column(JSONType, nullable=True)  # messages (chat) or prompt string
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # SamplingParams fields
+    status: Mapped[str] = mapped_column(String(16), default=REQ_PENDING, server_default=REQ_PENDING)
+    output: Mapped[str | None] = mapped_column(Text)  # generated text
+    finish_reason: Mapped[str | None] = mapped_column(String(16))  # stop | length | error
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    # Per-request statistics from the core (RequestStats).
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    draft_tokens: Mapped[int | None] = mapped_column(Integer)
+    accepted_tokens: Mapped[int | None] = mapped_column(Integer)
+    target_forwards: Mapped[int | None] = mapped_column(Integer)
+    draft_forwards: Mapped[int | None] = mapped_column(Integer)
+    accepted_length_histogram: Mapped[list[int] | None] = mapped_column(JSONType)
+    wall_s: Mapped[float | None] = mapped_column(Float)
+    # Who ran it and when.
+    worker: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    job: Mapped[Job] = relationship(back_populates="requests")
+
+    def __repr__(self) -> str:
+        return f"Request(id={self.id!r}, job_id={self.job_id!r}, custom_id={self.custom_id!r}, status={self.status!r})"
+
+
+# The job_summary view, for typed queries (select(job_summary)); created by migration 0001, not create_all.
+view_metadata = MetaData()
+job_summary = Table(
+    "job_summary",
+    view_metadata,
+    Column("job_id", String(40), primary_key=True),
+    Column("status", String(16)),
+    Column("target", String(512)),
+    Column("drafter", String(512)),
+    Column("n_requests", Integer),
+    Column("n_completed", Integer),
+    Column("n_failed", Integer),
+    Column("output_tokens", Integer),
+    Column("acceptance_rate", Float),
+    Column("tokens_per_step", Float),
+    Column("tokens_per_s", Float),
+    Column("baseline_tokens_per_s", Float),
+    Column("speedup", Float),
+    Column("created_at", UTCDateTime),
+    Column("completed_at", UTCDateTime),
+)
+JOB_SUMMARY_COLUMNS = tuple(c.name for c in job_summary.columns)

@@ -1,0 +1,449 @@
+"""Queries and conditional updates of the store. Every function takes a Session the caller owns
+(``with factory.begin() as session: ...``); none commits.
+
+The updates that several processes may race on (claiming, storing a result, finalizing a job) are single
+conditional UPDATE statements, so at most one of the racers changes a row: nothing is stored twice and a job
+is completed exactly once.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Float, and_, case, cast, exists, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from ..errors import SpecBatchError
+from .models import (
+    JOB_CANCELLED,
+    JOB_CANCELLING,
+    JOB_COMPLETED,
+    JOB_FAILED,
+    JOB_FINALIZING,
+    JOB_IN_PROGRESS,
+    JOB_VALIDATING,
+    REQ_CANCELLED,
+    REQ_COMPLETED,
+    REQ_FAILED,
+    REQ_PENDING,
+    REQ_RUNNING,
+    REQUEST_OPEN,
+    REQUEST_STATUSES,
+    Job,
+    Request,
+    job_summary,
+    utcnow,
+)
+
+
+class JobNotFoundError(SpecBatchError, LookupError):
+    """No job (or more than one) matches the id or prefix given."""
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFoundError(f"no job {job_id!r}: `spec-batch jobs` lists the jobs of this database")
+    return job
+
+
+def resolve_job_id(session: Session, ref: str) -> str:
+    """An exact job id, a unique prefix of one, or "latest" (the newest job)."""
+    if ref == "latest":
+        job_id = session.scalar(select(Job.id).order_by(Job.created_at.desc(), Job.id.desc()).limit(1))
+        if job_id is None:
+            raise JobNotFoundError("no jobs in this database yet")
+        return job_id
+    if session.get(Job, ref) is not None:
+        return ref
+    escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    matches = session.scalars(select(Job.id).where(Job.id.like(escaped + "%", escape="\\")).limit(3)).all()
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise JobNotFoundError(f"no job {ref!r}: `spec-batch jobs` lists the jobs of this database")
+    raise JobNotFoundError(f"{ref!r} matches several jobs ({', '.join(matches)}, ...): give more of the id")
+
+
+def set_job_status(session: Session, job_id: str, status: str, *, now: datetime | None = None) -> None:
+    """Unconditional status change (job creation only); racing changes use the functions below."""
+    now = now or utcnow()
+    values: dict[str, Any] = {"status": status}
+    if status == JOB_IN_PROGRESS:
+        values["started_at"] = now
+    session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def begin_finalize(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
+    """in_progress -> finalizing, only when no request is pending or running. True for the one winner."""
+    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(REQUEST_OPEN))
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JOB_IN_PROGRESS, ~open_requests)
+        .values(status=JOB_FINALIZING, finalizing_at=now or utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def complete_job(session: Session, job_id: str, *, now: datetime | None = None, error: str | None = None) -> bool:
+    """finalizing -> completed. `error` records a problem of finalization (e.g. the output file)."""
+    values: dict[str, Any] = {"status": JOB_COMPLETED, "completed_at": now or utcnow()}
+    if error is not None:
+        values["error"] = error
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JOB_FINALIZING)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def fail_job(session: Session, job_id: str, error: str, *, now: datetime | None = None) -> bool:
+    """The job as a whole failed (e.g. no valid line). Only from a non-terminal status."""
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_((JOB_VALIDATING, JOB_IN_PROGRESS, JOB_FINALIZING)))
+        .values(status=JOB_FAILED, error=error, failed_at=now or utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def request_cancel(session: Session, job_id: str) -> bool:
+    """validating/in_progress -> cancelling. Runners stop at their next group; see try_finish_cancel."""
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_((JOB_VALIDATING, JOB_IN_PROGRESS)))
+        .values(status=JOB_CANCELLING)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def try_finish_cancel(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
+    """For a cancelling job: pending requests -> cancelled; once none is running, the job -> cancelled."""
+    now = now or utcnow()
+    session.execute(
+        update(Request)
+        .where(Request.job_id == job_id, Request.status == REQ_PENDING,
+               exists().where(Job.id == job_id, Job.status == JOB_CANCELLING))
+        .values(status=REQ_CANCELLED, error_code="batch_cancelled", error="the job was cancelled", completed_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    running = exists().where(Request.job_id == job_id, Request.status == REQ_RUNNING)
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JOB_CANCELLING, ~running)
+        .values(status=JOB_CANCELLED, cancelled_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def add_decode_time(session: Session, job_id: str, seconds: float) -> None:
+    """jobs.decode_wall_s += seconds (atomic in SQL, so concurrent workers add up)."""
+    if seconds > 0:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(decode_wall_s=Job.decode_wall_s + float(seconds))
+            .execution_options(synchronize_session=False)
+        )
+
+
+def record_baseline(
+    session: Session,
+    job_id: str,
+    *,
+    n_requests: int,
+    baseline_output_tokens: int,
+    baseline_wall_s: float,
+    sample_output_tokens: int,
+    sample_wall_s: float,
+) -> bool:
+    """Stores the job's measured baseline once (the first measurement wins)."""
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.baseline_wall_s.is_(None))
+        .values(
+            baseline_requests=n_requests,
+            baseline_output_tokens=baseline_output_tokens,
+            baseline_wall_s=baseline_wall_s,
+            sample_output_tokens=sample_output_tokens,
+            sample_wall_s=sample_wall_s,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+# ---------------------------------------------------------------- requests
+
+
+def request_ids(session: Session, job_id: str, statuses: Iterable[str] | None = None) -> list[int]:
+    """Ids of the job's requests (in line order), optionally only those with one of `statuses`."""
+    q = select(Request.id).where(Request.job_id == job_id)
+    if statuses is not None:
+        statuses = tuple(statuses)
+        unknown = set(statuses) - set(REQUEST_STATUSES)
+        if unknown:
+            raise ValueError(f"unknown request status(es) {sorted(unknown)}; known: {REQUEST_STATUSES}")
+        q = q.where(Request.status.in_(statuses))
+    return list(session.scalars(q.order_by(Request.line_number)))
+
+
+def open_request_ids(session: Session, job_id: str) -> list[int]:
+    """The job's requests still to do (pending or running), in line order."""
+    return request_ids(session, job_id, REQUEST_OPEN)
+
+
+def claim_requests(
+    session: Session,
+    job_id: str,
+    ids: Sequence[int],
+    *,
+    worker: str | None,
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> list[int]:
+    """Marks the claimable ones of `ids` running for `worker` until now + lease_seconds; returns them.
+
+    Claimable: pending, or running with an expired (or no) lease.
+    """
+    if not ids:
+        return []
+    now = now or utcnow()
+    claimable = or_(
+        Request.status == REQ_PENDING,
+        and_(Request.status == REQ_RUNNING, or_(Request.lease_expires_at.is_(None), Request.lease_expires_at < now)),
+    )
+    res = session.execute(
+        update(Request)
+        .where(Request.job_id == job_id, Request.id.in_(list(ids)), claimable)
+        .values(
+            status=REQ_RUNNING,
+            worker=worker,
+            attempts=Request.attempts + 1,
+            started_at=now,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+        )
+        .returning(Request.id)
+        .execution_options(synchronize_session=False)
+    )
+    claimed = set(res.scalars().all())
+    return [i for i in ids if i in claimed]
+
+
+def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None) -> int:
+    """running -> pending for those of `ids` still running (for `worker`, when given). Returns how many."""
+    if not ids:
+        return 0
+    cond = [Request.id.in_(list(ids)), Request.status == REQ_RUNNING]
+    if worker is not None:
+        cond.append(Request.worker == worker)
+    res = session.execute(
+        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount
+
+
+def release_running(session: Session, job_id: str) -> int:
+    """Every running request of the job -> pending (resume after a kill: their runner is gone)."""
+    res = session.execute(
+        update(Request)
+        .where(Request.job_id == job_id, Request.status == REQ_RUNNING)
+        .values(status=REQ_PENDING, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount
+
+
+def _stat(stats: Any, name: str) -> Any:
+    return getattr(stats, name, None) if stats is not None else None
+
+
+def save_result(
+    session: Session,
+    request_id: int,
+    result: Any,
+    *,
+    worker: str | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Stores a GenerationResult if the request is still open. True when stored (False: already done).
+
+    finish_reason "error" -> status failed, error_code "decode_error", error = result.error.
+    """
+    failed = result.finish_reason == "error"
+    stats = result.stats
+    hist = _stat(stats, "accepted_length_histogram")
+    values: dict[str, Any] = {
+        "status": REQ_FAILED if failed else REQ_COMPLETED,
+        "output": None if failed else result.text,
+        "finish_reason": result.finish_reason,
+        "error_code": "decode_error" if failed else None,
+        "error": (result.error or "decoding failed") if failed else None,
+        "prompt_tokens": _stat(stats, "prompt_tokens"),
+        "output_tokens": _stat(stats, "output_tokens"),
+        "draft_tokens": _stat(stats, "draft_tokens"),
+        "accepted_tokens": _stat(stats, "accepted_tokens"),
+        "target_forwards": _stat(stats, "target_forwards"),
+        "draft_forwards": _stat(stats, "draft_forwards"),
+        "accepted_length_histogram": list(hist) if hist is not None else None,
+        "wall_s": _stat(stats, "wall_s"),
+    }
+    return _finish(session, request_id, values, worker=worker, now=now)
+
+
+def save_failure(
+    session: Session,
+    request_id: int,
+    code: str,
+    message: str,
+    *,
+    worker: str | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Marks an open request failed without a result (e.g. its chat template failed)."""
+    values = {"status": REQ_FAILED, "finish_reason": "error", "error_code": code, "error": message}
+    return _finish(session, request_id, values, worker=worker, now=now)
+
+
+def _finish(session: Session, request_id: int, values: dict, *, worker: str | None, now: datetime | None) -> bool:
+    now = now or utcnow()
+    values = dict(values)
+    values.update(
+        completed_at=now,
+        lease_expires_at=None,
+        started_at=func.coalesce(Request.started_at, now),
+        attempts=case((Request.status == REQ_PENDING, Request.attempts + 1), else_=Request.attempts),
+    )
+    if worker is not None:
+        values["worker"] = worker
+    res = session.execute(
+        update(Request)
+        .where(Request.id == request_id, Request.status.in_(REQUEST_OPEN))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def job_counts(session: Session, job_id: str) -> dict[str, int]:
+    """{status: count} over the job's requests, every status present (0 when none)."""
+    rows = session.execute(
+        select(Request.status, func.count()).where(Request.job_id == job_id).group_by(Request.status)
+    ).all()
+    counts = {s: 0 for s in REQUEST_STATUSES}
+    counts.update({status: n for status, n in rows})
+    return counts
+
+
+# ---------------------------------------------------------------- job_summary and stats
+
+
+def job_summary_row(session: Session, job_id: str) -> dict[str, Any] | None:
+    row = session.execute(select(job_summary).where(job_summary.c.job_id == job_id)).mappings().first()
+    return dict(row) if row is not None else None
+
+
+def list_job_summaries(
+    session: Session, *, limit: int | None = 20, status: str | None = None
+) -> list[dict[str, Any]]:
+    """job_summary rows, newest first."""
+    q = select(job_summary).order_by(job_summary.c.created_at.desc(), job_summary.c.job_id.desc())
+    if status is not None:
+        q = q.where(job_summary.c.status == status)
+    if limit is not None:
+        q = q.limit(limit)
+    return [dict(r) for r in session.execute(q).mappings()]
+
+
+def stats_by_model(session: Session) -> list[dict[str, Any]]:
+    """Per (target, drafter): jobs, requests, output tokens, pooled acceptance rate and tokens per step over
+    all their requests, and the mean and range of the jobs' measured speedups."""
+    per_req = (
+        select(
+            Job.target,
+            Job.drafter,
+            func.count(func.distinct(Job.id)).label("jobs"),
+            func.count(Request.id).label("n_requests"),
+            func.sum(case((Request.status == REQ_COMPLETED, 1), else_=0)).label("n_completed"),
+            func.sum(case((Request.status == REQ_FAILED, 1), else_=0)).label("n_failed"),
+            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
+            (cast(func.sum(Request.accepted_tokens), Float) / func.nullif(func.sum(Request.draft_tokens), 0)).label(
+                "acceptance_rate"
+            ),
+            (cast(func.sum(Request.output_tokens), Float) / func.nullif(func.sum(Request.target_forwards), 0)).label(
+                "tokens_per_step"
+            ),
+        )
+        .select_from(Job)
+        .join(Request, Request.job_id == Job.id, isouter=True)
+        .group_by(Job.target, Job.drafter)
+    ).subquery()
+    speed = (
+        select(
+            job_summary.c.target,
+            job_summary.c.drafter,
+            func.count(job_summary.c.speedup).label("jobs_measured"),
+            func.avg(job_summary.c.speedup).label("speedup"),
+            func.min(job_summary.c.speedup).label("min_speedup"),
+            func.max(job_summary.c.speedup).label("max_speedup"),
+            func.avg(job_summary.c.tokens_per_s).label("tokens_per_s"),
+        )
+        .group_by(job_summary.c.target, job_summary.c.drafter)
+    ).subquery()
+    q = (
+        select(
+            per_req,
+            speed.c.jobs_measured,
+            speed.c.speedup,
+            speed.c.min_speedup,
+            speed.c.max_speedup,
+            speed.c.tokens_per_s,
+        )
+        .join(speed, and_(speed.c.target == per_req.c.target, speed.c.drafter == per_req.c.drafter))
+        .order_by(per_req.c.target, per_req.c.drafter)
+    )
+    out = []
+    for r in session.execute(q).mappings():
+        d = dict(r)
+        for k in ("speedup", "min_speedup", "max_speedup", "tokens_per_s", "acceptance_rate", "tokens_per_step"):
+            if d.get(k) is not None:
+                d[k] = float(d[k])
+        out.append(d)
+    return out
+
+
+__all__ = [
+    "JobNotFoundError",
+    "get_job",
+    "resolve_job_id",
+    "set_job_status",
+    "begin_finalize",
+    "complete_job",
+    "fail_job",
+    "request_cancel",
+    "try_finish_cancel",
+    "add_decode_time",
+    "record_baseline",
+    "request_ids",
+    "open_request_ids",
+    "claim_requests",
+    "release_requests",
+    "release_running",
+    "save_result",
+    "save_failure",
+    "job_counts",
+    "job_summary_row",
+    "list_job_summaries",
+    "stats_by_model",
+]

@@ -1,0 +1,54 @@
+"""Routing: a job's target and drafter decide its Celery queue, so one fleet can serve several models.
+
+A worker listens on the queues of the (target, drafter) pairs it serves (``spec-batch worker --model
+TARGET:DRAFTER``, or explicit ``--queues``); ``spec-batch submit`` publishes every chunk of a job to the
+queue of the job's pair. Queue names are plain ASCII (Redis keys, flower, ``celery inspect``)::
+
+    queue_name("default", "ngram")                    -> "spec-batch.default.ngram"
+    queue_name("HuggingFaceTB/SmolLM2-360M", "none")  -> "spec-batch.huggingfacetb_smollm2-360m.none-3f9c2a1b"
+
+Characters outside ``[a-z0-9_-]`` become ``_`` (dots too: a dot separates target from drafter); when that
+changes the name, or the name is longer than the limit, a short hash of the exact pair is appended so two
+different pairs never share a queue.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+QUEUE_PREFIX = "spec-batch"
+MAX_QUEUE_NAME = 120  # jobs.queue is String(128)
+_UNSAFE = re.compile(r"[^a-z0-9_-]+")
+
+
+def _part(value: str) -> str:
+    return _UNSAFE.sub("_", value.strip().lower()).strip("_") or "_"
+
+
+def queue_name(target: str, drafter: str) -> str:
+    """The queue of jobs whose target is `target` and whose drafter is `drafter` (as stored on the job)."""
+    if not target or not drafter:
+        raise ValueError(f"queue_name needs a target and a drafter, got {target!r}, {drafter!r}")
+    t, d = _part(target), _part(drafter)
+    name = f"{QUEUE_PREFIX}.{t}.{d}"
+    lossless = t == target and d == drafter
+    if lossless and len(name) <= MAX_QUEUE_NAME:
+        return name
+    digest = hashlib.sha256(f"{target}\0{drafter}".encode()).hexdigest()[:8]
+    room = MAX_QUEUE_NAME - len(digest) - 1
+    return f"{name[:room]}-{digest}"
+
+
+def parse_model_pair(value: str, default_drafter: str = "ngram") -> tuple[str, str]:
+    """``TARGET[:DRAFTER]`` as given to ``spec-batch worker --model``: the last ':' splits
+    (``default:ngram``, ``./models/big:HuggingFaceTB/SmolLM2-135M``); no ':' means the default drafter."""
+    value = value.strip()
+    head, sep, tail = value.rpartition(":")
+    if not sep:
+        head, tail = value, default_drafter
+    if not head.strip() or not tail.strip():
+        raise ValueError(f"--model {value!r}: expected TARGET[:DRAFTER], e.g. default:ngram")
+    return head.strip(), tail.strip()
+
+
+__all__ = ["QUEUE_PREFIX", "queue_name", "parse_model_pair"]
