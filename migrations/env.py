@@ -10,7 +10,15 @@ from alembic import context
 
 from spec_batch.settings import get_settings
 from spec_batch.store.db import make_engine, normalize_url
+import importlib
+import pkgutil
+
+import spec_batch.store
 from spec_batch.store.models import Base
+
+# Every module of spec_batch.store that declares tables (models, queue, ...) adds them to Base.metadata.
+for _mod in pkgutil.iter_modules(spec_batch.store.__path__):
+    importlib.import_module(f"spec_batch.store.{_mod.name}")
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:

@@ -5,6 +5,7 @@ accepted length every step, and nothing a row does changes another row's tokens.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -500,6 +501,10 @@ def load_decoder(
     from .models import LoadedModel, check_compatible, load_model
 
     device = torch.device(device)
+    if isinstance(target, os.PathLike):
+        target = os.fspath(target)
+    if isinstance(draft, os.PathLike):
+        draft = os.fspath(draft)
     if isinstance(target, str):
         loaded = load_model(target, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     else:

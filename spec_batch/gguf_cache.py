@@ -175,12 +175,15 @@ def ensure_converted(
     gguf_path: str | os.PathLike,
     cache_dir: str | os.PathLike | None = None,
     *,
-    converter: Callable[[Path, Path], None] = convert_gguf,
+    converter: Callable[[Path, Path], None] | None = None,
 ) -> Path:
     """Returns the cache directory holding the converted GGUF file, converting it first if needed.
 
+    converter(gguf_file, out_dir) writes the HF directory; convert_gguf when None.
     Raises UnknownModelError when the file is missing, unreadable, not GGUF, or cannot be converted.
     """
+    if converter is None:
+        converter = convert_gguf
     src = Path(gguf_path).expanduser()
     try:
         if not src.is_file():

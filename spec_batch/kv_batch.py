@@ -30,7 +30,7 @@ class SlabLayer(DynamicLayer):
         capacity = self._kbuf.shape[2]
         if needed <= capacity:
             return
-        new_cap = max(needed, 2 * capacity, 64)
+        new_cap = max(needed + 128, 2 * capacity)
         for name in ("_kbuf", "_vbuf"):
             old = getattr(self, name)
             buf = old.new_empty((*old.shape[:2], new_cap, old.shape[3]))

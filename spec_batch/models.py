@@ -85,7 +85,7 @@ CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 _CHAT_KEYS = frozenset({"role", "content", "name", "tool_call_id", "tool_calls"})
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: hashable, usable as a dict key
 class LoadedModel:
     """A model ready for decoding: eval mode, on its device, gradients off."""
 
@@ -392,23 +392,29 @@ def _load_uncached(
 def _load_dir(
     path: Path, name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
 ) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    step = "config"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **common)
-        kwargs: dict[str, Any] = dict(common, dtype=dtype)
+        config = AutoConfig.from_pretrained(path, **common)
+        step = "weights"
+        kwargs: dict[str, Any] = dict(common, dtype=dtype, config=config)
         if device.type != "cpu":
             kwargs["device_map"] = {"": device}
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, KeyError, EnvironmentError) as exc:
+        step = "tokenizer"
+        tokenizer = AutoTokenizer.from_pretrained(path, **common)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
         msg = str(exc)
         if "trust_remote_code" in msg and not trust_remote_code:
             raise UnknownModelError(
-                f"model {name!r} ({path}) needs custom code from its repository; it is not run unless "
+                f"model {name!r} ({path}) needs custom code from its repository, which is not run unless "
                 f"you pass trust_remote_code=True (only for code you trust). Detail: {msg}"
             ) from exc
-        raise UnknownModelError(f"model {name!r} could not be loaded from {path}: {type(exc).__name__}: {msg}") from exc
+        raise UnknownModelError(
+            f"model {name!r}: its {step} could not be loaded from {path}: {type(exc).__name__}: {msg}"
+        ) from exc
     if device.type == "cpu" and model.device != device:
         model = model.to(device)
     model.eval()

@@ -54,3 +54,248 @@ Job service (``spec_batch.jobs``): ``create_job_from_file(session_factory, path,
 ``measure_baseline(session_factory, job_id, decoder)``, ``run_job(session_factory, job_id, decoder, ...)``,
 ``write_results(session_factory, job_id, out_path)``.
 """
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from .errors import ChatTemplateError, SpecBatchError
+from .sampling import SamplingParams
+from .store import queries
+from .store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, Job, Request
+
+GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class RunReport:
+    job_id: str
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    output_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    target_forwards: int = 0
+    decode_wall_s: float = 0.0
+    stopped: str | None = None  # None | "should_stop" | "cancelled"
+    finalized: bool = False
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.output_tokens / self.decode_wall_s if self.decode_wall_s > 0 else None
+
+    def add_result(self, result: Any) -> None:
+        stats = result.stats
+        if result.finish_reason == "error":
+            self.failed += 1
+        else:
+            self.completed += 1
+        if stats is not None:
+            self.output_tokens += stats.output_tokens or 0
+            self.draft_tokens += stats.draft_tokens or 0
+            self.accepted_tokens += stats.accepted_tokens or 0
+            self.target_forwards += stats.target_forwards or 0
+
+
+def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
+    """The decoder's input for a stored request: chat messages through the target's chat template."""
+    if endpoint == "/v1/chat/completions":
+        return decoder.apply_chat_template(prompt)
+    return prompt
+
+
+def prompt_error_code(exc: BaseException) -> str:
+    if isinstance(exc, ChatTemplateError):
+        return "chat_template_error"
+    if isinstance(exc, SpecBatchError):
+        return "invalid_request"
+    return "internal_error"
+
+
+def _load_rows(session: Session, ids: Sequence[int]) -> dict[int, tuple[str, Any, dict]]:
+    rows = session.execute(
+        select(Request.id, Request.endpoint, Request.prompt, Request.params).where(Request.id.in_(list(ids)))
+    ).all()
+    return {r.id: (r.endpoint, r.prompt, r.params) for r in rows}
+
+
+def _job_state(session: Session, job_id: str) -> tuple[str, int]:
+    job = queries.get_job(session, job_id)
+    return job.status, job.batch_size
+
+
+def run_requests(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    *,
+    request_ids: Sequence[int] | None = None,
+    batch_size: int | None = None,
+    worker: str | None = None,
+    lease_seconds: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[RunReport], None] | None = None,
+    finalize: bool = True,
+) -> RunReport:
+    """Runs the job's open requests among `request_ids` (all when None) and stores each result as it completes.
+
+    See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
+    """
+    from .settings import get_settings
+
+    report = RunReport(job_id=job_id)
+    worker = worker or default_worker_name()
+    if lease_seconds is None:
+        lease_seconds = get_settings().lease_seconds
+    with session_factory.begin() as s:
+        status, job_batch_size = _job_state(s, job_id)
+        open_ids = queries.open_request_ids(s, job_id)
+    batch_size = batch_size or job_batch_size
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if request_ids is not None:
+        wanted = set(request_ids)
+        todo = [i for i in open_ids if i in wanted]
+        report.skipped += len(wanted) - len(todo)
+    else:
+        todo = open_ids
+    if status in JOB_TERMINAL or status == JOB_CANCELLING:
+        report.stopped = "cancelled" if status in (JOB_CANCELLING, JOB_CANCELLED) else None
+        report.skipped += len(todo)
+        todo = []
+
+    group = GROUP_FACTOR * batch_size
+    for start in range(0, len(todo), group):
+        if start > 0:
+            if should_stop is not None and should_stop():
+                report.stopped = "should_stop"
+                break
+            with session_factory.begin() as s:
+                status, _ = _job_state(s, job_id)
+            if status in (JOB_CANCELLING, JOB_CANCELLED):
+                report.stopped = "cancelled"
+                break
+        elif should_stop is not None and should_stop():
+            report.stopped = "should_stop"
+            break
+        _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
+                   lease_seconds, report, on_progress)
+
+    if report.stopped == "cancelled":
+        with session_factory.begin() as s:
+            queries.try_finish_cancel(s, job_id)
+    elif finalize and report.stopped is None:
+        report.finalized = finalize_job(session_factory, job_id)
+    return report
+
+
+def _run_group(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    ids: list[int],
+    batch_size: int,
+    worker: str,
+    lease_seconds: float,
+    report: RunReport,
+    on_progress: Callable[[RunReport], None] | None,
+) -> None:
+    with session_factory.begin() as s:
+        claimed = queries.claim_requests(s, job_id, ids, worker=worker, lease_seconds=lease_seconds)
+        rows = _load_rows(s, claimed)
+    report.skipped += len(ids) - len(claimed)
+    report.claimed += len(claimed)
+    if not claimed:
+        return
+
+    unfinished = set(claimed)
+    prompts: list[str | list[int]] = []
+    params: list[SamplingParams] = []
+    order: list[int] = []
+    try:
+        for rid in claimed:
+            endpoint, prompt, p = rows[rid]
+            try:
+                built = build_prompt(decoder, endpoint, prompt)
+                sp = SamplingParams.from_dict(p)
+            except Exception as e:  # this request alone fails; the others go on
+                with session_factory.begin() as s:
+                    stored = queries.save_failure(s, rid, prompt_error_code(e), str(e), worker=worker)
+                unfinished.discard(rid)
+                if stored:
+                    report.failed += 1
+                    if on_progress is not None:
+                        on_progress(report)
+                else:
+                    report.skipped += 1
+                continue
+            prompts.append(built)
+            params.append(sp)
+            order.append(rid)
+        if not order:
+            return
+
+        def on_result(i: int, result: Any) -> None:
+            rid = order[i]
+            with session_factory.begin() as s:
+                stored = queries.save_result(s, rid, result, worker=worker)
+            unfinished.discard(rid)
+            if stored:
+                report.add_result(result)
+            else:
+                report.skipped += 1
+            if on_progress is not None:
+                on_progress(report)
+
+        t0 = time.perf_counter()
+        try:
+            decoder.generate(prompts, params, batch_size=batch_size, return_errors=True, on_result=on_result)
+        finally:
+            elapsed = time.perf_counter() - t0
+            report.decode_wall_s += elapsed
+            with session_factory.begin() as s:
+                queries.add_decode_time(s, job_id, elapsed)
+    finally:
+        if unfinished:  # Ctrl-C or an error in generate(): give the rest back at once
+            with session_factory.begin() as s:
+                queries.release_requests(s, sorted(unfinished), worker=worker)
+
+
+def finalize_job(session_factory: sessionmaker[Session], job_id: str, *, write_output: bool = True) -> bool:
+    """Completes the job if no request is open: in_progress -> finalizing (one winner) -> write the output
+    file (jobs.output_file, when set and write_output) -> completed. True for the call that completed it."""
+    with session_factory.begin() as s:
+        if not queries.begin_finalize(s, job_id):
+            return False
+        output_file = s.scalar(select(Job.output_file).where(Job.id == job_id))
+    error = None
+    if write_output and output_file:
+        from .jobs import write_results
+
+        try:
+            write_results(session_factory, job_id, output_file)
+        except OSError as e:
+            error = f"could not write the output file {output_file}: {e} (export with `spec-batch results {job_id} -o ...`)"
+    with session_factory.begin() as s:
+        return queries.complete_job(s, job_id, error=error)

@@ -13,6 +13,11 @@ from platformdirs import user_cache_dir
 DEFAULT_DATABASE_URL = "sqlite:///spec_batch.db"
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_LEASE_SECONDS = 300
+# Queue (workers/, docs/readme/queue.md). A chunk runs at most the hard limit; the broker's visibility
+# timeout is set longer than that (see workers/celery_app.py).
+DEFAULT_TASK_SOFT_TIME_LIMIT = 3600
+DEFAULT_CHUNK_SIZE = 32
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,13 @@ class Settings:
     lease_seconds: int
     default_target: str
     default_draft: str
+    # Queue settings (defaults keep Settings(...) constructible with the fields above only).
+    result_backend: str | None = None  # Celery results are not needed (state is in SQL); optional for flower
+    task_soft_time_limit: int = DEFAULT_TASK_SOFT_TIME_LIMIT  # a chunk is stopped (and re-queued) after this
+    task_time_limit: int = DEFAULT_TASK_SOFT_TIME_LIMIT + 300  # the pool child is killed after this
+    chunk_size: int = DEFAULT_CHUNK_SIZE  # requests per task (spec-batch submit --chunk-size)
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # a request whose worker was lost this many times fails
+    torch_threads: int | None = None  # per worker process; None: all cores / concurrency
 
 
 def _int_env(name: str, default: int) -> int:
@@ -47,4 +59,10 @@ def get_settings() -> Settings:
         lease_seconds=_int_env("SPEC_BATCH_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
         default_target=os.environ.get("SPEC_BATCH_DEFAULT_TARGET") or "default",
         default_draft=os.environ.get("SPEC_BATCH_DEFAULT_DRAFT") or "ngram",
+        result_backend=os.environ.get("SPEC_BATCH_RESULT_BACKEND") or None,
+        task_soft_time_limit=(soft := _int_env("SPEC_BATCH_TASK_SOFT_TIME_LIMIT", DEFAULT_TASK_SOFT_TIME_LIMIT)),
+        task_time_limit=max(_int_env("SPEC_BATCH_TASK_TIME_LIMIT", soft + 300), soft + 1),
+        chunk_size=_int_env("SPEC_BATCH_CHUNK_SIZE", DEFAULT_CHUNK_SIZE),
+        max_attempts=_int_env("SPEC_BATCH_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS),
+        torch_threads=_int_env("SPEC_BATCH_TORCH_THREADS", 0) or None,
     )

@@ -120,6 +120,7 @@ def upgrade() -> None:
         sa.Column("output", sa.Text(), nullable=True),
         sa.Column("finish_reason", sa.String(16), nullable=True),
         sa.Column("error_code", sa.String(64), nullable=True),
+        sa.Column("error_param", sa.String(255), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("prompt_tokens", sa.Integer(), nullable=True),
         sa.Column("output_tokens", sa.Integer(), nullable=True),

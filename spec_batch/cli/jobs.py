@@ -1,2 +1,511 @@
-"""`spec-batch` commands of this area (registered on the group in _group.py)."""
-from ._group import main  # noqa: F401
+"""`spec-batch run | resume | jobs | show | results | stats | db ...`: bulk jobs in-process, their history in SQL."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._group import main
+
+STATUS_STYLE = {
+    "completed": "green",
+    "in_progress": "yellow",
+    "validating": "yellow",
+    "finalizing": "yellow",
+    "failed": "red",
+    "cancelling": "magenta",
+    "cancelled": "magenta",
+}
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _store():
+    from ..errors import SpecBatchError
+    from ..store import open_store
+
+    try:
+        return open_store()
+    except SpecBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001  (a server that cannot be reached, a bad URL)
+        from ..settings import get_settings
+        from sqlalchemy.engine import make_url
+
+        try:
+            shown = make_url(get_settings().database_url).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001
+            shown = "SPEC_BATCH_DATABASE_URL"
+        raise click.ClickException(f"cannot open the database {shown}: {exc}") from exc
+
+
+def _resolve(factory, ref: str) -> str:
+    from ..store import queries
+
+    with factory() as s:
+        try:
+            return queries.resolve_job_id(s, ref)
+        except queries.JobNotFoundError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:{spec}}{suffix}"
+    return f"{value}{suffix}"
+
+
+def _when(value) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value is not None else "—"
+
+
+def _status(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def _load_decoder(target: str, draft: str, device: str, dtype: str | None):
+    from .. import SpecBatchError, load_decoder
+    from ..settings import get_settings
+
+    console = _console(stderr=True)
+    try:
+        with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
+            return load_decoder(
+                target=target, draft=draft, device=device, dtype=dtype, cache_dir=str(get_settings().cache_dir)
+            )
+    except SpecBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """`kill` (SIGTERM) stops a run like Ctrl-C: claimed requests go back to pending at once."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _summary_table(row: dict, title: str):
+    from rich.table import Table
+
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("job", row["job_id"])
+    t.add_row("status", _status(row["status"]))
+    t.add_row("target / drafter", f"{row['target']} / {row['drafter']}")
+    t.add_row("requests", f"{row['n_requests']} ({row['n_completed']} completed, {row['n_failed']} failed)")
+    t.add_row("output tokens", str(row["output_tokens"]))
+    t.add_row("acceptance rate", _fmt(row["acceptance_rate"], ".1%"))
+    t.add_row("tokens per step", _fmt(row["tokens_per_step"]))
+    t.add_row("tokens/s", _fmt(row["tokens_per_s"], ".1f"))
+    t.add_row("baseline tokens/s", _fmt(row["baseline_tokens_per_s"], ".1f"))
+    t.add_row("speedup (measured)", _fmt(row["speedup"], ".2f", "x"))
+    t.add_row("created / completed", f"{_when(row['created_at'])} / {_when(row['completed_at'])}")
+    return t
+
+
+def _print_summary(factory, job_id: str, *, title: str = "Job summary") -> dict:
+    from ..batchfile import errors_path_for
+    from ..store import queries
+
+    with factory() as s:
+        row = queries.job_summary_row(s, job_id)
+        job = queries.get_job(s, job_id)
+        out, error = job.output_file, job.error
+    table = _summary_table(row, title)
+    if out:
+        table.add_row("output", out)
+        err = errors_path_for(out)
+        if err.exists():
+            table.add_row("errors", str(err))
+    if error:
+        table.add_row("error", f"[red]{error}[/]")
+    _console().print(table)
+    return row
+
+
+def _run_with_progress(factory, job_id: str, decoder, *, resume: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..jobs import resume_job, run_job
+
+    console = _console(stderr=True)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("acceptance {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    state: dict[str, Any] = {"task": None, "t0": None}
+
+    def on_phase(name: str, info: Any) -> None:
+        if name == "baseline":
+            console.print(
+                f"measuring the baseline: {info} request(s) decoded with and without speculation "
+                f"(--baseline-sample 0 skips it)"
+            )
+        elif name == "baseline_done" and info is not None:
+            console.print(
+                f"baseline: {_fmt(info.baseline_tokens_per_s, '.1f')} tok/s without speculation, "
+                f"{_fmt(info.sample_tokens_per_s, '.1f')} with it: speedup {_fmt(info.speedup, '.2f', 'x')}"
+            )
+        elif name == "run":
+            state["task"] = progress.add_task("decoding", total=info, tps="—", acc="—")
+            state["t0"] = time.perf_counter()
+
+    def on_progress(report) -> None:
+        if state["task"] is None:
+            return
+        elapsed = time.perf_counter() - state["t0"]
+        tps = report.output_tokens / elapsed if elapsed > 0 else None
+        progress.update(
+            state["task"], completed=report.done, tps=_fmt(tps, ".1f"), acc=_fmt(report.acceptance_rate, ".0%")
+        )
+
+    fn = resume_job if resume else run_job
+    with progress, _sigterm_as_interrupt():
+        try:
+            fn(factory, job_id, decoder, on_progress=on_progress, on_phase=on_phase)
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print(
+                f"[yellow]interrupted.[/] Finished requests are stored; continue with "
+                f"[bold]spec-batch resume {job_id}[/]"
+            )
+            sys.exit(130)
+
+
+@main.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
+                   "Invalid lines and failed requests go to OUT.errors.jsonl beside it.")
+@click.option("--target", default=None, help='Target model: "default", a hub id, a local dir or a .gguf file.')
+@click.option("--draft", default=None, help='Drafter: "ngram", "none", or a draft model (hub id, dir, .gguf).')
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the core's choice for the device).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="For lines without max_tokens.")
+@click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
+              help="For lines without temperature (0 = greedy).")
+@click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
+def run_command(
+    file: Path,
+    output: Path | None,
+    target: str | None,
+    draft: str | None,
+    device: str,
+    dtype: str | None,
+    batch_size: int,
+    baseline_sample: int,
+    max_tokens: int,
+    temperature: float,
+    metadata: tuple[str, ...],
+) -> None:
+    """Run the batch FILE.jsonl in-process (OpenAI Batch API input lines) and write its outputs.
+
+    Shows a progress bar and a summary at the end. Interrupted (Ctrl-C, kill)? `spec-batch resume JOB`
+    continues where it stopped; nothing finished is lost.
+    """
+    from ..jobs import create_job_from_file
+    from ..settings import get_settings
+
+    meta: dict[str, str] = {}
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
+        meta[key] = value
+    settings = get_settings()
+    target = target or settings.default_target
+    draft = draft or settings.default_draft
+    if output is None:
+        stem = file.name[: -len(".jsonl")] if file.name.endswith(".jsonl") else file.stem
+        output = Path.cwd() / f"{stem}.results.jsonl"
+    decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
+    factory = _store()
+    try:
+        job_id, parsed = create_job_from_file(
+            factory, file,
+            target=decoder.target_name, drafter=decoder.draft_name, output_file=output,
+            batch_size=batch_size, baseline_sample=baseline_sample,
+            sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
+            metadata=meta or None,
+        )
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    console = _console(stderr=True)
+    console.print(
+        f"job [bold]{job_id}[/]: {parsed.n_lines} request(s) from {file}, {len(parsed.errors)} invalid "
+        f"(interrupted? [bold]spec-batch resume {job_id}[/])"
+    )
+    for err in parsed.errors[:5]:
+        console.print(f"  [red]{err.message}[/]")
+    if len(parsed.errors) > 5:
+        console.print(f"  ... and {len(parsed.errors) - 5} more in the errors file")
+    if parsed.requests:
+        _run_with_progress(factory, job_id, decoder, resume=False)
+    else:
+        from ..jobs import write_results
+
+        write_results(factory, job_id, output)
+    _print_summary(factory, job_id)
+
+
+@main.command("resume")
+@click.argument("job")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--dtype", default=None, help="float32 | bfloat16 | float16.")
+def resume_command(job: str, device: str, dtype: str | None) -> None:
+    """Continue the interrupted job JOB (an id, a unique prefix, or "latest") with its target and drafter."""
+    from ..jobs import write_results
+    from ..store import JOB_COMPLETED, queries
+
+    factory = _store()
+    job_id = _resolve(factory, job)
+    with factory() as s:
+        j = queries.get_job(s, job_id)
+        status, target, drafter, output = j.status, j.target, j.drafter, j.output_file
+    if status == JOB_COMPLETED:
+        if output and not Path(output).exists():
+            write_results(factory, job_id, output)
+        _console(stderr=True).print(f"job {job_id} is already completed")
+    elif status in ("failed", "cancelled", "cancelling"):
+        raise click.ClickException(f"job {job_id} is {status}; there is nothing to resume")
+    else:
+        decoder = _load_decoder(target, drafter, device, dtype)
+        from ..jobs import JobStateError
+
+        try:
+            _run_with_progress(factory, job_id, decoder, resume=True)
+        except JobStateError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _print_summary(factory, job_id)
+
+
+@main.command("jobs")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--status", type=click.Choice(
+    ["validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job (the job_summary columns).")
+def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
+    """Job history, newest first (from the job_summary view)."""
+    from rich.table import Table
+
+    from ..store import queries
+
+    factory = _store()
+    with factory() as s:
+        rows = queries.list_job_summaries(s, limit=limit, status=status)
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r, default=str))
+        return
+    if not rows:
+        _console().print("no jobs yet: [bold]spec-batch run FILE.jsonl[/] starts one")
+        return
+    t = Table(title="Jobs", title_justify="left")
+    for col, just in [("job", "left"), ("status", "left"), ("target", "left"), ("drafter", "left"),
+                      ("done/total", "right"), ("failed", "right"), ("out tokens", "right"),
+                      ("acceptance", "right"), ("tok/step", "right"), ("tok/s", "right"),
+                      ("speedup", "right"), ("created", "left")]:
+        t.add_column(col, justify=just)
+    for r in rows:
+        t.add_row(
+            r["job_id"], _status(r["status"]), r["target"], r["drafter"],
+            f"{r['n_completed'] + r['n_failed']}/{r['n_requests']}", str(r["n_failed"]), str(r["output_tokens"]),
+            _fmt(r["acceptance_rate"], ".1%"), _fmt(r["tokens_per_step"]), _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"], ".2f", "x"), _when(r["created_at"]),
+        )
+    _console().print(t)
+
+
+@main.command("show")
+@click.argument("job")
+@click.option("--errors", "n_errors", type=click.IntRange(min=0), default=10, show_default=True,
+              help="How many failed requests to list.")
+def show_command(job: str, n_errors: int) -> None:
+    """Everything about one job: summary, settings, request counts, baseline and its first errors."""
+    from rich.table import Table
+    from sqlalchemy import select
+
+    from ..store import REQ_FAILED, Request, queries
+
+    factory = _store()
+    job_id = _resolve(factory, job)
+    _print_summary(factory, job_id, title=f"Job {job_id}")
+    with factory() as s:
+        j = queries.get_job(s, job_id)
+        counts = queries.job_counts(s, job_id)
+        failed = s.execute(
+            select(Request.line_number, Request.custom_id, Request.error_code, Request.error)
+            .where(Request.job_id == job_id, Request.status == REQ_FAILED)
+            .order_by(Request.line_number)
+            .limit(n_errors)
+        ).all()
+    t = Table(show_header=False, title="Settings", title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("input file", j.input_file or "—")
+    t.add_row("lines (invalid)", f"{j.n_requests} ({j.n_invalid})")
+    t.add_row("requests by status", ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "—")
+    t.add_row("batch size", str(j.batch_size))
+    t.add_row("sampling defaults", json.dumps(j.sampling_defaults))
+    t.add_row("metadata", json.dumps(j.user_metadata) if j.user_metadata else "—")
+    if j.queue:
+        t.add_row("queue / chunk size", f"{j.queue} / {j.chunk_size}")
+    t.add_row("decode time", _fmt(j.decode_wall_s, ".1f", " s"))
+    if j.baseline_wall_s is not None:
+        t.add_row(
+            "baseline sample",
+            f"{j.baseline_requests} request(s): {j.sample_output_tokens} tokens in {j.sample_wall_s:.2f} s with "
+            f"speculation, {j.baseline_output_tokens} in {j.baseline_wall_s:.2f} s without",
+        )
+    else:
+        t.add_row("baseline sample", "off" if j.baseline_sample == 0 else "not measured yet")
+    t.add_row("started / finalizing", f"{_when(j.started_at)} / {_when(j.finalizing_at)}")
+    _console().print(t)
+    if failed:
+        e = Table(title="Failed requests", title_justify="left")
+        for col in ("line", "custom_id", "code", "error"):
+            e.add_column(col)
+        for line, cid, code, err in failed:
+            e.add_row(str(line), cid or "—", code or "—", err or "—")
+        _console().print(e)
+
+
+@main.command("results")
+@click.argument("job")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Output JSONL; failed requests and invalid lines go to OUT.errors.jsonl beside it.")
+def results_command(job: str, output: Path) -> None:
+    """Export the results of JOB (OpenAI Batch API output lines)."""
+    from ..jobs import write_results
+
+    factory = _store()
+    job_id = _resolve(factory, job)
+    try:
+        rep = write_results(factory, job_id, output)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc}") from exc
+    console = _console()
+    console.print(f"{rep.n_output} result(s) -> {rep.output_path}")
+    if rep.errors_path:
+        console.print(f"{rep.n_errors} error(s) -> {rep.errors_path}")
+    if rep.n_open:
+        console.print(f"[yellow]{rep.n_open} request(s) are not finished yet[/]: spec-batch resume {job_id}")
+
+
+@main.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per target and drafter.")
+def stats_command(as_json: bool) -> None:
+    """Speedup and acceptance by target and drafter, over every job in the database."""
+    from rich.table import Table
+
+    from ..store import queries
+
+    factory = _store()
+    with factory() as s:
+        rows = queries.stats_by_model(s)
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r, default=str))
+        return
+    if not rows:
+        _console().print("no jobs yet")
+        return
+    t = Table(title="By target and drafter", title_justify="left")
+    for col, just in [("target", "left"), ("drafter", "left"), ("jobs", "right"), ("requests", "right"),
+                      ("failed", "right"), ("out tokens", "right"), ("acceptance", "right"),
+                      ("tok/step", "right"), ("mean tok/s", "right"), ("speedup (mean)", "right"),
+                      ("min–max", "right"), ("jobs measured", "right")]:
+        t.add_column(col, justify=just)
+    for r in rows:
+        rng = (f"{r['min_speedup']:.2f}–{r['max_speedup']:.2f}x" if r["min_speedup"] is not None else "—")
+        t.add_row(
+            r["target"], r["drafter"], str(r["jobs"]), str(r["n_requests"]), str(r["n_failed"]),
+            str(r["output_tokens"]), _fmt(r["acceptance_rate"], ".1%"), _fmt(r["tokens_per_step"]),
+            _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"], ".2f", "x"), rng, str(r["jobs_measured"]),
+        )
+    _console().print(t)
+
+
+@main.group("db")
+def db_group() -> None:
+    """The job database's schema (Alembic migrations). URL: $SPEC_BATCH_DATABASE_URL."""
+
+
+def _engine(url: str | None):
+    from ..store import make_engine
+
+    return make_engine(url)
+
+
+@db_group.command("upgrade")
+@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db).")
+def db_upgrade(url: str | None) -> None:
+    """Migrate the database to the newest schema (what `alembic upgrade head` does)."""
+    from ..store import current_revision, migrate_to_head
+
+    engine = _engine(url)
+    try:
+        before = current_revision(engine)
+        head = migrate_to_head(engine)
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(f"cannot migrate {engine.url.render_as_string(hide_password=True)}: {exc}") from exc
+    shown = engine.url.render_as_string(hide_password=True)
+    click.echo(f"{shown}: {before or '(empty)'} -> {head}" if before != head else f"{shown}: already at {head}")
+
+
+@db_group.command("current")
+@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL).")
+def db_current(url: str | None) -> None:
+    """Show the database's revision and the newest one."""
+    from ..store import current_revision, head_revision
+
+    engine = _engine(url)
+    click.echo(f"current: {current_revision(engine) or '(empty)'}  head: {head_revision()}")
+
+
+@db_group.command("downgrade")
+@click.argument("revision")
+@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL).")
+@click.confirmation_option(prompt="Downgrading drops tables and their data. Continue?")
+def db_downgrade(revision: str, url: str | None) -> None:
+    """Downgrade the schema to REVISION ("base" drops everything spec-batch created)."""
+    from ..store import downgrade
+
+    downgrade(_engine(url), revision)
+    click.echo(f"downgraded to {revision}")

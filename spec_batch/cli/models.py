@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -76,7 +77,8 @@ def models_command(cache_dir: Path | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=False)
+    # On a terminal, fit its width; piped or captured, do not fold paths (tables are only as wide as their text).
+    console = Console(width=None if sys.stdout.isatty() else 250)
     table = Table(title="Built-in models", title_justify="left")
     for col in ("alias", "model", "package", "installed", "file"):
         table.add_column(col, overflow="fold")

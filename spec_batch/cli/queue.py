@@ -1,2 +1,355 @@
-"""`spec-batch` commands of this area (registered on the group in _group.py)."""
-from ._group import main  # noqa: F401
+"""`spec-batch submit | worker | cancel | wait`: jobs through Redis to Celery workers (see docs/readme/queue.md)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ._group import main
+
+# `spec-batch wait` exit codes
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+EXIT_CANCELLED = 2
+EXIT_TIMEOUT = 3
+
+
+def _err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _store():
+    from ..errors import SpecBatchError
+    from ..settings import get_settings
+    from ..store import open_store
+
+    try:
+        return open_store()
+    except SpecBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001  (a server that cannot be reached, a bad URL)
+        from sqlalchemy.engine import make_url
+
+        try:
+            shown = make_url(get_settings().database_url).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001
+            shown = "SPEC_BATCH_DATABASE_URL"
+        raise click.ClickException(f"cannot open the database {shown}: {exc}") from exc
+
+
+def _resolve(factory, ref: str) -> str:
+    from ..store import queries
+
+    try:
+        with factory() as s:
+            return queries.resolve_job_id(s, ref)
+    except queries.JobNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _check_model(spec: str, what: str) -> None:
+    from ..errors import SpecBatchError
+    from ..models import resolve_spec
+
+    if what == "drafter" and spec in ("ngram", "none"):
+        return
+    try:
+        resolve_spec(spec)
+    except SpecBatchError as exc:
+        raise click.ClickException(
+            f"{what} {spec!r}: {exc}\n(workers on other machines may have models this one lacks: "
+            f"pass --no-model-check to submit anyway)"
+        ) from exc
+
+
+# ---------------------------------------------------------------- submit
+
+
+@main.command("submit")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--target", default=None, help='Target model (default: $SPEC_BATCH_DEFAULT_TARGET or "default").')
+@click.option("--draft", default=None, help='Drafter: "ngram", "none" or a draft model (default: "ngram").')
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Decoding batch size on the worker.")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
+              help="Requests per task (default: $SPEC_BATCH_CHUNK_SIZE or 32). Smaller spreads a job over more "
+                   "workers; larger costs less per request.")
+@click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Requests decoded again without speculation to measure the speedup (0: off).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="For lines without max_tokens.")
+@click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
+              help="For lines without temperature (0 = greedy).")
+@click.option("--queue", "queue", default=None,
+              help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).")
+@click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
+@click.option("--no-model-check", is_flag=True, help="Do not check that the models exist on this machine.")
+@click.option("--wait", "wait_after", is_flag=True, help="Then wait for the job (as `spec-batch wait`).")
+def submit_command(
+    file: Path,
+    target: str | None,
+    draft: str | None,
+    batch_size: int,
+    chunk_size: int | None,
+    baseline_sample: int,
+    max_tokens: int,
+    temperature: float,
+    queue: str | None,
+    metadata: tuple[str, ...],
+    no_model_check: bool,
+    wait_after: bool,
+) -> None:
+    """Validate FILE.jsonl, store it as a job and enqueue its chunks for the workers. Prints the job id.
+
+    The job and its requests are committed before anything is published; Redis down means a clear error and
+    no job. Follow it with `spec-batch wait JOB`; results with `spec-batch results JOB -o OUT.jsonl`.
+    """
+    from ..settings import get_settings
+    from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
+
+    meta: dict[str, str] = {}
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
+        meta[key] = value
+    settings = get_settings()
+    target = target or settings.default_target
+    draft = draft or settings.default_draft
+    if not no_model_check:
+        _check_model(target, "target")
+        _check_model(draft, "drafter")
+    factory = _store()
+    try:
+        res = submit_file(
+            factory, file, target=target, drafter=draft, batch_size=batch_size, baseline_sample=baseline_sample,
+            chunk_size=chunk_size, sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
+            metadata=meta or None, queue=queue,
+        )
+    except BrokerUnavailableError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except PartialEnqueueError as exc:
+        click.echo(exc.job_id)
+        _err(f"warning: {exc}")
+        sys.exit(1)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    report = res.parse_report
+    errors = list(getattr(report, "errors", []) or [])
+    _err(
+        f"job {res.job_id}: {res.n_requests} request(s) from {file}, {res.n_invalid} invalid; "
+        f"{res.n_chunks} chunk(s) on queue {res.queue}"
+    )
+    for e in errors[:5]:
+        _err(f"  line {e.line_number}: {e.message}")
+    if len(errors) > 5:
+        _err(f"  ... and {len(errors) - 5} more (`spec-batch show {res.job_id}`)")
+    if res.status == "failed":
+        _err(f"job {res.job_id} failed: no valid request")
+    click.echo(res.job_id)
+    if wait_after and res.status != "failed":
+        sys.exit(_wait(factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
+    if res.status == "failed":
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------- worker
+
+
+@main.command("worker", context_settings={"ignore_unknown_options": True})
+@click.option("-m", "--model", "models", multiple=True, metavar="TARGET[:DRAFTER]",
+              help="A target and drafter this worker serves (repeatable; default: the default target and "
+                   "drafter). Each is one queue, named by `spec_batch` routing.")
+@click.option("-Q", "--queues", "queues", multiple=True,
+              help="Queue names to serve instead of / besides --model (comma-separated or repeated).")
+@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.")
+@click.option("--device", envvar="SPEC_BATCH_DEVICE", default=None,
+              help="cpu, cuda, cuda:1 ... (default: $SPEC_BATCH_DEVICE, else cuda when available, else cpu).")
+@click.option("--torch-threads", type=click.IntRange(min=1), envvar="SPEC_BATCH_TORCH_THREADS", default=None,
+              help="torch threads per worker process (default: all cores, or cores / concurrency).")
+@click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default="prefork", show_default=True)
+@click.option("-n", "--hostname", default=None, help="Celery node name (default: spec-batch-PID@HOST, unique per worker).")
+@click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker_command(
+    models: tuple[str, ...],
+    queues: tuple[str, ...],
+    concurrency: int,
+    device: str | None,
+    torch_threads: int | None,
+    pool: str,
+    hostname: str | None,
+    loglevel: str,
+    celery_args: tuple[str, ...],
+) -> None:
+    """Start a Celery worker that runs the chunks of the queues it serves (extra arguments go to celery)."""
+    from ..settings import get_settings
+    from workers.routing import parse_model_pair, queue_name
+
+    settings = get_settings()
+    names: list[str] = []
+    for q in queues:
+        names += [n.strip() for n in q.split(",") if n.strip()]
+    pairs = []
+    for m in models:
+        try:
+            pairs.append(parse_model_pair(m, settings.default_draft))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--model") from exc
+    if not pairs and not names:
+        pairs = [(settings.default_target, settings.default_draft)]
+    names += [queue_name(t, d) for t, d in pairs]
+    names = list(dict.fromkeys(names))
+    if device:
+        os.environ["SPEC_BATCH_DEVICE"] = device
+    if torch_threads:
+        os.environ["SPEC_BATCH_TORCH_THREADS"] = str(torch_threads)
+    elif concurrency > 1 and not os.environ.get("SPEC_BATCH_TORCH_THREADS"):
+        os.environ["SPEC_BATCH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
+    _err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
+         f"lease {settings.lease_seconds}s; broker {_shown(settings.broker_url)}")
+    from workers.celery_app import app
+
+    argv = ["worker", f"--loglevel={loglevel}", "-Q", ",".join(names), f"--concurrency={concurrency}",
+            f"--pool={pool}", "-n", hostname or f"spec-batch-{os.getpid()}@%h", *celery_args]
+    app.worker_main(argv)
+
+
+def _shown(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001
+        return url
+
+
+# ---------------------------------------------------------------- cancel
+
+
+@main.command("cancel")
+@click.argument("job")
+@click.option("--wait", "wait_after", is_flag=True, help="Then wait until the job is cancelled.")
+def cancel_command(job: str, wait_after: bool) -> None:
+    """Cancel JOB: no new chunk starts, running chunks stop between decoding batches, finished requests stay.
+
+    The job is `cancelling` until no request runs any more, then `cancelled`; requests that never ran are
+    `cancelled` (they are in the errors file of `spec-batch results`).
+    """
+    from ..store import JOB_CANCELLED, JOB_CANCELLING, queries
+    from ..store import queue as qstore
+
+    factory = _store()
+    job_id = _resolve(factory, job)
+    with factory.begin() as s:
+        status = queries.get_job(s, job_id).status
+        changed = queries.request_cancel(s, job_id)
+        if changed:
+            qstore.cancel_queued_chunks(s, job_id)
+    if not changed and status not in (JOB_CANCELLING, JOB_CANCELLED):
+        raise click.ClickException(f"job {job_id} is {status}; it cannot be cancelled")
+    with factory.begin() as s:
+        queries.try_finish_cancel(s, job_id)
+        status = queries.get_job(s, job_id).status
+        counts = queries.job_counts(s, job_id)
+    _err(f"job {job_id}: {status} ({counts['running']} request(s) still running stop between decoding batches)"
+         if status == JOB_CANCELLING else f"job {job_id}: {status}")
+    click.echo(status)
+    if wait_after and status == JOB_CANCELLING:
+        code = _wait(factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
+        sys.exit(0 if code == EXIT_CANCELLED else code)
+
+
+# ---------------------------------------------------------------- wait
+
+
+def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int, rate: float | None) -> str:
+    done = counts["completed"] + counts["failed"] + counts["cancelled"]
+    parts = [f"job {job_id} {status}: {done}/{total} done", f"{counts['completed']} completed"]
+    if counts["failed"]:
+        parts.append(f"{counts['failed']} failed")
+    if counts["cancelled"]:
+        parts.append(f"{counts['cancelled']} cancelled")
+    parts.append(f"{counts['running']} running, {counts['pending']} pending")
+    if rate:
+        parts.append(f"{rate:.1f} req/s")
+    return ", ".join(parts)
+
+
+def _wait(factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
+          quiet: bool) -> int:
+    from ..store import JOB_TERMINAL, queries
+
+    t0 = time.monotonic()
+    last_line = None
+    first_done = None
+    tty = sys.stderr.isatty()
+    while True:
+        with factory() as s:
+            job = queries.get_job(s, job_id)
+            status, total = job.status, job.n_requests
+            counts = queries.job_counts(s, job_id)
+        done = counts["completed"] + counts["failed"] + counts["cancelled"]
+        elapsed = time.monotonic() - t0
+        if first_done is None:
+            first_done = done
+        rate = (done - first_done) / elapsed if elapsed > 1 and done > first_done else None
+        line = _progress_line(job_id, status, counts, total, rate)
+        if not quiet and line != last_line:
+            if tty:
+                click.echo("\r\033[K" + line, err=True, nl=False)
+            else:
+                _err(line)
+            last_line = line
+        if status in JOB_TERMINAL:
+            break
+        if timeout is not None and elapsed > timeout:
+            if tty and not quiet:
+                _err("")
+            _err(f"timed out after {timeout:.0f}s; job {job_id} is {status}")
+            return EXIT_TIMEOUT
+        time.sleep(interval)
+    if tty and not quiet:
+        _err("")
+    with factory() as s:
+        row = queries.job_summary_row(s, job_id) or {}
+        error = queries.get_job(s, job_id).error
+    if not quiet:
+        stats = []
+        for key, label, fmt in (("tokens_per_s", "tokens/s", ".1f"), ("acceptance_rate", "acceptance", ".3f"),
+                                ("tokens_per_step", "tokens/step", ".2f"), ("speedup", "speedup", ".2f")):
+            if row.get(key) is not None:
+                stats.append(f"{label} {row[key]:{fmt}}")
+        if stats:
+            _err("  " + ", ".join(stats))
+        if error:
+            _err(f"  error: {error}")
+    if output is not None and status != "failed":
+        from ..jobs import write_results
+
+        rep = write_results(factory, job_id, output)
+        _err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
+             + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
+    click.echo(status)
+    return {"completed": EXIT_COMPLETED, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}.get(status, EXIT_FAILED)
+
+
+@main.command("wait")
+@click.argument("job")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between progress checks.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up after this many seconds (exit 3).")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final status on stdout.")
+def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, quiet: bool) -> None:
+    """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
+    3 timed out."""
+    factory = _store()
+    job_id = _resolve(factory, job)
+    sys.exit(_wait(factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
+

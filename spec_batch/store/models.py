@@ -178,6 +178,7 @@ class Request(Base):
     output: Mapped[str | None] = mapped_column(Text)  # generated text
     finish_reason: Mapped[str | None] = mapped_column(String(16))  # stop | length | error
     error_code: Mapped[str | None] = mapped_column(String(64))
+    error_param: Mapped[str | None] = mapped_column(String(255))  # the field an invalid line got wrong
     error: Mapped[str | None] = mapped_column(Text)
     # Per-request statistics from the core (RequestStats).
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,413 @@
+"""ChatSpeculative: a LangChain chat model (BaseChatModel) on the spec-batch core, using the target's chat template."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.caches import BaseCache
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun, Callbacks
+from langchain_core.globals import get_llm_cache
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
+from langchain_core.runnables import RunnableConfig
+from pydantic import ConfigDict
+
+from spec_batch import ChatTemplateError, GenerationResult, SpecBatchError
+
+from ._base import SpeculativeParams
+from ._core import (
+    CallOptions,
+    StreamWorker,
+    adecode_many,
+    adecode_one,
+    deadline_for,
+    decode_many,
+    decode_one,
+    response_metadata,
+    usage,
+)
+
+
+class UnsupportedMessageError(ChatTemplateError, ValueError):
+    """A message ChatSpeculative cannot put into the chat template (images, tool calls, unknown types)."""
+
+
+def messages_to_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    """LangChain messages -> the {"role", "content"} dicts of a chat template.
+
+    system -> "system", human -> "user", ai -> "assistant", tool -> "tool", ChatMessage -> its own role.
+    Content must be text (a string, or text blocks, which are joined); a `name` on a message is ignored.
+    """
+    out: list[dict[str, str]] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, ChatMessage):
+            role = message.role
+        elif isinstance(message, SystemMessage):
+            role = "system"
+        elif isinstance(message, HumanMessage):
+            role = "user"
+        elif isinstance(message, AIMessage):
+            role = "assistant"
+            if message.tool_calls or message.invalid_tool_calls:
+                raise UnsupportedMessageError(
+                    f"message {i} (AIMessage) has tool calls; spec-batch models do not support tool calling"
+                )
+        elif isinstance(message, ToolMessage):
+            role = "tool"
+        else:
+            raise UnsupportedMessageError(
+                f"message {i} is a {type(message).__name__}; ChatSpeculative accepts system, human, AI, "
+                "tool and chat messages"
+            )
+        out.append({"role": role, "content": _text_content(message.content, i)})
+    return out
+
+
+def _text_content(content: str | list[Any], index: int) -> str:
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        else:
+            kind = block.get("type", "?") if isinstance(block, dict) else type(block).__name__
+            raise UnsupportedMessageError(
+                f"message {index} has a {kind!r} content block; spec-batch models take text only "
+                "(no images, audio, files or tool blocks)"
+            )
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batching. LangChain runs a chat model's batch() as one invoke() per input; to make it one batched call of the
+# core, batch()/generate() (and their async forms) decode every prompt first, in one Decoder.generate call, and
+# leave the results where the per-input _generate calls that LangChain then makes pick them up (keyed by prompt
+# token ids and sampling parameters). LangChain's own path still runs callbacks, tracing, message ids and
+# output_version handling for each input. Results nobody picks up (say, an input that a cache answered) are
+# dropped with the batch.
+# ---------------------------------------------------------------------------------------------------------------
+
+_PrefetchKey = tuple[tuple[int, ...], tuple]
+
+
+class _Prefetched:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[_PrefetchKey, list[GenerationResult | BaseException]] = {}
+
+    def put(self, key: _PrefetchKey, outcome: GenerationResult | BaseException) -> None:
+        with self._lock:
+            self._items.setdefault(key, []).append(outcome)
+
+    def take(self, key: _PrefetchKey) -> GenerationResult | BaseException | None:
+        with self._lock:
+            outcomes = self._items.get(key)
+            return outcomes.pop(0) if outcomes else None
+
+
+_prefetched: ContextVar[_Prefetched | None] = ContextVar("langchain_spec_prefetched", default=None)
+
+
+class ChatSpeculative(SpeculativeParams, BaseChatModel):
+    """A chat model decoded by spec-batch: exact speculative decoding of the target, through its chat template.
+
+    Messages become the target's chat template (system, user, assistant, tool turns; text content only).
+    `batch()` makes one batched call of the core. Each AIMessage carries `usage_metadata` (input, output and
+    total tokens) and `response_metadata` with model_name, draft_name, finish_reason and speculative_stats
+    (draft_tokens, accepted_tokens, acceptance_rate, tokens_per_step, ...). Tool calling, structured output
+    and non-text inputs are not supported.
+
+    Example:
+        ```python
+        from langchain_spec import ChatSpeculative
+
+        chat = ChatSpeculative(target="default", max_tokens=64)
+        msg = chat.invoke("Name three primary colours.")
+        msg.response_metadata["speculative_stats"]["acceptance_rate"]
+        ```
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    @property
+    def _llm_type(self) -> str:
+        return "spec-batch-chat"
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params.update(self._ls_overrides(stop, kwargs))  # type: ignore[typeddict-item]
+        return params
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
+        """Exact prompt length: the token ids of the target's chat template (with the generation prompt)."""
+        if tools:
+            raise UnsupportedMessageError("spec-batch models do not support tool calling (tools=...)")
+        return len(self._prompt_ids(self._get_decoder(), messages))
+
+    # --- prompt and results ---
+
+    @staticmethod
+    def _prompt_ids(decoder: Any, messages: Sequence[BaseMessage]) -> list[int]:
+        return list(decoder.apply_chat_template(messages_to_dicts(messages)))
+
+    @staticmethod
+    def _message(decoder: Any, result: GenerationResult) -> AIMessage:
+        return AIMessage(
+            content=result.text,
+            usage_metadata=usage(result.stats),  # type: ignore[arg-type]
+            response_metadata=response_metadata(decoder, result.finish_reason, result.stats),
+        )
+
+    def _chunk(self, decoder: Any, text: str, finish_reason: Any, stats: Any) -> ChatGenerationChunk | None:
+        """A step's accepted text; the last chunk carries usage and metadata. Steps with no text yet are skipped."""
+        if finish_reason is None:
+            return ChatGenerationChunk(message=AIMessageChunk(content=text)) if text else None
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=text,
+                chunk_position="last",
+                usage_metadata=usage(stats),  # type: ignore[arg-type]
+                response_metadata=response_metadata(decoder, finish_reason, stats),
+            )
+        )
+
+    @staticmethod
+    def _take_prefetched(ids: list[int], options: CallOptions) -> GenerationResult | None:
+        store = _prefetched.get()
+        if store is None:
+            return None
+        outcome = store.take((tuple(ids), options.key))
+        if isinstance(outcome, BaseException):
+            # The batched call failed (a timeout, ...): every input of the batch raises that error, each its
+            # own copy (several threads raise at once).
+            raise copy.copy(outcome) from outcome
+        return outcome
+
+    # --- LangChain hooks ---
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        options = self._options(stop, kwargs)
+        decoder = self._get_decoder()
+        ids = self._prompt_ids(decoder, messages)
+        result = self._take_prefetched(ids, options) or decode_one(decoder, ids, options)
+        return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result))])
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        options = self._options(stop, kwargs)
+        decoder = self._get_decoder()
+        ids = self._prompt_ids(decoder, messages)
+        result = self._take_prefetched(ids, options) or await adecode_one(decoder, ids, options)
+        return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result))])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        # LangChain itself reports each yielded chunk to the callbacks (on_llm_new_token).
+        options = self._options(stop, kwargs)
+        decoder = self._get_decoder()
+        ids = self._prompt_ids(decoder, messages)
+        done = self._take_prefetched(ids, options)
+        if done is not None:  # a batch with streaming=True: decoded already, delivered as one chunk
+            chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats)
+            assert chunk is not None
+            yield chunk
+            return
+        worker = StreamWorker(decoder, ids, options.params)
+        for core_chunk in worker.iter(deadline_for(options.timeout), options.timeout):
+            chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats)
+            if chunk is not None:
+                yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        options = self._options(stop, kwargs)
+        decoder = self._get_decoder()
+        ids = self._prompt_ids(decoder, messages)
+        done = self._take_prefetched(ids, options)
+        if done is not None:
+            chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats)
+            assert chunk is not None
+            yield chunk
+            return
+        worker = StreamWorker(decoder, ids, options.params, loop=asyncio.get_running_loop())
+        async for core_chunk in worker.aiter(deadline_for(options.timeout), options.timeout):
+            chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats)
+            if chunk is not None:
+                yield chunk
+
+    # --- batching: one core call for many prompts ---
+
+    def _plan_batch(
+        self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[Any, CallOptions, list[tuple[int, ...]]] | None:
+        """What a batched call would decode, or None when the per-input path should do everything itself:
+        fewer than two prompts, a LangChain cache in use, or bad parameters (each input then reports its error)."""
+        if len(message_lists) < 2:
+            return None
+        if self.cache is not False and (isinstance(self.cache, BaseCache) or get_llm_cache() is not None):
+            return None
+        try:
+            options = self._options(stop, {k: v for k, v in kwargs.items() if k != "stop"})
+            decoder = self._get_decoder()
+        except Exception:  # noqa: BLE001 - reported per input by LangChain's path
+            return None
+        prompts: list[tuple[int, ...]] = []
+        for messages in message_lists:
+            try:
+                prompts.append(tuple(self._prompt_ids(decoder, messages)))
+            except Exception:  # noqa: BLE001 - that input raises the same error on its own path
+                continue
+        if len(prompts) < 2:
+            return None
+        return decoder, options, prompts
+
+    @staticmethod
+    def _store(prompts: list[tuple[int, ...]], options: CallOptions, outcome: list[GenerationResult] | BaseException) -> _Prefetched:
+        store = _Prefetched()
+        for i, ids in enumerate(prompts):
+            if isinstance(outcome, BaseException):
+                store.put((ids, options.key), outcome)
+            elif outcome[i].finish_reason != "error":
+                # A prompt the core refused (too long for the context, ...) is decoded again on its own path,
+                # which raises the core's own typed error for that input only.
+                store.put((ids, options.key), outcome[i])
+        return store
+
+    @contextlib.contextmanager
+    def _prefetch(self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]) -> Iterator[None]:
+        plan = self._plan_batch(message_lists, stop, kwargs)
+        if plan is None:
+            yield
+            return
+        decoder, options, prompts = plan
+        try:
+            outcome: list[GenerationResult] | BaseException = decode_many(
+                decoder, [list(p) for p in prompts], options, self.batch_size, return_errors=True
+            )
+        except SpecBatchError:
+            outcome = []  # nothing prefetched; every input runs (and reports) on its own
+            prompts = []
+        except Exception as exc:  # noqa: BLE001 - a timeout or failure of the batched call fails every input
+            outcome = exc
+        token = _prefetched.set(self._store(prompts, options, outcome))
+        try:
+            yield
+        finally:
+            _prefetched.reset(token)
+
+    @contextlib.asynccontextmanager
+    async def _aprefetch(self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]) -> AsyncIterator[None]:
+        plan = self._plan_batch(message_lists, stop, kwargs)
+        if plan is None:
+            yield
+            return
+        decoder, options, prompts = plan
+        try:
+            outcome: list[GenerationResult] | BaseException = await adecode_many(
+                decoder, [list(p) for p in prompts], options, self.batch_size, return_errors=True
+            )
+        except SpecBatchError:
+            outcome = []
+            prompts = []
+        except Exception as exc:  # noqa: BLE001
+            outcome = exc
+        token = _prefetched.set(self._store(prompts, options, outcome))
+        try:
+            yield
+        finally:
+            _prefetched.reset(token)
+
+    def _input_messages(self, inputs: Sequence[LanguageModelInput]) -> list[list[BaseMessage]]:
+        try:
+            return [self._convert_input(x).to_messages() for x in inputs]
+        except Exception:  # noqa: BLE001 - LangChain's path reports the bad input
+            return []
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:  # type: ignore[override]
+        with self._prefetch(self._input_messages(inputs), kwargs.get("stop"), kwargs):
+            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[return-value]
+
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:  # type: ignore[override]
+        async with self._aprefetch(self._input_messages(inputs), kwargs.get("stop"), kwargs):
+            return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[return-value]
+
+    def generate(
+        self,
+        messages: list[list[BaseMessage]],
+        stop: list[str] | None = None,
+        callbacks: Callbacks = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        call_kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY}
+        with self._prefetch(messages, stop, call_kwargs):
+            return super().generate(messages, stop=stop, callbacks=callbacks, **kwargs)
+
+    async def agenerate(
+        self,
+        messages: list[list[BaseMessage]],
+        stop: list[str] | None = None,
+        callbacks: Callbacks = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        call_kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY}
+        async with self._aprefetch(messages, stop, call_kwargs):
+            return await super().agenerate(messages, stop=stop, callbacks=callbacks, **kwargs)
+
+
+# Keyword arguments of BaseChatModel.generate that are LangChain's, not the model's.
+_GENERATE_ONLY = frozenset(
+    {"tags", "metadata", "run_name", "run_id", "ls_structured_output_format", "structured_output_format"}
+)

@@ -1,0 +1,101 @@
+"""`spec-batch generate`: decode prompts from the command line or a file."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ._group import main
+
+
+def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
+    out = list(prompts)
+    if file is not None:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
+        out.extend(line for line in text.splitlines() if line.strip())
+    if not out:
+        raise click.UsageError("give at least one PROMPT or --file F (one prompt per line; - reads stdin)")
+    return out
+
+
+@main.command("generate")
+@click.argument("prompts", nargs=-1)
+@click.option("--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin).")
+@click.option("--chat", is_flag=True, help="Apply the target's chat template (each prompt is one user message).")
+@click.option("--target", default=None, help='Target model: "default", a hub id, a local dir or a .gguf file.')
+@click.option("--draft", default=None, help='Drafter: "ngram", "none", or a draft model (hub id, dir, .gguf).')
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Per-request seed (same output whatever the batch).")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--num-draft-tokens", type=click.IntRange(min=0), default=8, show_default=True, help="Longest draft per step.")
+@click.option("--no-adaptive", is_flag=True, help="Always draft --num-draft-tokens (no adaptive draft length).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, finish_reason, stats.")
+def generate(
+    prompts: tuple[str, ...],
+    file: Path | None,
+    chat: bool,
+    target: str | None,
+    draft: str | None,
+    device: str,
+    dtype: str | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop: tuple[str, ...],
+    batch_size: int,
+    num_draft_tokens: int,
+    no_adaptive: bool,
+    as_json: bool,
+) -> None:
+    """Generate text for PROMPT(s) with speculative decoding."""
+    from .. import SamplingParams, SpecBatchError, load_decoder
+    from ..settings import get_settings
+
+    texts = _read_prompts(prompts, file)
+    settings = get_settings()
+    try:
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=list(stop),
+        )
+        dec = load_decoder(
+            target=target or settings.default_target,
+            draft=draft or settings.default_draft,
+            device=device,
+            dtype=dtype,
+            num_draft_tokens=num_draft_tokens,
+            adaptive=not no_adaptive,
+            cache_dir=str(settings.cache_dir),
+        )
+        inputs = [dec.apply_chat_template([{"role": "user", "content": t}]) for t in texts] if chat else texts
+        results = dec.generate(inputs, params, batch_size=batch_size)
+    except SpecBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for res in results:
+        if as_json:
+            out = res.to_dict()
+            out.pop("error")
+            click.echo(json.dumps(out))
+        else:
+            click.echo(res.text)
+            s = res.stats
+            rate = f"{s.acceptance_rate:.2f}" if s.acceptance_rate is not None else "-"
+            click.echo(
+                f"[{res.finish_reason}; {s.output_tokens} tokens in {s.wall_s:.2f}s; "
+                f"acceptance {rate}; {s.tokens_per_step or 0:.2f} tokens/step]",
+                err=True,
+            )

@@ -1,0 +1,375 @@
+"""The job service: create a job from a batch file, measure its baseline, run it, export its results.
+
+Used by the CLI (``spec-batch run / resume / results``); the queue reuses create_job_from_file,
+measure_baseline and write_results, and runs requests with ``spec_batch.runner.run_requests``.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from .batchfile import (
+    DEFAULT_SAMPLING,
+    BatchRequest,
+    ParseReport,
+    error_line,
+    errors_path_for,
+    output_line,
+    read_batch_file,
+)
+from .errors import SpecBatchError
+from .runner import RunReport, build_prompt, default_worker_name, run_requests
+from .sampling import SamplingParams
+from .store import queries
+from .store.models import (
+    JOB_CANCELLED,
+    JOB_CANCELLING,
+    JOB_FAILED,
+    JOB_IN_PROGRESS,
+    JOB_TERMINAL,
+    JOB_VALIDATING,
+    REQ_COMPLETED,
+    REQ_FAILED,
+    REQ_PENDING,
+    Job,
+    Request,
+    utcnow,
+)
+
+INSERT_CHUNK = 1000
+
+
+class JobStateError(SpecBatchError):
+    """A job cannot do what was asked in its current status."""
+
+
+def new_job_id() -> str:
+    return "job_" + uuid.uuid4().hex[:16]
+
+
+def create_job_from_file(
+    session_factory: sessionmaker[Session],
+    path: str | Path,
+    *,
+    target: str,
+    drafter: str,
+    output_file: str | Path | None = None,
+    batch_size: int = 8,
+    baseline_sample: int = 8,
+    sampling_defaults: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    queue: str | None = None,
+    chunk_size: int | None = None,
+    job_id: str | None = None,
+) -> tuple[str, ParseReport]:
+    """Validates the file and stores the job with one request row per non-blank line (invalid lines are
+    failed rows with their line number and reason). Status in_progress, or failed when no line is valid.
+
+    Raises OSError when the file cannot be read, ValueError for bad options.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if baseline_sample < 0:
+        raise ValueError(f"baseline_sample must be >= 0 (0 turns the baseline off), got {baseline_sample}")
+    defaults = {**DEFAULT_SAMPLING, **(sampling_defaults or {})}
+    SamplingParams.from_dict(defaults)  # unknown keys or bad values fail here, before any job exists
+    report = read_batch_file(path, defaults=defaults)
+    job_id = job_id or new_job_id()
+    now = utcnow()
+    with session_factory.begin() as s:
+        s.add(
+            Job(
+                id=job_id,
+                status=JOB_VALIDATING,
+                target=target,
+                drafter=drafter,
+                input_file=str(Path(path).resolve()),
+                output_file=str(Path(output_file).resolve()) if output_file else None,
+                sampling_defaults=defaults,
+                user_metadata=metadata,
+                batch_size=batch_size,
+                baseline_sample=baseline_sample,
+                chunk_size=chunk_size,
+                queue=queue,
+                n_requests=report.n_lines,
+                n_invalid=len(report.errors),
+                created_at=now,
+            )
+        )
+    with session_factory.begin() as s:
+        rows = []
+        for entry in report.entries():
+            if isinstance(entry, BatchRequest):
+                rows.append(
+                    {
+                        "job_id": job_id,
+                        "custom_id": entry.custom_id,
+                        "line_number": entry.line_number,
+                        "input": entry.raw,
+                        "endpoint": entry.endpoint,
+                        "prompt": entry.prompt,
+                        "params": entry.params_dict(),
+                        "status": REQ_PENDING,
+                        "attempts": 0,
+                    }
+                )
+            else:
+                rows.append(
+                    {
+                        "job_id": job_id,
+                        "custom_id": None,
+                        "line_number": entry.line_number,
+                        "input": entry.raw,
+                        "endpoint": None,
+                        "prompt": None,
+                        "params": None,
+                        "status": REQ_FAILED,
+                        "finish_reason": "error",
+                        "error_code": entry.code,
+                        "error_param": entry.param,
+                        "error": entry.message,
+                        "attempts": 0,
+                        "completed_at": now,
+                    }
+                )
+        for i in range(0, len(rows), INSERT_CHUNK):
+            s.execute(insert(Request), rows[i : i + INSERT_CHUNK])
+        if report.requests:
+            queries.set_job_status(s, job_id, JOB_IN_PROGRESS, now=now)
+        else:
+            queries.fail_job(
+                s, job_id,
+                f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
+                if report.n_lines else f"{path} has no requests",
+                now=now,
+            )
+    return job_id, report
+
+
+# ---------------------------------------------------------------- baseline
+
+
+@dataclass
+class Baseline:
+    n_requests: int
+    baseline_output_tokens: int
+    baseline_wall_s: float
+    sample_output_tokens: int
+    sample_wall_s: float
+    stored: int = 0  # speculative sample results stored as the requests' results
+
+    @property
+    def baseline_tokens_per_s(self) -> float | None:
+        return self.baseline_output_tokens / self.baseline_wall_s if self.baseline_wall_s > 0 else None
+
+    @property
+    def sample_tokens_per_s(self) -> float | None:
+        return self.sample_output_tokens / self.sample_wall_s if self.sample_wall_s > 0 else None
+
+    @property
+    def speedup(self) -> float | None:
+        a, b = self.sample_tokens_per_s, self.baseline_tokens_per_s
+        return a / b if a is not None and b else None
+
+
+def choose_sample(ids: Sequence[int], k: int) -> list[int]:
+    """k ids spread evenly over `ids` (all of them when k >= len(ids)); deterministic."""
+    n = len(ids)
+    if k >= n:
+        return list(ids)
+    return [ids[(i * n) // k] for i in range(k)]
+
+
+def measure_baseline(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    *,
+    sample_size: int | None = None,
+    worker: str | None = None,
+) -> Baseline | None:
+    """Measures the job's speedup on a sample of its valid requests: decodes the sample with the job's decoder
+    and then with decoder.without_speculation() (same engine, same batch size), timing each generate() call,
+    and stores both on the job (first measurement wins). The speculative results are stored as the sample
+    requests' results (conditionally: nothing is stored twice), so the sample is not decoded again.
+
+    Returns None when the sample size is 0 or the job already has a baseline.
+    """
+    worker = worker or default_worker_name()
+    with session_factory.begin() as s:
+        job = queries.get_job(s, job_id)
+        k = job.baseline_sample if sample_size is None else sample_size
+        if k <= 0 or job.baseline_wall_s is not None:
+            return None
+        batch_size = job.batch_size
+        valid = list(
+            s.scalars(
+                select(Request.id)
+                .where(Request.job_id == job_id, Request.endpoint.is_not(None))
+                .order_by(Request.line_number)
+            )
+        )
+        sample = choose_sample(valid, k)
+        rows = {
+            r.id: r
+            for r in s.execute(
+                select(Request.id, Request.endpoint, Request.prompt, Request.params).where(Request.id.in_(sample))
+            )
+        }
+    prompts, params, ids = [], [], []
+    for rid in sample:
+        r = rows[rid]
+        try:
+            prompts.append(build_prompt(decoder, r.endpoint, r.prompt))
+            params.append(SamplingParams.from_dict(r.params))
+        except Exception:  # noqa: BLE001  (the runner reports this request's error; the sample skips it)
+            continue
+        ids.append(rid)
+    if not ids:
+        return None
+    base_decoder = decoder.without_speculation()
+    warm = [SamplingParams(max_new_tokens=2)]
+    for d in (decoder, base_decoder):  # first calls pay one-time costs; keep them out of both timings
+        d.generate([prompts[0]], warm, batch_size=1, return_errors=True)
+
+    t0 = time.perf_counter()
+    spec = decoder.generate(prompts, params, batch_size=batch_size, return_errors=True)
+    sample_wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    base = base_decoder.generate(prompts, params, batch_size=batch_size, return_errors=True)
+    base_wall = time.perf_counter() - t0
+
+    def tokens(results: list[Any]) -> int:
+        return sum(r.stats.output_tokens for r in results if r.finish_reason != "error")
+
+    b = Baseline(len(ids), tokens(base), base_wall, tokens(spec), sample_wall)
+    with session_factory.begin() as s:
+        queries.record_baseline(
+            s, job_id,
+            n_requests=b.n_requests,
+            baseline_output_tokens=b.baseline_output_tokens,
+            baseline_wall_s=b.baseline_wall_s,
+            sample_output_tokens=b.sample_output_tokens,
+            sample_wall_s=b.sample_wall_s,
+        )
+    for rid, res in zip(ids, spec):
+        with session_factory.begin() as s:
+            b.stored += queries.save_result(s, rid, res, worker=worker)
+    if b.stored:
+        with session_factory.begin() as s:  # the share of the sample's decode time that produced stored results
+            queries.add_decode_time(s, job_id, sample_wall * b.stored / len(ids))
+    return b
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_job(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    *,
+    baseline: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[RunReport], None] | None = None,
+    on_phase: Callable[[str, Any], None] | None = None,
+    worker: str | None = None,
+) -> RunReport:
+    """Local mode: the baseline (once per job), then every open request, then finalization (output file).
+
+    on_phase(name, info): "baseline" (info: sample size) before it, "baseline_done" (info: Baseline | None),
+    "run" (info: number of open requests) before the requests.
+    """
+    worker = worker or default_worker_name()
+    with session_factory.begin() as s:
+        job = queries.get_job(s, job_id)
+        status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
+    if status == JOB_VALIDATING:
+        raise JobStateError(
+            f"job {job_id} was interrupted while its file was being validated: run the file again"
+        )
+    if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED):
+        raise JobStateError(f"job {job_id} is {status}; nothing to run")
+    if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
+        if on_phase:
+            on_phase("baseline", k)
+        b = measure_baseline(session_factory, job_id, decoder, worker=worker)
+        if on_phase:
+            on_phase("baseline_done", b)
+    if on_phase:
+        with session_factory.begin() as s:
+            on_phase("run", len(queries.open_request_ids(s, job_id)))
+    report = run_requests(
+        session_factory, job_id, decoder, worker=worker, should_stop=should_stop, on_progress=on_progress
+    )
+    return report
+
+
+def resume_job(
+    session_factory: sessionmaker[Session], job_id: str, decoder: Any, **kwargs: Any
+) -> RunReport:
+    """After Ctrl-C or a kill: requests left running by the dead process go back to pending, then run_job.
+    A completed job whose output file is missing is re-exported."""
+    with session_factory.begin() as s:
+        job = queries.get_job(s, job_id)
+        status = job.status
+        if status not in JOB_TERMINAL:
+            queries.release_running(s, job_id)
+    return run_job(session_factory, job_id, decoder, **kwargs)
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class ResultsReport:
+    output_path: Path
+    errors_path: Path | None
+    n_output: int
+    n_errors: int
+    n_open: int  # requests not finished yet (not in either file)
+
+
+def write_results(
+    session_factory: sessionmaker[Session], job_id: str, out_path: str | Path
+) -> ResultsReport:
+    """Writes the job's completed requests to out_path (OpenAI output lines, in input order) and its failed or
+    cancelled ones, invalid lines included, to OUT.errors.jsonl (removed when there are none). Atomic per file."""
+    out_path = Path(out_path)
+    err_path = errors_path_for(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out_path.with_name(f".{out_path.name}.tmp")
+    tmp_err = err_path.with_name(f".{err_path.name}.tmp")
+    n_out = n_err = n_open = 0
+    with session_factory() as s:
+        job = queries.get_job(s, job_id)
+        model, drafter = job.target, job.drafter
+        rows = s.scalars(
+            select(Request).where(Request.job_id == job_id).order_by(Request.line_number).execution_options(yield_per=500)
+        )
+        with open(tmp_out, "w", encoding="utf-8") as fo, open(tmp_err, "w", encoding="utf-8") as fe:
+            for r in rows:
+                if r.status == REQ_COMPLETED:
+                    fo.write(json.dumps(output_line(r, model=model, drafter=drafter), ensure_ascii=False) + "\n")
+                    n_out += 1
+                elif r.status in (REQ_FAILED, "cancelled"):
+                    fe.write(json.dumps(error_line(r), ensure_ascii=False) + "\n")
+                    n_err += 1
+                else:
+                    n_open += 1
+    tmp_out.replace(out_path)
+    if n_err:
+        tmp_err.replace(err_path)
+    else:
+        tmp_err.unlink()
+        if err_path.exists():
+            err_path.unlink()  # a stale errors file of an earlier export to the same path
+    return ResultsReport(out_path, err_path if n_err else None, n_out, n_err, n_open)

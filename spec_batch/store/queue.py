@@ -1,0 +1,425 @@
+"""The queue side of the store: one row per chunk of a job's requests published to Celery (``queue_chunks``).
+
+The requests table says what is done; this table says which messages should exist and who holds them, so that
+no request is lost when a worker, its pool child, Redis or the database goes away:
+
+- ``state``: ``queued`` (a message for it should be in the broker), ``running`` (a worker holds it, ``worker``
+  and ``lease_expires_at`` renewed by a heartbeat), ``done`` (every request of it finished or the job ended),
+  ``split`` (replaced by one chunk per open request after its worker was lost twice: a request that kills its
+  worker then fails alone).
+- ``epoch``: the broker epoch (a random value kept in Redis, see workers/lease.py) the message was last
+  published in; NULL = never published (a submit that died before publishing). A Redis restart without
+  persistence (or a flush) loses every queued message; a new epoch makes the reaper publish them again.
+
+Every function takes a caller-owned Session and none commits. The racing updates (claim, renew, requeue,
+finish) are single conditional UPDATE statements: at most one racer changes a row.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, String, and_, false, func, or_, select, update
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from .models import (
+    JOB_CANCELLING,
+    JOB_IN_PROGRESS,
+    JOB_VALIDATING,
+    REQ_PENDING,
+    REQ_RUNNING,
+    REQUEST_OPEN,
+    Base,
+    Job,
+    JSONType,
+    Request,
+    UTCDateTime,
+    utcnow,
+)
+
+CHUNK_QUEUED = "queued"
+CHUNK_RUNNING = "running"
+CHUNK_DONE = "done"
+CHUNK_SPLIT = "split"
+CHUNK_STATES = (CHUNK_QUEUED, CHUNK_RUNNING, CHUNK_DONE, CHUNK_SPLIT)
+# Jobs whose chunks still need running (a cancelling job's chunks run only to cancel their requests).
+JOB_ACTIVE = (JOB_VALIDATING, JOB_IN_PROGRESS, JOB_CANCELLING)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class QueueChunk(Base):
+    """Requests of one job published together as one Celery task (its id is the task id)."""
+
+    __tablename__ = "queue_chunks"
+    __table_args__ = (
+        CheckConstraint(_in("state", CHUNK_STATES), name="state"),
+        Index("ix_queue_chunks_state_lease_expires_at", "state", "lease_expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)  # order within the job (split pieces get new numbers)
+    queue: Mapped[str] = mapped_column(String(128))
+    request_ids: Mapped[list[int]] = mapped_column(JSONType)
+    measure_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    state: Mapped[str] = mapped_column(String(16), default=CHUNK_QUEUED, server_default=CHUNK_QUEUED)
+    epoch: Mapped[str | None] = mapped_column(String(64))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    def __repr__(self) -> str:
+        return f"QueueChunk(id={self.id!r}, job_id={self.job_id!r}, seq={self.seq}, state={self.state!r})"
+
+
+def new_chunk_id() -> str:
+    return str(uuid.uuid4())
+
+
+def add_chunks(
+    session: Session,
+    job_id: str,
+    queue: str,
+    ids: Sequence[int],
+    chunk_size: int,
+    *,
+    measure_baseline: bool = False,
+    first_seq: int = 0,
+) -> list[QueueChunk]:
+    """Splits `ids` (in order) into chunks of `chunk_size`; the first one measures the job's baseline."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunks = []
+    now = utcnow()
+    for n, start in enumerate(range(0, len(ids), chunk_size)):
+        chunk = QueueChunk(
+            id=new_chunk_id(),
+            job_id=job_id,
+            seq=first_seq + n,
+            queue=queue,
+            request_ids=[int(i) for i in ids[start : start + chunk_size]],
+            measure_baseline=measure_baseline and n == 0,
+            state=CHUNK_QUEUED,
+            created_at=now,
+        )
+        session.add(chunk)
+        chunks.append(chunk)
+    session.flush()
+    return chunks
+
+
+def get_chunk(session: Session, chunk_id: str) -> QueueChunk | None:
+    return session.get(QueueChunk, chunk_id)
+
+
+def job_chunks(session: Session, job_id: str, states: Iterable[str] | None = None) -> list[QueueChunk]:
+    q = select(QueueChunk).where(QueueChunk.job_id == job_id)
+    if states is not None:
+        q = q.where(QueueChunk.state.in_(tuple(states)))
+    return list(session.scalars(q.order_by(QueueChunk.seq)))
+
+
+def mark_published(session: Session, chunk_ids: Sequence[str], epoch: str, *, now: datetime | None = None) -> int:
+    """Records that queued chunks were published in `epoch` (running/done ones are left alone)."""
+    if not chunk_ids:
+        return 0
+    res = session.execute(
+        update(QueueChunk)
+        .where(QueueChunk.id.in_(list(chunk_ids)), QueueChunk.state == CHUNK_QUEUED)
+        .values(epoch=epoch, published_at=now or utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount
+
+
+def claim_chunk(
+    session: Session,
+    chunk_id: str,
+    worker: str,
+    lease_seconds: float,
+    *,
+    now: datetime | None = None,
+    take_from: str | None = None,
+) -> bool:
+    """queued (or running with an expired lease, or running for `take_from`: a holder known to be dead)
+    -> running for `worker`. True when this call got it."""
+    now = now or utcnow()
+    takeable = [
+        QueueChunk.state == CHUNK_QUEUED,
+        and_(
+            QueueChunk.state == CHUNK_RUNNING,
+            or_(QueueChunk.lease_expires_at.is_(None), QueueChunk.lease_expires_at < now),
+        ),
+    ]
+    if take_from is not None:
+        takeable.append(and_(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker == take_from))
+    res = session.execute(
+        update(QueueChunk)
+        .where(QueueChunk.id == chunk_id, or_(*takeable))
+        .values(
+            state=CHUNK_RUNNING,
+            worker=worker,
+            attempts=QueueChunk.attempts + 1,
+            started_at=now,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def renew(session: Session, worker: str, lease_seconds: float, *, now: datetime | None = None) -> tuple[int, int]:
+    """Heartbeat: extends the leases of `worker`'s running chunk(s) and requests. Returns (chunks, requests)
+    renewed; 0 chunks means the chunk was taken over (its holder is then told to stop)."""
+    now = now or utcnow()
+    until = now + timedelta(seconds=lease_seconds)
+    c = session.execute(
+        update(QueueChunk)
+        .where(QueueChunk.worker == worker, QueueChunk.state == CHUNK_RUNNING)
+        .values(lease_expires_at=until)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    r = session.execute(
+        update(Request)
+        .where(Request.worker == worker, Request.status == REQ_RUNNING)
+        .values(lease_expires_at=until)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return c, r
+
+
+def finish_chunk(session: Session, chunk_id: str, worker: str | None, *, now: datetime | None = None) -> bool:
+    """running (for `worker`; any holder when None) or queued -> done."""
+    cond = [QueueChunk.id == chunk_id]
+    if worker is not None:
+        cond.append(and_(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker == worker))
+    else:
+        cond.append(QueueChunk.state.in_((CHUNK_QUEUED, CHUNK_RUNNING)))
+    res = session.execute(
+        update(QueueChunk)
+        .where(*cond)
+        .values(state=CHUNK_DONE, finished_at=now or utcnow(), lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def expire_chunk(session: Session, chunk_id: str, worker: str, *, now: datetime | None = None) -> bool:
+    """The holder gives its chunk up without finishing it: its lease ends now, so the next reaper pass
+    re-queues it (used when requests of it are still open after the runner returned)."""
+    res = session.execute(
+        update(QueueChunk)
+        .where(QueueChunk.id == chunk_id, QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker == worker)
+        .values(lease_expires_at=now or utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def requeue_chunk(
+    session: Session, chunk: QueueChunk, epoch: str | None, *, expected_worker: str | None, now: datetime | None = None
+) -> bool:
+    """running (held by `expected_worker`, presumed dead) or queued -> queued in `epoch`, and that holder's
+    running requests -> pending (so the next holder can claim them at once). The caller publishes the chunk
+    before committing. True when this call re-queued it."""
+    now = now or utcnow()
+    cond = [QueueChunk.id == chunk.id]
+    if expected_worker is not None:
+        cond += [QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker == expected_worker]
+    else:
+        cond += [QueueChunk.state == CHUNK_QUEUED]
+    res = session.execute(
+        update(QueueChunk)
+        .where(*cond)
+        .values(state=CHUNK_QUEUED, worker=None, lease_expires_at=None, epoch=epoch, published_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount != 1:
+        return False
+    if expected_worker is not None:
+        release_worker_requests(session, expected_worker)
+    return True
+
+
+def release_worker_requests(session: Session, worker: str) -> int:
+    """A lost holder's running requests -> pending (its results, if it is in fact alive, still count once)."""
+    return session.execute(
+        update(Request)
+        .where(Request.worker == worker, Request.status == REQ_RUNNING)
+        .values(status=REQ_PENDING, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+
+
+def split_chunk(
+    session: Session, chunk: QueueChunk, open_ids: Sequence[int], epoch: str | None, *, expected_worker: str | None
+) -> list[QueueChunk]:
+    """Replaces a chunk whose holder was lost by one queued chunk per open request (state ``split``)."""
+    cond = [QueueChunk.id == chunk.id]
+    if expected_worker is not None:
+        cond += [QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker == expected_worker]
+    else:
+        cond += [QueueChunk.state == CHUNK_QUEUED]
+    now = utcnow()
+    res = session.execute(
+        update(QueueChunk)
+        .where(*cond)
+        .values(state=CHUNK_SPLIT, finished_at=now, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount != 1:
+        return []
+    if expected_worker is not None:
+        release_worker_requests(session, expected_worker)
+    top = session.scalar(select(QueueChunk.seq).where(QueueChunk.job_id == chunk.job_id).order_by(QueueChunk.seq.desc()).limit(1))
+    pieces = add_chunks(session, chunk.job_id, chunk.queue, list(open_ids), 1, first_seq=(top or 0) + 1)
+    for piece in pieces:
+        piece.epoch = epoch
+        piece.published_at = now
+        piece.attempts = chunk.attempts
+    if chunk.measure_baseline and pieces:
+        pieces[0].measure_baseline = True
+    session.flush()
+    return pieces
+
+
+def expired_chunks(session: Session, *, now: datetime | None = None, limit: int = 100) -> list[QueueChunk]:
+    """Running chunks whose holder stopped renewing its lease."""
+    now = now or utcnow()
+    return list(
+        session.scalars(
+            select(QueueChunk)
+            .where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.lease_expires_at < now)
+            .order_by(QueueChunk.lease_expires_at)
+            .limit(limit)
+        )
+    )
+
+
+def running_chunks_of(session: Session, worker_prefix: str, limit: int = 100) -> list[QueueChunk]:
+    """Running chunks whose holder's token starts with `worker_prefix` (the same worker node)."""
+    esc = worker_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return list(
+        session.scalars(
+            select(QueueChunk)
+            .where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker.like(esc + "%", escape="\\"))
+            .limit(limit)
+        )
+    )
+
+
+def unpublished_chunks(
+    session: Session, epoch: str, *, grace_before: datetime, limit: int = 500
+) -> list[QueueChunk]:
+    """Queued chunks of active jobs whose message is not in the broker's current epoch: published in an
+    earlier epoch (Redis lost its data), or never published and older than `grace_before` (a submit that
+    failed or died after storing the job)."""
+    return list(
+        session.scalars(
+            select(QueueChunk)
+            .join(Job, Job.id == QueueChunk.job_id)
+            .where(
+                QueueChunk.state == CHUNK_QUEUED,
+                Job.status.in_(JOB_ACTIVE),
+                or_(
+                    and_(QueueChunk.epoch.is_not(None), QueueChunk.epoch != epoch),
+                    and_(QueueChunk.epoch.is_(None), QueueChunk.created_at < grace_before),
+                ),
+            )
+            .order_by(QueueChunk.created_at, QueueChunk.seq)
+            .limit(limit)
+        )
+    )
+
+
+def republish_claim(session: Session, chunk_id: str, old_epoch: str | None, epoch: str) -> bool:
+    """queued chunk in `old_epoch` -> `epoch` (one reaper wins; it then publishes before committing)."""
+    cond = QueueChunk.epoch.is_(None) if old_epoch is None else QueueChunk.epoch == old_epoch
+    res = session.execute(
+        update(QueueChunk)
+        .where(QueueChunk.id == chunk_id, QueueChunk.state == CHUNK_QUEUED, cond)
+        .values(epoch=epoch, published_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1
+
+
+def open_ids_of(session: Session, ids: Sequence[int]) -> list[int]:
+    """Those of `ids` still pending or running, in the given order."""
+    if not ids:
+        return []
+    open_ = set(
+        session.scalars(select(Request.id).where(Request.id.in_(list(ids)), Request.status.in_(REQUEST_OPEN)))
+    )
+    return [i for i in ids if i in open_]
+
+
+def requests_over_attempts(session: Session, ids: Sequence[int], max_attempts: int) -> list[int]:
+    """Open requests among `ids` that were already claimed `max_attempts` times."""
+    if not ids:
+        return []
+    return list(
+        session.scalars(
+            select(Request.id).where(
+                Request.id.in_(list(ids)), Request.status.in_(REQUEST_OPEN), Request.attempts >= max_attempts
+            )
+        )
+    )
+
+
+def chunk_counts(session: Session, job_id: str) -> dict[str, int]:
+    rows = session.execute(
+        select(QueueChunk.state, func.count()).where(QueueChunk.job_id == job_id).group_by(QueueChunk.state)
+    ).all()
+    counts = {s: 0 for s in CHUNK_STATES}
+    counts.update({s: n for s, n in rows})
+    return counts
+
+
+def cancel_queued_chunks(session: Session, job_id: str) -> int:
+    """A cancelled job's queued chunks -> done (their messages, if delivered, then do nothing)."""
+    return session.execute(
+        update(QueueChunk)
+        .where(QueueChunk.job_id == job_id, QueueChunk.state == CHUNK_QUEUED)
+        .values(state=CHUNK_DONE, finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    ).rowcount
+
+
+__all__ = [
+    "QueueChunk",
+    "CHUNK_STATES",
+    "CHUNK_QUEUED",
+    "CHUNK_RUNNING",
+    "CHUNK_DONE",
+    "CHUNK_SPLIT",
+    "JOB_ACTIVE",
+    "new_chunk_id",
+    "add_chunks",
+    "get_chunk",
+    "job_chunks",
+    "mark_published",
+    "claim_chunk",
+    "renew",
+    "finish_chunk",
+    "expire_chunk",
+    "requeue_chunk",
+    "release_worker_requests",
+    "split_chunk",
+    "expired_chunks",
+    "running_chunks_of",
+    "unpublished_chunks",
+    "republish_claim",
+    "open_ids_of",
+    "requests_over_attempts",
+    "chunk_counts",
+    "cancel_queued_chunks",
+]
+

@@ -1,0 +1,146 @@
+"""Shared fixtures: tiny random Llama models, a tiny fake tokenizer, the real default decoder.
+
+Keep this file to fixtures that are generally useful; test-specific helpers live in the test modules.
+
+- ``fake_tokenizer``: token ids <-> "3 14 15" text; ``FakeTokenizer(eos_token_id=...)`` for EOS tests.
+- ``tiny_llama(seed, vocab=64, layers=2, lm_head_scale=1.0)``: a tiny random LlamaForCausalLM (cached per session;
+  never mutate it). EOS/BOS/PAD are None in its config, so plain decoding never stops early.
+- ``tiny_target`` / ``tiny_draft``: a target (vocab 64, 2 layers) and a *different* draft (1 layer), session-scoped.
+- ``tiny_decoder(draft, **kw)``: a Decoder over ``tiny_target`` (draft: "ngram" | "none" | a model).
+- ``hf_greedy(model, ids, n, eos_token_id=None)``: Hugging Face ``generate`` greedy continuation (the oracle).
+- ``default_decoder``: ``load_decoder("default", "ngram")``, session-scoped (tests using it are ``slow``).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spec_batch.decoder import build_decoder
+
+CPU = torch.device("cpu")
+
+
+class FakeTokenizer:
+    """Token ids as space-separated integers. Enough for a Decoder over a tiny model."""
+
+    def __init__(self, eos_token_id: int | None = None, pad_token_id: int | None = None):
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        return [int(x) for x in text.split()]
+
+    def decode(self, ids, skip_special_tokens: bool = True, **kwargs) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special_tokens and self.eos_token_id is not None:
+            ids = [i for i in ids if i != self.eos_token_id]
+        return " ".join(map(str, ids))
+
+    def __call__(self, text: str, **kwargs) -> dict:
+        return {"input_ids": self.encode(text)}
+
+
+def _make_tiny_llama(seed: int, vocab: int, layers: int, lm_head_scale: float) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    if lm_head_scale != 1.0:  # sharper next-token distributions (random init is close to uniform)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(lm_head_scale)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = None
+    model.generation_config.bos_token_id = None
+    return model
+
+
+_TINY_CACHE: dict[tuple, LlamaForCausalLM] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """Factory of tiny random Llama models, cached per session by their arguments (do not mutate them)."""
+
+    def make(seed: int, vocab: int = 64, layers: int = 2, lm_head_scale: float = 1.0) -> LlamaForCausalLM:
+        key = (seed, vocab, layers, lm_head_scale)
+        if key not in _TINY_CACHE:
+            _TINY_CACHE[key] = _make_tiny_llama(seed, vocab, layers, lm_head_scale)
+        return _TINY_CACHE[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fake_tokenizer() -> FakeTokenizer:
+    return FakeTokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_llama) -> LlamaForCausalLM:
+    return tiny_llama(1, vocab=64, layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_llama) -> LlamaForCausalLM:
+    return tiny_llama(2, vocab=64, layers=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tiny_target, fake_tokenizer):
+    """Factory: a Decoder over tiny_target. draft: "ngram" | "none" | a draft model; kw go to build_decoder."""
+
+    def make(draft="ngram", *, target=None, tokenizer=None, num_draft_tokens: int = 4, **kw):
+        return build_decoder(
+            target if target is not None else tiny_target,
+            tokenizer if tokenizer is not None else fake_tokenizer,
+            target_name="tiny",
+            draft=draft,
+            device=CPU,
+            num_draft_tokens=num_draft_tokens,
+            **kw,
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf_greedy():
+    """The oracle: Hugging Face generate's greedy continuation of ids (EOS stripped if it ends the output)."""
+
+    def run(model, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+        x = torch.tensor([ids])
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x))
+        if eos_token_id is None and model.generation_config.eos_token_id is None:
+            kwargs.update(min_new_tokens=max_new_tokens, pad_token_id=0)  # never stops early
+        elif eos_token_id is not None:
+            kwargs.update(eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+        with torch.inference_mode():
+            out = model.generate(x, **kwargs)[0, len(ids) :].tolist()
+        eos = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
+        eos_set = {eos} if isinstance(eos, int) else set(eos or [])
+        for i, tok in enumerate(out):
+            if tok in eos_set:
+                return out[:i]
+        return out
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def default_decoder():
+    """The real default model with the n-gram drafter (converted once and cached on disk; ~5-20 s)."""
+    from spec_batch import load_decoder
+
+    return load_decoder("default", "ngram")

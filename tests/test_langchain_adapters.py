@@ -1,0 +1,728 @@
+"""The LangChain adapters' own logic, against a small fake decoder (fast; no model).
+
+The real core on the default model is exercised in test_langchain_real.py and the standard suites.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+from langchain_core.messages import (
+    AIMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+from pydantic import ValidationError
+
+import langchain_spec
+from langchain_spec import (
+    ChatSpeculative,
+    GenerationTimeout,
+    SpeculativeLLM,
+    UnsupportedMessageError,
+)
+from langchain_spec import _core
+from spec_batch import (
+    GenerationResult,
+    InvalidParameterError,
+    PromptTooLongError,
+    RequestStats,
+    SamplingParams,
+    StreamChunk,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# A fake decoder with the core's interface: characters are tokens, the "model" always says REPLY.
+# ---------------------------------------------------------------------------------------------------------------
+
+REPLY = "Hello there, general. You are a bold one."
+TOO_LONG = "TOO LONG"
+STEP = 3  # tokens accepted per step (2 accepted draft tokens + 1 bonus)
+
+
+class FakeTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class FakeDecoder:
+    target_name = "fake-target"
+    draft_name = "ngram"
+    device = "cpu"
+    max_context = 4096
+
+    def __init__(self, step_delay: float = 0.0) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.step_delay = step_delay
+        self.generate_calls: list[tuple[list[Any], Any]] = []
+        self.stream_calls: list[tuple[Any, SamplingParams]] = []
+        self.templates: list[list[dict]] = []
+        self.steps_run = 0
+        self.active = 0
+        self.max_active = 0
+        self._lock = threading.Lock()
+
+    # --- the "model" ---
+    def _prompt_text(self, prompt: str | list[int]) -> str:
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+
+    def _decode(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
+        text = self._prompt_text(prompt)
+        if TOO_LONG in text:
+            raise PromptTooLongError(f"prompt of {len(text)} tokens does not fit")
+        out, reason = REPLY, "stop"  # the end of REPLY is EOS
+        if len(out) > params.max_new_tokens:
+            out, reason = out[: params.max_new_tokens], "length"
+        cuts = [out.find(s) for s in params.stop if s in out]
+        if cuts:
+            out, reason = out[: min(cuts)], "stop"
+        steps = max(1, -(-len(out) // STEP))
+        stats = RequestStats(
+            prompt_tokens=len(text),
+            output_tokens=len(out),
+            draft_tokens=4 * steps,
+            accepted_tokens=len(out) - steps,
+            target_forwards=steps,
+        )
+        return GenerationResult(text=out, token_ids=[ord(c) for c in out], finish_reason=reason, stats=stats)
+
+    def _enter(self) -> None:
+        self._lock.acquire()
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+
+    def _exit(self) -> None:
+        self.active -= 1
+        self._lock.release()
+
+    def _step(self) -> None:
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        self.steps_run += 1
+
+    # --- the core's interface ---
+    def generate(self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None):
+        prompts = list(prompts)
+        self.generate_calls.append((prompts, params))
+        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        if not return_errors:
+            for p in prompts:
+                if TOO_LONG in self._prompt_text(p):
+                    raise PromptTooLongError("a prompt does not fit")
+        self._enter()
+        try:
+            results = []
+            for i, (prompt, p) in enumerate(zip(prompts, plist)):
+                try:
+                    result = self._decode(prompt, p)
+                except PromptTooLongError as exc:
+                    result = GenerationResult("", [], "error", RequestStats(), error=str(exc))
+                for _ in range(result.stats.target_forwards):
+                    self._step()
+                results.append(result)
+                if on_result is not None:
+                    on_result(i, result)
+            return results
+        finally:
+            self._exit()
+
+    def stream(self, prompt, params=None):
+        params = params or SamplingParams()
+        self.stream_calls.append((prompt, params))
+        result = self._decode(prompt, params)
+        self._enter()
+        try:
+            pieces = [result.text[i : i + STEP] for i in range(0, len(result.text), STEP)] or [""]
+            for i, piece in enumerate(pieces):
+                self._step()
+                last = i == len(pieces) - 1
+                yield StreamChunk(
+                    text=piece,
+                    token_ids=[ord(c) for c in piece],
+                    finish_reason=result.finish_reason if last else None,
+                    stats=result.stats if last else None,
+                )
+        finally:
+            self._exit()
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        self.templates.append(messages)
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        return self.tokenizer.encode(text)
+
+
+class Tokens(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+        self.starts = 0
+        self.ends = 0
+        self.errors: list[BaseException] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+    def on_llm_start(self, *args: Any, **kwargs: Any) -> None:
+        self.starts += 1
+
+    def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        self.starts += 1
+
+    def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
+        self.ends += 1
+
+    def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:
+        self.errors.append(error)
+
+
+@pytest.fixture
+def fake() -> FakeDecoder:
+    return FakeDecoder()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    langchain_spec.clear_decoder_cache()
+    yield
+    langchain_spec.clear_decoder_cache()
+
+
+MODELS = [SpeculativeLLM, ChatSpeculative]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Construction and parameters
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", MODELS)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"api_key": "x"},  # no API here
+        {"max_retries": 2},  # a local decode has nothing to retry
+        {"model": "gpt-4o"},  # the field is `target`
+        {"max_new_tokens": 5},  # the LangChain name is max_tokens
+        {"temprature": 0.5},
+        {"top_p": 0.0},
+        {"top_k": -1},
+        {"temperature": -1},
+        {"max_tokens": 0},
+        {"seed": "abc"},
+        {"stop": [""]},
+        {"timeout": 0},
+        {"batch_size": 0},
+        {"num_draft_tokens": 0},
+    ],
+)
+def test_unknown_or_invalid_parameters_are_errors(cls, bad):
+    with pytest.raises(ValidationError):
+        cls(**bad)
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_decoder_excludes_model_arguments(cls, fake):
+    with pytest.raises(ValidationError, match="either decoder= or"):
+        cls(decoder=fake, target="default")
+    with pytest.raises(ValidationError, match="spec_batch Decoder"):
+        cls(decoder=object())
+    model = cls(decoder=fake)
+    assert model._identifying_params["target"] == "fake-target"
+    assert model._identifying_params["draft"] == "ngram"
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_standard_parameters_accepted(cls):
+    model = cls(temperature=0, max_tokens=100, timeout=60, stop=[], streaming=True)
+    assert model.timeout == 60 and model.streaming is True
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_unknown_call_parameters_are_errors(cls, fake):
+    model = cls(decoder=fake)
+    with pytest.raises(InvalidParameterError, match="frequency_penalty"):
+        model.invoke("hi", frequency_penalty=1.0)
+    with pytest.raises(InvalidParameterError, match="target is fixed"):
+        model.invoke("hi", model="other")
+    with pytest.raises(InvalidParameterError, match="max_tokens"):
+        model.invoke("hi", max_new_tokens=3)
+    with pytest.raises(InvalidParameterError, match="top_p"):
+        model.invoke("hi", top_p=2.0)
+    with pytest.raises(InvalidParameterError, match="timeout"):
+        model.invoke("hi", timeout=-1)
+    assert fake.generate_calls == [] and fake.stream_calls == []
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_construction_does_not_load_and_config_shares_one_decoder(cls, monkeypatch):
+    loads: list[dict] = []
+
+    def fake_load(**kwargs):
+        loads.append(kwargs)
+        time.sleep(0.05)  # wide window for a race
+        return FakeDecoder()
+
+    monkeypatch.setattr(_core, "load_decoder", fake_load)
+    a, b = cls(max_tokens=5), cls(max_tokens=7, temperature=0.5)  # sampling differs, models do not
+    c = cls(draft="none")
+    assert loads == []
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda m=m: results.append(m._get_decoder())) for m in (a, b, a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and len({id(d) for d in results}) == 1
+    assert loads[0] == {"target": "default", "draft": "ngram", "device": "cpu", "dtype": None}
+    assert c._get_decoder() is not a._get_decoder()
+    assert len(loads) == 2 and loads[1]["draft"] == "none"
+    # The LLM and the chat model of one configuration share it too.
+    other = (SpeculativeLLM if cls is ChatSpeculative else ChatSpeculative)()
+    assert other._get_decoder() is a._get_decoder()
+    cls(num_draft_tokens=4)._get_decoder()
+    assert loads[-1]["num_draft_tokens"] == 4
+
+
+def test_failed_load_is_not_cached(monkeypatch):
+    calls = []
+
+    def failing(**kwargs):
+        calls.append(kwargs)
+        raise RuntimeError("no such model")
+
+    monkeypatch.setattr(_core, "load_decoder", failing)
+    llm = SpeculativeLLM(target="nope")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no such model"):
+            llm.invoke("hi")
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("cls,kind", [(SpeculativeLLM, "llm"), (ChatSpeculative, "chat")])
+def test_ls_params_and_identifying_params(cls, kind, fake):
+    model = cls(max_tokens=10, temperature=0.3, stop=["x"])
+    ls = model._get_ls_params()
+    assert ls["ls_provider"] == "spec_batch"
+    assert ls["ls_model_name"] == "default"
+    assert ls["ls_model_type"] == kind
+    assert ls["ls_max_tokens"] == 10 and ls["ls_temperature"] == 0.3 and ls["ls_stop"] == ["x"]
+    assert model._get_ls_params(stop=["y"], model="m")["ls_stop"] == ["y"]
+    assert model._get_ls_params(model="m")["ls_model_name"] == "m"
+    ident = model._identifying_params
+    assert {k: ident[k] for k in ("target", "draft", "device", "max_tokens", "temperature", "stop")} == {
+        "target": "default",
+        "draft": "ngram",
+        "device": "cpu",
+        "max_tokens": 10,
+        "temperature": 0.3,
+        "stop": ["x"],
+    }
+    assert cls(decoder=fake)._get_ls_params()["ls_model_name"] == "fake-target"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SpeculativeLLM
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_llm_invoke_and_metadata(fake):
+    llm = SpeculativeLLM(decoder=fake, max_tokens=12, temperature=0.7, top_p=0.9, top_k=5, seed=3)
+    assert llm.invoke("Say hi") == REPLY[:12]
+    (prompt, params) = fake.stream_calls[-1]
+    assert prompt == "Say hi"  # a text prompt is used as given
+    assert params == SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=[])
+    result = llm.generate(["Say hi"])
+    info = result.generations[0][0].generation_info
+    assert info["model_name"] == "fake-target" and info["draft_name"] == "ngram"
+    assert info["finish_reason"] == "length"
+    assert info["usage_metadata"] == {"input_tokens": 6, "output_tokens": 12, "total_tokens": 18}
+    stats = info["speculative_stats"]
+    assert stats["draft_tokens"] == 16 and stats["accepted_tokens"] == 8
+    assert stats["acceptance_rate"] == 0.5 and stats["tokens_per_step"] == 3.0
+    assert result.llm_output == {
+        "model_name": "fake-target",
+        "token_usage": {"prompt_tokens": 6, "completion_tokens": 12, "total_tokens": 18},
+    }
+
+
+def test_llm_per_call_overrides(fake):
+    llm = SpeculativeLLM(decoder=fake, max_tokens=12)
+    assert llm.invoke("x", max_tokens=4) == REPLY[:4]
+    assert fake.stream_calls[-1][1].max_new_tokens == 4
+    llm.invoke("x", temperature=0.5, seed=9, top_k=2, top_p=0.5)
+    p = fake.stream_calls[-1][1]
+    assert (p.temperature, p.seed, p.top_k, p.top_p, p.max_new_tokens) == (0.5, 9, 2, 0.5, 12)
+    assert llm.bind(max_tokens=5).invoke("x") == REPLY[:5]
+
+
+def test_llm_stop_sequences(fake):
+    llm = SpeculativeLLM(decoder=fake, stop=["general"])
+    assert llm.invoke("x") == "Hello there, "
+    assert fake.stream_calls[-1][1].stop == ["general"]
+    # A per-call stop replaces the instance's.
+    assert llm.invoke("x", stop=["bold", "You"]) == "Hello there, general. "
+    assert fake.stream_calls[-1][1].stop == ["bold", "You"]
+    info = llm.generate(["x"]).generations[0][0].generation_info
+    assert info["finish_reason"] == "stop"
+
+
+def test_llm_batch_is_one_core_call(fake):
+    llm = SpeculativeLLM(decoder=fake, max_tokens=8, batch_size=3)
+    handler = Tokens()
+    out = llm.batch(["a", "bb", "ccc", "dddd"], config={"callbacks": [handler]})
+    assert out == [REPLY[:8]] * 4
+    assert len(fake.generate_calls) == 1 and fake.stream_calls == []
+    prompts, params = fake.generate_calls[0]
+    assert prompts == ["a", "bb", "ccc", "dddd"]
+    assert params.max_new_tokens == 8
+    assert handler.starts == 4 and handler.ends == 4
+    result = llm.generate(["a", "bb"])
+    assert result.llm_output["token_usage"] == {"prompt_tokens": 3, "completion_tokens": 16, "total_tokens": 19}
+
+
+def test_llm_stream_and_callbacks(fake):
+    llm = SpeculativeLLM(decoder=fake, max_tokens=10)
+    handler = Tokens()
+    chunks = list(llm.stream("x", config={"callbacks": [handler]}))
+    assert chunks == ["Hel", "lo ", "the", "r"]
+    assert handler.tokens == chunks
+    # streaming=True: invoke streams through the callbacks too, with the same text.
+    streaming = SpeculativeLLM(decoder=fake, max_tokens=10, streaming=True)
+    handler = Tokens()
+    assert streaming.invoke("x", config={"callbacks": [handler]}) == "Hello ther"
+    assert handler.tokens == ["Hel", "lo ", "the", "r"]
+    info = streaming.generate(["x"]).generations[0][0].generation_info
+    assert info["finish_reason"] == "length" and info["usage_metadata"]["output_tokens"] == 10
+    # invoke(stream=True) is LangChain's per-call switch.
+    handler = Tokens()
+    llm.invoke("x", stream=True, config={"callbacks": [handler]})
+    assert len(handler.tokens) == 4
+
+
+def test_llm_chain(fake):
+    chain = PromptTemplate.from_template("Q: {q}\nA:") | SpeculativeLLM(decoder=fake, max_tokens=5) | StrOutputParser()
+    assert chain.invoke({"q": "why?"}) == "Hello"
+    assert fake.stream_calls[-1][0] == "Q: why?\nA:"
+    assert chain.batch([{"q": "1"}, {"q": "2"}]) == ["Hello", "Hello"]
+    assert len(fake.generate_calls) == 1
+
+
+async def test_llm_async(fake):
+    llm = SpeculativeLLM(decoder=fake, max_tokens=6)
+    assert await llm.ainvoke("x") == "Hello "
+    assert await llm.abatch(["x", "y", "z"]) == ["Hello "] * 3
+    assert len(fake.generate_calls) == 1
+    handler = Tokens()
+    chunks = [c async for c in llm.astream("x", config={"callbacks": [handler]})]
+    assert "".join(chunks) == "Hello " and handler.tokens == chunks
+
+
+def test_llm_batch_error_and_return_exceptions(fake):
+    llm = SpeculativeLLM(decoder=fake)
+    with pytest.raises(PromptTooLongError):
+        llm.batch(["ok", TOO_LONG])
+    out = llm.batch(["ok", TOO_LONG], return_exceptions=True)
+    assert all(isinstance(o, PromptTooLongError) for o in out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Timeouts, cancellation and threads
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_timeout_raises_and_stops_the_decode(cls):
+    fake = FakeDecoder(step_delay=0.05)
+    model = cls(decoder=fake, timeout=0.12)
+    t0 = time.monotonic()
+    with pytest.raises(GenerationTimeout, match="timeout=0.12"):
+        model.invoke("x")
+    assert time.monotonic() - t0 < 0.5
+    time.sleep(0.2)
+    assert fake.steps_run <= 5  # stopped after the step in progress, not run to the end (14 steps)
+    assert fake.active == 0  # the decoder is free again
+    assert isinstance(GenerationTimeout("x"), TimeoutError)
+    # A per-call timeout overrides; long enough, the call succeeds.
+    out = model.invoke("x", timeout=5, max_tokens=3)
+    assert (out if isinstance(out, str) else out.content) == "Hel"
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_timeout_while_streaming(cls):
+    fake = FakeDecoder(step_delay=0.05)
+    model = cls(decoder=fake, timeout=0.12)
+    got: list[Any] = []
+    with pytest.raises(TimeoutError):
+        for chunk in model.stream("x"):
+            got.append(chunk)
+    assert 0 < len(got) < 14
+    time.sleep(0.2)
+    assert fake.active == 0
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_timeout_of_a_batch(cls):
+    fake = FakeDecoder(step_delay=0.02)
+    model = cls(decoder=fake, timeout=0.1)
+    with pytest.raises(TimeoutError):
+        model.batch(["a", "b", "c"])
+    out = model.batch(["a", "b", "c"], return_exceptions=True)
+    assert all(isinstance(o, TimeoutError) for o in out)
+    assert len(fake.generate_calls) == 2  # the batch was not re-run per input
+    time.sleep(0.5)
+    assert fake.active == 0
+
+
+def test_closing_a_stream_stops_the_decode():
+    fake = FakeDecoder(step_delay=0.02)
+    stream = SpeculativeLLM(decoder=fake).stream("x")
+    next(stream)
+    stream.close()
+    time.sleep(0.1)
+    assert fake.steps_run <= 3 and fake.active == 0
+
+
+async def test_cancelling_an_async_call_stops_the_decode():
+    fake = FakeDecoder(step_delay=0.02)
+    chat = ChatSpeculative(decoder=fake)
+    task = asyncio.create_task(chat.ainvoke("x"))
+    await asyncio.sleep(0.07)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.1)
+    assert fake.steps_run <= 6 and fake.active == 0
+    with pytest.raises(TimeoutError):
+        await ChatSpeculative(decoder=fake, timeout=0.05).ainvoke("x")
+
+
+@pytest.mark.parametrize("cls", MODELS)
+def test_many_threads_one_instance(cls):
+    fake = FakeDecoder(step_delay=0.001)
+    model = cls(decoder=fake, max_tokens=9)
+    out: list[Any] = [None] * 8
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            if i % 2:
+                out[i] = model.invoke(f"prompt {i}")
+            else:
+                out[i] = model.batch([f"p{i}", f"q{i}"])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    text = lambda m: m if isinstance(m, str) else m.content  # noqa: E731
+    for i, o in enumerate(out):
+        if i % 2:
+            assert text(o) == REPLY[:9]
+        else:
+            assert [text(m) for m in o] == [REPLY[:9]] * 2
+    assert fake.max_active == 1  # the decoder ran one decode at a time
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ChatSpeculative
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_messages_to_chat_template(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+    msg = chat.invoke(
+        [
+            SystemMessage("be brief"),
+            HumanMessage("hi", name="ann"),
+            AIMessage("hello"),
+            HumanMessage([{"type": "text", "text": "two "}, "parts"]),
+            ToolMessage("42", tool_call_id="1"),
+            ChatMessage(role="critic", content="meh"),
+        ]
+    )
+    assert fake.templates[-1] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "two parts"},
+        {"role": "tool", "content": "42"},
+        {"role": "critic", "content": "meh"},
+    ]
+    assert isinstance(msg, AIMessage) and msg.content == "Hello"
+    # The prompt reaches the core as the template's token ids, not as text.
+    prompt = fake.stream_calls[-1][0]
+    assert isinstance(prompt, list) and prompt == fake.apply_chat_template(fake.templates[-1])
+    # A plain string is one user turn.
+    chat.invoke("hey")
+    assert fake.templates[-1] == [{"role": "user", "content": "hey"}]
+
+
+@pytest.mark.parametrize(
+    "messages,match",
+    [
+        ([HumanMessage([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])], "'image_url' content block"),
+        ([HumanMessage([{"type": "image", "base64": "AAAA", "mime_type": "image/png"}])], "'image' content block"),
+        ([AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1"}]), HumanMessage("x")], "tool calls"),
+        ([FunctionMessage(name="f", content="1")], "FunctionMessage"),
+    ],
+)
+def test_unsupported_messages_are_errors(fake, messages, match):
+    with pytest.raises(UnsupportedMessageError, match=match):
+        ChatSpeculative(decoder=fake).invoke(messages)
+    assert issubclass(UnsupportedMessageError, ValueError)
+
+
+def test_chat_tools_and_structured_output_are_not_offered(fake):
+    chat = ChatSpeculative(decoder=fake)
+    with pytest.raises(NotImplementedError):
+        chat.bind_tools([])
+    with pytest.raises(InvalidParameterError, match="tool calling"):
+        chat.invoke("x", tools=[{"type": "function"}])
+
+
+def test_chat_metadata(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=50)
+    msg = chat.invoke("hi")
+    prompt_len = len(fake.apply_chat_template([{"role": "user", "content": "hi"}]))
+    assert msg.content == REPLY
+    assert msg.usage_metadata == {
+        "input_tokens": prompt_len,
+        "output_tokens": len(REPLY),
+        "total_tokens": prompt_len + len(REPLY),
+    }
+    md = msg.response_metadata
+    assert md["model_name"] == "fake-target" and md["finish_reason"] == "stop" and md["draft_name"] == "ngram"
+    stats = md["speculative_stats"]
+    assert set(stats) >= {"draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_step", "target_forwards"}
+    assert chat.get_num_tokens_from_messages([HumanMessage("hi")]) == prompt_len
+    assert chat.get_num_tokens("abc") == 3  # the target's tokenizer, not GPT-2's
+
+
+def test_chat_stream(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=7)
+    handler = Tokens()
+    chunks = list(chat.stream("hi", config={"callbacks": [handler]}))
+    assert [c.content for c in chunks] == ["Hel", "lo ", "t"]
+    assert [c.chunk_position for c in chunks] == [None, None, "last"]
+    assert handler.tokens == ["Hel", "lo ", "t"]  # every chunk once (LangChain reports them)
+    assert all(c.usage_metadata is None for c in chunks[:-1])
+    full = chunks[0] + chunks[1] + chunks[2]
+    assert full.content == "Hello t"
+    assert full.usage_metadata["output_tokens"] == 7
+    assert full.response_metadata["model_name"] == "fake-target"
+    assert full.response_metadata["finish_reason"] == "length"
+    # streaming=True: invoke goes through the stream and the callbacks see each chunk.
+    handler = Tokens()
+    msg = ChatSpeculative(decoder=fake, max_tokens=7, streaming=True).invoke("hi", config={"callbacks": [handler]})
+    assert msg.content == "Hello t" and handler.tokens[:3] == ["Hel", "lo ", "t"]
+    assert msg.response_metadata["speculative_stats"]["output_tokens"] == 7
+
+
+def test_chat_stop(fake):
+    chat = ChatSpeculative(decoder=fake, stop=["there"])
+    assert chat.invoke("hi").content == "Hello "
+    assert chat.invoke("hi", stop=["."]).content == "Hello there, general"
+    assert "".join(c.content for c in chat.stream("hi", stop=["."])) == "Hello there, general"
+
+
+def test_chat_batch_is_one_core_call_with_per_input_callbacks(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+    handler = Tokens()
+    inputs = ["one", [HumanMessage("two")], [SystemMessage("s"), HumanMessage("three")]]
+    out = chat.batch(inputs, config={"callbacks": [handler]})
+    assert [m.content for m in out] == ["Hello"] * 3
+    assert len(fake.generate_calls) == 1 and fake.stream_calls == []
+    prompts, params = fake.generate_calls[0]
+    assert len(prompts) == 3 and all(isinstance(p, list) for p in prompts)
+    assert params.max_new_tokens == 5
+    assert handler.starts == 3 and handler.ends == 3
+    assert all(m.usage_metadata and m.response_metadata["model_name"] == "fake-target" for m in out)
+    assert len({m.id for m in out}) == 3  # LangChain's per-run ids
+    # Per-call kwargs and stop reach the batched call.
+    out = chat.batch(["a", "b"], stop=["l"], max_tokens=9)
+    assert [m.content for m in out] == ["He", "He"]
+    assert fake.generate_calls[-1][1].stop == ["l"] and fake.generate_calls[-1][1].max_new_tokens == 9
+    # generate() with many message lists is one call too.
+    result = chat.generate([[HumanMessage("a")], [HumanMessage("b")]])
+    assert len(fake.generate_calls) == 3 and len(result.generations) == 2
+    # Duplicate prompts each get their own result.
+    assert [m.content for m in chat.batch(["same", "same", "same"])] == ["Hello"] * 3
+    assert len(fake.generate_calls) == 4 and fake.stream_calls == []
+
+
+def test_chat_batch_errors_stay_per_input(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+    out = chat.batch(["fine", TOO_LONG, [HumanMessage([{"type": "image", "url": "u"}])], "also fine"], return_exceptions=True)
+    assert out[0].content == "Hello" and out[3].content == "Hello"
+    assert isinstance(out[1], PromptTooLongError)
+    assert isinstance(out[2], UnsupportedMessageError)
+    assert len(fake.generate_calls) == 1  # the good prompts were still decoded together
+    with pytest.raises(PromptTooLongError):
+        chat.batch(["fine", TOO_LONG])
+    out = chat.batch(["a", "b"], top_p=5.0, return_exceptions=True)
+    assert all(isinstance(o, InvalidParameterError) for o in out)
+
+
+def test_chat_batch_with_streaming_true_is_still_one_call(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=5, streaming=True)
+    handler = Tokens()
+    out = chat.batch(["a", "b", "c"], config={"callbacks": [handler]})
+    assert [m.content for m in out] == ["Hello"] * 3
+    assert len(fake.generate_calls) == 1 and fake.stream_calls == []
+    assert handler.tokens == ["Hello"] * 3  # each result reaches the callbacks as one chunk
+
+
+def test_chat_batch_with_cache_uses_the_cache(fake):
+    from langchain_core.caches import InMemoryCache
+
+    chat = ChatSpeculative(decoder=fake, max_tokens=5, cache=InMemoryCache())
+    assert [m.content for m in chat.batch(["a", "b"])] == ["Hello", "Hello"]
+    assert [m.content for m in chat.batch(["a", "b"])] == ["Hello", "Hello"]
+    assert len(fake.stream_calls) == 2 and fake.generate_calls == []  # second batch answered by the cache
+
+
+def test_chat_chain(fake):
+    prompt = ChatPromptTemplate.from_messages([("system", "You are terse."), ("human", "{q}")])
+    chain = prompt | ChatSpeculative(decoder=fake, max_tokens=5) | StrOutputParser()
+    assert chain.invoke({"q": "hi"}) == "Hello"
+    assert fake.templates[-1] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    assert chain.batch([{"q": "a"}, {"q": "b"}]) == ["Hello", "Hello"]
+    assert len(fake.generate_calls) == 1
+    assert "".join(chain.stream({"q": "hi"})) == "Hello"
+
+
+async def test_chat_async(fake):
+    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+    msg = await chat.ainvoke("hi")
+    assert msg.content == "Hello" and msg.usage_metadata["output_tokens"] == 5
+    out = await chat.abatch(["a", "b", "c"])
+    assert [m.content for m in out] == ["Hello"] * 3 and len(fake.generate_calls) == 1
+    out = await chat.agenerate([[HumanMessage("a")], [HumanMessage("b")]])
+    assert len(fake.generate_calls) == 2 and len(out.generations) == 2
+
+    class AsyncTokens(AsyncCallbackHandler):
+        tokens: list[str] = []
+
+        async def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            self.tokens.append(token)
+
+    handler = AsyncTokens()
+    chunks = [c async for c in chat.astream("hi", config={"callbacks": [handler]})]
+    assert "".join(c.content for c in chunks) == "Hello" and chunks[-1].chunk_position == "last"
+    assert handler.tokens[:2] == ["Hel", "lo"]
+    events = [e async for e in chat.astream_events("hi", version="v2")]
+    assert [e["data"]["chunk"].content for e in events if e["event"] == "on_chat_model_stream"][:2] == ["Hel", "lo"]

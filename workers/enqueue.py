@@ -1,0 +1,287 @@
+"""Submitting jobs to the queue and re-enqueueing them (``spec-batch submit``, ``spec-batch resume`` of a queue job).
+
+Order of operations (DESIGN.md: enqueue only after the job rows are committed):
+
+1. the broker is checked first: Redis down -> :class:`BrokerUnavailableError` and no job is created;
+2. the file is validated and the job and its requests are stored (``spec_batch.jobs.create_job_from_file``),
+   then its chunks (``queue_chunks``), each commit done before anything is published;
+3. each chunk is published (task id = chunk id) to the job's queue, then marked published in the broker's
+   epoch. If Redis goes away in the middle: when nothing was published yet the job is deleted again (no
+   half-created job); otherwise the rest is published by the workers' reaper as soon as Redis is back (within
+   one lease), or at once by :func:`enqueue_job` (``spec-batch resume JOB``).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, exists, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from spec_batch.errors import SpecBatchError
+from spec_batch.settings import get_settings
+from spec_batch.store import queries
+from spec_batch.store import queue as qstore
+from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING, Job, utcnow
+
+from .lease import broker_epoch
+from .routing import queue_name
+
+log = logging.getLogger("spec_batch.workers.enqueue")
+
+
+class BrokerUnavailableError(SpecBatchError):
+    """The broker (Redis) cannot be reached."""
+
+
+class PartialEnqueueError(SpecBatchError):
+    """The job is stored but some of its chunks could not be published yet."""
+
+    def __init__(self, message: str, job_id: str, published: int, total: int):
+        super().__init__(message)
+        self.job_id = job_id
+        self.published = published
+        self.total = total
+
+
+def _shown(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def check_broker(broker_url: str | None = None) -> str:
+    """The broker's epoch; a clear error when it cannot be reached."""
+    broker_url = broker_url or get_settings().broker_url
+    try:
+        return broker_epoch(broker_url)
+    except Exception as exc:
+        raise BrokerUnavailableError(
+            f"cannot reach the broker at {_shown(broker_url)} ({exc.__class__.__name__}: {exc}); start Redis "
+            f"or point SPEC_BATCH_BROKER_URL at it"
+        ) from exc
+
+
+@dataclass
+class SubmitResult:
+    job_id: str
+    status: str
+    queue: str | None
+    n_requests: int
+    n_invalid: int
+    n_chunks: int = 0
+    published: int = 0
+    parse_report: Any = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _publish(chunks: list[tuple[str, str]], factory: sessionmaker[Session], epoch: str) -> tuple[int, Exception | None]:
+    from .tasks import publish_chunk
+
+    done: list[str] = []
+    error: Exception | None = None
+    for chunk_id, queue in chunks:
+        try:
+            publish_chunk(chunk_id, queue)
+        except Exception as exc:
+            error = exc
+            break
+        done.append(chunk_id)
+    if done:
+        for i in range(0, len(done), 500):
+            with factory.begin() as s:
+                qstore.mark_published(s, done[i : i + 500], epoch)
+    return len(done), error
+
+
+def submit_file(
+    factory: sessionmaker[Session],
+    path: str | Path,
+    *,
+    target: str,
+    drafter: str,
+    batch_size: int = 8,
+    baseline_sample: int = 8,
+    chunk_size: int | None = None,
+    sampling_defaults: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    queue: str | None = None,
+    broker_url: str | None = None,
+) -> SubmitResult:
+    """Validates and stores the job, then publishes its chunks. See the module docstring."""
+    from spec_batch.jobs import create_job_from_file
+
+    settings = get_settings()
+    chunk_size = chunk_size or settings.chunk_size
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    queue = queue or queue_name(target, drafter)
+    epoch = check_broker(broker_url or settings.broker_url)
+
+    job_id, report = create_job_from_file(
+        factory, path, target=target, drafter=drafter, batch_size=batch_size, baseline_sample=baseline_sample,
+        sampling_defaults=sampling_defaults, metadata=metadata, queue=queue, chunk_size=chunk_size,
+    )
+    with factory.begin() as s:
+        job = queries.get_job(s, job_id)
+        result = SubmitResult(job_id, job.status, queue, job.n_requests, job.n_invalid, parse_report=report)
+        if job.status != JOB_IN_PROGRESS:
+            return result  # no valid line: the job failed; nothing to enqueue
+        ids = queries.open_request_ids(s, job_id)
+        chunks = qstore.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
+        pending = [(c.id, c.queue) for c in chunks]
+    result.n_chunks = len(pending)
+    published, error = _publish(pending, factory, epoch)
+    result.published = published
+    if error is None:
+        return result
+    if published == 0 and _delete_unpublished_job(factory, job_id):
+        raise BrokerUnavailableError(
+            f"the broker went away while enqueueing ({error.__class__.__name__}: {error}); "
+            f"no job was created: submit the file again once Redis is back"
+        ) from error
+    raise PartialEnqueueError(
+        f"job {job_id} is stored but only {published} of {len(pending)} chunks could be enqueued "
+        f"({error.__class__.__name__}: {error}). The workers publish the rest once Redis is back (within "
+        f"SPEC_BATCH_LEASE_SECONDS), or run `spec-batch resume {job_id}` then.",
+        job_id, published, len(pending),
+    ) from error
+
+
+def _delete_unpublished_job(factory: sessionmaker[Session], job_id: str) -> bool:
+    """Deletes a job none of whose chunks was ever published or started (one conditional DELETE)."""
+    touched = exists().where(
+        qstore.QueueChunk.job_id == job_id,
+        or_(qstore.QueueChunk.epoch.is_not(None), qstore.QueueChunk.state != qstore.CHUNK_QUEUED),
+    )
+    try:
+        with factory.begin() as s:
+            res = s.execute(
+                delete(Job).where(Job.id == job_id, ~touched).execution_options(synchronize_session=False)
+            )
+            return res.rowcount == 1
+    except Exception as exc:  # pragma: no cover - the database went away too
+        log.warning("could not delete the unpublished job %s: %s", job_id, exc)
+        return False
+
+
+def orphan_request_ids(session: Session, job_id: str) -> list[int]:
+    """Open requests of the job that no live (queued or running) chunk covers."""
+    covered: set[int] = set()
+    for ids in session.scalars(
+        select(qstore.QueueChunk.request_ids).where(
+            qstore.QueueChunk.job_id == job_id,
+            qstore.QueueChunk.state.in_((qstore.CHUNK_QUEUED, qstore.CHUNK_RUNNING)),
+        )
+    ):
+        covered.update(int(i) for i in ids)
+    return [i for i in queries.open_request_ids(session, job_id) if i not in covered]
+
+
+@dataclass
+class EnqueueReport:
+    job_id: str
+    status: str
+    new_chunks: int = 0
+    republished: int = 0
+
+
+def enqueue_job(
+    factory: sessionmaker[Session],
+    job_id: str,
+    *,
+    chunk_size: int | None = None,
+    broker_url: str | None = None,
+    republish_queued: bool = True,
+) -> EnqueueReport:
+    """(Re-)enqueues a queue job: open requests no live chunk covers get new chunks, and (by default) every
+    queued chunk is published again (a duplicate message is harmless: the task skips a chunk it cannot
+    claim). A job left ``validating`` goes to ``in_progress``. Running chunks are left to their leases."""
+    settings = get_settings()
+    epoch = check_broker(broker_url or settings.broker_url)
+    with factory.begin() as s:
+        job = queries.get_job(s, job_id)
+        if job.status in JOB_TERMINAL:
+            return EnqueueReport(job_id, job.status)
+        queue = job.queue or queue_name(job.target, job.drafter)
+        if job.queue is None:
+            job.queue = queue
+        size = chunk_size or job.chunk_size or settings.chunk_size
+        if job.chunk_size is None:
+            job.chunk_size = size
+        if job.status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
+            queries.set_job_status(s, job_id, JOB_IN_PROGRESS)
+        orphans = orphan_request_ids(s, job_id)
+        top = s.scalar(select(qstore.QueueChunk.seq).where(qstore.QueueChunk.job_id == job_id)
+                       .order_by(qstore.QueueChunk.seq.desc()).limit(1))
+        needs_baseline = job.baseline_sample > 0 and job.baseline_wall_s is None and not s.scalar(
+            select(exists().where(qstore.QueueChunk.job_id == job_id, qstore.QueueChunk.measure_baseline.is_(True),
+                                  qstore.QueueChunk.state.in_((qstore.CHUNK_QUEUED, qstore.CHUNK_RUNNING))))
+        )
+        new = qstore.add_chunks(s, job_id, queue, orphans, size, measure_baseline=needs_baseline,
+                                first_seq=(top + 1) if top is not None else 0)
+        new_ids = {c.id for c in new}
+        todo = [(c.id, c.queue) for c in qstore.job_chunks(s, job_id, [qstore.CHUNK_QUEUED])
+                if republish_queued or c.id in new_ids]
+        status = job.status
+    published, error = _publish(todo, factory, epoch)
+    if error is not None:
+        raise BrokerUnavailableError(
+            f"job {job_id}: {published} of {len(todo)} chunks published before the broker failed "
+            f"({error.__class__.__name__}: {error}); the workers publish the rest once Redis is back"
+        ) from error
+    return EnqueueReport(job_id, status, new_chunks=len(new), republished=published - len(new))
+
+
+def adopt_orphans(factory: sessionmaker[Session], *, grace_s: float, publish, epoch: str, limit: int = 20) -> int:
+    """Reaper step: chunks for open requests of in-progress queue jobs that no live chunk covers (a submit that
+    died between storing the job and storing its chunks). Returns the number of chunks created."""
+    cutoff = utcnow() - timedelta(seconds=grace_s)
+    created = 0
+    with factory() as s:
+        jobs = list(s.scalars(
+            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, Job.created_at < cutoff)
+            .order_by(Job.created_at).limit(limit)
+        ))
+    for job_id in jobs:
+        with factory.begin() as s:
+            orphans = orphan_request_ids(s, job_id)
+            if not orphans:
+                continue
+            job = s.get(Job, job_id)
+            if job is None or job.status != JOB_IN_PROGRESS:
+                continue
+            # Two reapers racing here may both adopt the same requests: the second chunk then only finds
+            # them claimed or done and does nothing (claims are conditional), so this needs no lock.
+            top = s.scalar(select(qstore.QueueChunk.seq).where(qstore.QueueChunk.job_id == job_id)
+                           .order_by(qstore.QueueChunk.seq.desc()).limit(1))
+            new = qstore.add_chunks(
+                s, job_id, job.queue, orphans, job.chunk_size or get_settings().chunk_size,
+                first_seq=(top + 1) if top is not None else 0,
+            )
+            for c in new:
+                c.epoch = epoch
+                c.published_at = utcnow()
+                publish(c)
+            created += len(new)
+    return created
+
+
+__all__ = [
+    "BrokerUnavailableError",
+    "PartialEnqueueError",
+    "SubmitResult",
+    "EnqueueReport",
+    "check_broker",
+    "submit_file",
+    "enqueue_job",
+    "orphan_request_ids",
+    "adopt_orphans",
+]
+

@@ -1,0 +1,441 @@
+"""Leases, heartbeats and the reaper: how a chunk whose worker vanished gets run by another worker.
+
+A worker process that starts a chunk claims it in SQL (``queue_chunks.state='running'``, ``worker`` = a token
+naming this process, ``lease_expires_at = now + SPEC_BATCH_LEASE_SECONDS``); the runner claims the chunk's
+requests the same way. A heartbeat thread in every worker process renews both leases every
+``lease/3`` seconds (at most every 60 s). When a machine is lost or a process is killed, the renewals stop.
+
+The same thread runs the *reaper* on every tick, in every worker process (busy or idle), so any live worker
+recovers what a dead one left:
+
+1. a running chunk whose lease expired (or whose holder is a dead process of this same worker node: a killed
+   pool child is noticed at once) goes back to ``queued`` and is published again; the dead holder's requests
+   go back to ``pending``. A chunk lost a second time is split into one chunk per open request, and a
+   request claimed ``SPEC_BATCH_MAX_ATTEMPTS`` times without finishing fails alone (``worker_lost``), so a
+   request that kills its worker cannot stall the job;
+2. a queued chunk whose message is not in the broker any more is published again. The broker *epoch* is a
+   random value stored in Redis (``spec-batch:broker-epoch``); a Redis restart without persistence, or a
+   flush, loses it together with every queued message, so a chunk published in an older epoch is republished.
+   A chunk never published (a submit that failed or died after storing the job) is published after one lease;
+3. a queue job with nothing open any more that is still ``in_progress`` (its last worker died between storing
+   the last result and finalizing) is finalized, and a ``cancelling`` one with nothing running is cancelled.
+
+Every step is a conditional UPDATE, so reapers in many processes racing on one row change it once; a chunk is
+re-published inside the transaction that re-queues it (commit after publish), so a reaper that dies in between
+leaves the chunk to the next one. Messages are never trusted alone: a task re-reads the chunk and skips it
+unless it can claim it, so a duplicate message (redelivery, republish) does nothing.
+
+Clocks: leases compare timestamps written by different machines; keep them NTP-synchronised (skew well under
+the lease). Lease time is the only wait: a chunk of a vanished worker is re-queued within ``lease + lease/3``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from spec_batch.store import queue as qstore
+from spec_batch.store import queries
+from spec_batch.store.models import (
+    JOB_CANCELLING,
+    JOB_FINALIZING,
+    JOB_IN_PROGRESS,
+    REQ_RUNNING,
+    REQUEST_OPEN,
+    Job,
+    Request,
+    utcnow,
+)
+
+log = logging.getLogger("spec_batch.workers.lease")
+
+EPOCH_KEY = "spec-batch:broker-epoch"
+STATIC_EPOCH = "static"  # a broker that is not Redis: no lost-message detection
+WORKER_LOST = "worker_lost"
+
+# One id per worker node (the main worker process); pool children inherit it across the fork, so a child can
+# tell that a chunk is held by a dead sibling (same node, pid gone) and take it over at once.
+NODE_ID = os.environ.get("SPEC_BATCH_NODE_ID") or uuid.uuid4().hex[:8]
+
+
+def node_prefix() -> str:
+    return f"{socket.gethostname()}/{NODE_ID}/"
+
+
+def new_token() -> str:
+    """The holder name of one chunk attempt: host/node/pid/random (requests.worker and queue_chunks.worker)."""
+    return f"{node_prefix()}{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+def token_pid(token: str) -> int | None:
+    parts = token.split("/")
+    try:
+        return int(parts[-2])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# Tokens this process gave up (a failed attempt that could not hand its chunk back): the process may take them.
+_abandoned: set[str] = set()
+
+
+def abandon(token: str) -> None:
+    _abandoned.add(token)
+
+
+def holder_is_dead(token: str | None) -> bool:
+    """True when `token` is a process of this worker node that is gone, or an attempt this process abandoned."""
+    if not token:
+        return False
+    if token in _abandoned:
+        return True
+    if not token.startswith(node_prefix()):
+        return False
+    pid = token_pid(token)
+    if pid is None or pid == os.getpid():
+        return False
+    return not pid_alive(pid)
+
+
+# ---------------------------------------------------------------- broker epoch
+
+_redis_clients: dict[tuple[int, str], Any] = {}
+
+
+def _redis_for(broker_url: str):
+    import redis
+
+    key = (os.getpid(), broker_url)  # a client is never shared across a fork
+    client = _redis_clients.get(key)
+    if client is None:
+        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        _redis_clients.clear()
+        _redis_clients[key] = client
+    return client
+
+
+def broker_epoch(broker_url: str) -> str:
+    """The broker's current epoch; creates it in a fresh (or restarted, or flushed) Redis. Raises when the
+    broker cannot be reached."""
+    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return STATIC_EPOCH
+    client = _redis_for(broker_url)
+    value = client.get(EPOCH_KEY)
+    if value is None:
+        client.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
+        value = client.get(EPOCH_KEY)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------- reaper
+
+Publisher = Callable[[qstore.QueueChunk], None]
+
+
+@dataclass
+class ReapReport:
+    requeued: int = 0
+    split: int = 0
+    republished: int = 0
+    failed_requests: int = 0
+    finalized: int = 0
+    cancelled: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def any(self) -> bool:
+        return bool(self.requeued or self.split or self.republished or self.failed_requests or self.finalized
+                    or self.cancelled)
+
+
+def _give_up_message(attempts: int) -> str:
+    return (
+        f"gave up after {attempts} attempts: each time, the worker running this request was lost (killed, "
+        f"out of memory, machine gone) or its chunk ran past SPEC_BATCH_TASK_SOFT_TIME_LIMIT; "
+        f"raise SPEC_BATCH_MAX_ATTEMPTS to try more often"
+    )
+
+
+def _recover_chunk(
+    factory: sessionmaker[Session],
+    chunk_id: str,
+    holder: str,
+    epoch: str,
+    publish: Publisher,
+    max_attempts: int,
+    report: ReapReport,
+    finalize: Callable[[str], None],
+) -> None:
+    job_id = None
+    done_after = False
+    with factory.begin() as s:
+        chunk = qstore.get_chunk(s, chunk_id)
+        if chunk is None or chunk.state != qstore.CHUNK_RUNNING or chunk.worker != holder:
+            return  # someone else got there first
+        job = s.get(Job, chunk.job_id)
+        job_id = chunk.job_id
+        open_ids = qstore.open_ids_of(s, chunk.request_ids)
+        if job is None or job.status not in qstore.JOB_ACTIVE or job.status == JOB_CANCELLING:
+            # Nothing to run any more: free the dead holder's requests, let cancellation finish.
+            qstore.release_worker_requests(s, holder)
+            qstore.finish_chunk(s, chunk.id, holder)
+            if job is not None and job.status == JOB_CANCELLING:
+                if queries.try_finish_cancel(s, job.id):
+                    report.cancelled += 1
+            return
+        over = set(qstore.requests_over_attempts(s, open_ids, max_attempts))
+        for rid in over:
+            attempts = s.scalar(select(Request.attempts).where(Request.id == rid)) or max_attempts
+            if queries.save_failure(s, rid, WORKER_LOST, _give_up_message(attempts)):
+                report.failed_requests += 1
+        open_ids = [i for i in open_ids if i not in over]
+        if not open_ids:
+            qstore.release_worker_requests(s, holder)
+            qstore.finish_chunk(s, chunk.id, holder)
+            done_after = True
+        elif chunk.attempts >= 2 and len(open_ids) > 1:
+            pieces = qstore.split_chunk(s, chunk, open_ids, epoch, expected_worker=holder)
+            for piece in pieces:
+                publish(piece)
+            report.split += 1
+        else:
+            if qstore.requeue_chunk(s, chunk, epoch, expected_worker=holder):
+                publish(chunk)
+                report.requeued += 1
+    if done_after and job_id is not None:
+        finalize(job_id)
+
+
+def reap(
+    factory: sessionmaker[Session],
+    *,
+    broker_url: str,
+    publish: Publisher,
+    lease_seconds: float,
+    max_attempts: int,
+    finalize: Callable[[str], None],
+) -> ReapReport:
+    """One pass of the reaper (see the module docstring). Safe to run from many processes at once."""
+    report = ReapReport()
+    try:
+        epoch = broker_epoch(broker_url)
+    except Exception as exc:  # broker down: nothing can be published now; the next tick tries again
+        report.errors.append(f"broker: {exc}")
+        return report
+    now = utcnow()
+
+    # 1. chunks of vanished holders
+    with factory.begin() as s:
+        lost = [(c.id, c.worker) for c in qstore.expired_chunks(s, now=now)]
+        lost += [(c.id, c.worker) for c in qstore.running_chunks_of(s, node_prefix()) if holder_is_dead(c.worker)]
+        lost += [
+            (c.id, c.worker)
+            for c in s.scalars(select(qstore.QueueChunk).where(
+                qstore.QueueChunk.state == qstore.CHUNK_RUNNING, qstore.QueueChunk.worker.in_(list(_abandoned))
+            ))
+        ] if _abandoned else []
+    seen: set[str] = set()
+    for chunk_id, holder in lost:
+        if chunk_id in seen or holder is None:
+            continue
+        seen.add(chunk_id)
+        try:
+            _recover_chunk(factory, chunk_id, holder, epoch, publish, max_attempts, report, finalize)
+            _abandoned.discard(holder)
+        except Exception as exc:
+            report.errors.append(f"chunk {chunk_id}: {exc}")
+
+    # 2. queued chunks whose message the broker does not have
+    grace = now - timedelta(seconds=lease_seconds)
+    with factory.begin() as s:
+        stale = [(c.id, c.epoch) for c in qstore.unpublished_chunks(s, epoch, grace_before=grace)]
+    for chunk_id, old_epoch in stale:
+        try:
+            with factory.begin() as s:
+                if qstore.republish_claim(s, chunk_id, old_epoch, epoch):
+                    chunk = qstore.get_chunk(s, chunk_id)
+                    publish(chunk)
+                    report.republished += 1
+        except Exception as exc:
+            report.errors.append(f"republish {chunk_id}: {exc}")
+
+    # 3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running
+    open_req = exists().where(Request.job_id == Job.id, Request.status.in_(REQUEST_OPEN))
+    running_req = exists().where(Request.job_id == Job.id, Request.status == REQ_RUNNING)
+    with factory.begin() as s:
+        to_finalize = list(s.scalars(
+            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, ~open_req).limit(50)
+        ))
+        to_cancel = list(s.scalars(
+            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_CANCELLING, ~running_req).limit(50)
+        ))
+        stuck = list(s.scalars(
+            select(Job.id).where(
+                Job.queue.is_not(None), Job.status == JOB_FINALIZING,
+                Job.finalizing_at < now - timedelta(seconds=lease_seconds),
+            ).limit(50)
+        ))
+    for job_id in stuck:  # the worker finalizing it died between its two steps
+        try:
+            with factory.begin() as s:
+                if queries.complete_job(s, job_id):
+                    report.finalized += 1
+        except Exception as exc:
+            report.errors.append(f"complete {job_id}: {exc}")
+    for job_id in to_finalize:
+        try:
+            finalize(job_id)
+            report.finalized += 1
+        except Exception as exc:
+            report.errors.append(f"finalize {job_id}: {exc}")
+    for job_id in to_cancel:
+        try:
+            with factory.begin() as s:
+                if queries.try_finish_cancel(s, job_id):
+                    report.cancelled += 1
+        except Exception as exc:
+            report.errors.append(f"cancel {job_id}: {exc}")
+    return report
+
+
+# ---------------------------------------------------------------- heartbeat
+
+
+@dataclass
+class Holding:
+    """One chunk this process is running. `lost` is set when another worker took the chunk over."""
+
+    token: str
+    chunk_id: str
+    lost: bool = False
+
+
+class Heartbeat:
+    """A daemon thread per worker process: renews this process's leases, then runs the reaper."""
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        *,
+        lease_seconds: float,
+        reap_fn: Callable[[], ReapReport] | None = None,
+        interval: float | None = None,
+    ) -> None:
+        self.factory = factory
+        self.lease_seconds = float(lease_seconds)
+        self.interval = interval if interval is not None else min(max(self.lease_seconds / 3.0, 0.5), 60.0)
+        self.reap_fn = reap_fn
+        self._holdings: dict[str, Holding] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self.last_ok: float | None = None
+        self._warned = 0.0
+
+    def start(self) -> "Heartbeat":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="spec-batch-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._pid == os.getpid()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def hold(self, token: str, chunk_id: str) -> Holding:
+        holding = Holding(token, chunk_id)
+        with self._lock:
+            self._holdings[token] = holding
+        return holding
+
+    def drop(self, token: str) -> None:
+        with self._lock:
+            self._holdings.pop(token, None)
+
+    def poke(self) -> None:
+        """Run a tick now (e.g. after giving a chunk up, so it is re-queued without waiting)."""
+        self._wake.set()
+
+    def tick(self) -> None:
+        with self._lock:
+            holdings = list(self._holdings.values())
+        ok = True
+        for h in holdings:
+            try:
+                with self.factory.begin() as s:
+                    chunks, _ = qstore.renew(s, h.token, self.lease_seconds)
+                if chunks == 0:
+                    with self.factory() as s:
+                        chunk = qstore.get_chunk(s, h.chunk_id)
+                        if chunk is None or chunk.worker != h.token or chunk.state != qstore.CHUNK_RUNNING:
+                            if not h.lost:
+                                log.warning("chunk %s was taken over by another worker; stopping it here",
+                                            h.chunk_id)
+                            h.lost = True
+            except Exception as exc:
+                ok = False
+                self._warn(f"lease renewal failed ({exc.__class__.__name__}: {exc}); retrying")
+        if self.reap_fn is not None:
+            try:
+                rep = self.reap_fn()
+                if rep.any():
+                    log.warning("reaper: %s", rep)
+                if rep.errors:
+                    ok = False
+                    self._warn("reaper: " + "; ".join(rep.errors[:3]))
+            except Exception as exc:
+                ok = False
+                self._warn(f"reaper failed ({exc.__class__.__name__}: {exc}); retrying")
+        if ok:
+            self.last_ok = time.monotonic()
+
+    def _warn(self, msg: str) -> None:
+        now = time.monotonic()
+        if now - self._warned > 30:
+            log.warning(msg)
+            self._warned = now
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+
+__all__ = [
+    "EPOCH_KEY",
+    "NODE_ID",
+    "Heartbeat",
+    "Holding",
+    "ReapReport",
+    "abandon",
+    "broker_epoch",
+    "holder_is_dead",
+    "new_token",
+    "node_prefix",
+    "reap",
+]

@@ -1,0 +1,390 @@
+"""The Celery task of spec-batch: run one chunk of a job's requests through the runner.
+
+``process_chunk(chunk_id)`` takes an id, re-reads everything from SQL and is idempotent:
+
+1. it claims the chunk (``queue_chunks``; see workers/lease.py) or does nothing: a chunk already done, or held
+   by a live worker, or of a finished job, makes a duplicate message harmless;
+2. the chunk's lease (and its requests' leases) are renewed by this process's heartbeat thread;
+3. the job's models are loaded once per worker process, lazily, and stay loaded (a dict keyed by target and
+   drafter: a worker may serve several queues);
+4. the first chunk of a job measures the job's baseline (``spec_batch.jobs.measure_baseline``);
+5. ``spec_batch.runner.run_requests`` claims, decodes and stores the requests (a request that raises fails
+   alone with its error stored). Between decoding batches the task stops when the job is being cancelled or
+   another worker took the chunk over; the job is completed, exactly once, by whichever worker stores its
+   last result (``finalize_job``'s conditional updates).
+
+Failures: a transient one (the database or the broker unreachable) gives the chunk back and retries with
+exponential backoff; anything else fails the task without retry (a request's own error never gets here: it
+is stored on the request). A chunk that ran past the soft time limit is given back with its finished requests
+stored; the reaper re-queues the rest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
+
+from spec_batch.errors import SpecBatchError
+from spec_batch.settings import get_settings
+from spec_batch.store import queries
+from spec_batch.store import queue as qstore
+from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL
+
+from . import lease
+from .celery_app import TASK_NAME_PROCESS_CHUNK, app
+
+log = logging.getLogger("spec_batch.workers")
+
+MAX_RETRIES = 10
+RETRY_BACKOFF_MAX_S = 60
+CANCEL_CHECK_S = 1.0  # how often (at most) a running chunk looks at its job's status between results
+
+
+class StopChunk(Exception):
+    """Raised from the runner's progress callback to stop a chunk between decoding batches."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure that may go away by itself: a lost database or broker connection, a locked SQLite file."""
+    try:
+        import sqlalchemy.exc as sa_exc
+    except ImportError:  # pragma: no cover
+        sa_exc = None
+    if sa_exc is not None:
+        if isinstance(exc, (sa_exc.DisconnectionError, sa_exc.TimeoutError)):
+            return True
+        if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+            return True
+        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+            text = str(exc).lower()
+            permanent = ("no such table", "no such column", "does not exist", "syntax error", "permission denied")
+            return not any(p in text for p in permanent)
+    try:
+        import kombu.exceptions
+        import redis.exceptions
+
+        if isinstance(exc, (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
+                            redis.exceptions.TimeoutError)):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+# ---------------------------------------------------------------- per-process runtime
+
+
+class Runtime:
+    """What a worker process keeps: its database engine (never shared across a fork), loaded decoders, the
+    heartbeat thread. Created lazily in the process that runs tasks (a pool child; the main process for the
+    solo and threads pools)."""
+
+    def __init__(self) -> None:
+        from spec_batch.store import open_store
+
+        self.pid = os.getpid()
+        self.settings = get_settings()
+        self.factory = open_store(self.settings.database_url)
+        self._decoders: dict[tuple[str, str], Any] = {}
+        self._load_lock = threading.Lock()
+        self.device = os.environ.get("SPEC_BATCH_DEVICE") or None
+        self._last_adopt = 0.0
+        self.heartbeat = lease.Heartbeat(
+            self.factory, lease_seconds=self.settings.lease_seconds, reap_fn=self.reap
+        ).start()
+
+    # The reaper publishes with this process's producer pool.
+    def publish(self, chunk: qstore.QueueChunk) -> None:
+        publish_chunk(chunk.id, chunk.queue)
+
+    def finalize(self, job_id: str) -> None:
+        from spec_batch.runner import finalize_job
+
+        finalize_job(self.factory, job_id)
+
+    def reap(self) -> lease.ReapReport:
+        rep = lease.reap(
+            self.factory,
+            broker_url=self.settings.broker_url,
+            publish=self.publish,
+            lease_seconds=self.settings.lease_seconds,
+            max_attempts=self.settings.max_attempts,
+            finalize=self.finalize,
+        )
+        now = time.monotonic()
+        if not rep.errors and now - self._last_adopt >= self.settings.lease_seconds:
+            self._last_adopt = now
+            from .enqueue import adopt_orphans
+
+            try:
+                epoch = lease.broker_epoch(self.settings.broker_url)
+                rep.requeued += adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
+                                              publish=self.publish, epoch=epoch)
+            except Exception as exc:
+                rep.errors.append(f"orphans: {exc}")
+        return rep
+
+    def decoder(self, target: str, drafter: str) -> Any:
+        key = (target, drafter)
+        with self._load_lock:
+            dec = self._decoders.get(key)
+            if dec is None:
+                from spec_batch import load_decoder
+
+                t0 = time.perf_counter()
+                device = self.device or _default_device()
+                dec = load_decoder(target=target, draft=drafter, device=device,
+                                   cache_dir=str(self.settings.cache_dir))
+                self._decoders[key] = dec
+                log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, device,
+                            time.perf_counter() - t0, os.getpid())
+            return dec
+
+
+def _default_device() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+    except Exception:  # pragma: no cover
+        pass
+    return "cpu"
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None or _runtime.pid != os.getpid():
+            _runtime = Runtime()
+        return _runtime
+
+
+def _apply_torch_threads() -> None:
+    raw = os.environ.get("SPEC_BATCH_TORCH_THREADS")
+    if not raw:
+        return
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, int(raw)))
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
+    except Exception as exc:  # pragma: no cover
+        log.warning("could not set torch threads to %s: %s", raw, exc)
+
+
+@worker_init.connect
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Main worker process, before the pool forks: pick torch threads per process when several share a
+    machine (SPEC_BATCH_TORCH_THREADS, or cores / concurrency). No database or model is touched here, so
+    nothing is shared across the fork."""
+    if not os.environ.get("SPEC_BATCH_TORCH_THREADS"):
+        concurrency = int(getattr(sender, "concurrency", 1) or 1)
+        if concurrency > 1:
+            os.environ["SPEC_BATCH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
+
+
+@worker_process_init.connect
+def _on_process_init(**_: Any) -> None:
+    """A new pool child: its own engine, heartbeat and reaper (an idle worker still recovers lost chunks)."""
+    _apply_torch_threads()
+    try:
+        runtime()
+    except Exception as exc:  # the database may be down now; the first task retries
+        log.warning("worker process start: %s (will retry on the first task)", exc)
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Solo/threads pools run tasks in the main process: start the runtime there."""
+    pool = getattr(getattr(sender, "controller", None), "pool_cls", None) or app.conf.worker_pool
+    name = getattr(pool, "__name__", str(pool)).lower()
+    if "solo" in name or "thread" in name:
+        _apply_torch_threads()
+        try:
+            runtime()
+        except Exception as exc:
+            log.warning("worker start: %s (will retry on the first task)", exc)
+
+
+@worker_process_shutdown.connect
+def _on_process_shutdown(**_: Any) -> None:
+    if _runtime is not None and _runtime.pid == os.getpid():
+        _runtime.heartbeat.stop()
+
+
+# ---------------------------------------------------------------- publishing
+
+
+def publish_chunk(chunk_id: str, queue: str, *, retry: bool = True) -> None:
+    """Publishes the message of a chunk (task id = chunk id) to its queue. Raises when the broker is down."""
+    process_chunk.apply_async(
+        args=[chunk_id],
+        task_id=chunk_id,
+        queue=queue,
+        routing_key=queue,
+        retry=retry,
+        retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
+    )
+
+
+# ---------------------------------------------------------------- the task
+
+
+@app.task(bind=True, name=TASK_NAME_PROCESS_CHUNK, max_retries=MAX_RETRIES, acks_late=True,
+          reject_on_worker_lost=True, ignore_result=True)
+def process_chunk(self, chunk_id: str) -> dict[str, Any]:
+    token = lease.new_token()
+    try:
+        rt = runtime()
+        return _process(rt, chunk_id, token)
+    except SoftTimeLimitExceeded:
+        log.warning("chunk %s ran past its soft time limit; giving the rest back", chunk_id)
+        _give_back(chunk_id, token)
+        return {"chunk": chunk_id, "stopped": "time_limit"}
+    except Exception as exc:
+        if is_transient(exc):
+            _give_back(chunk_id, token)
+            delay = min(RETRY_BACKOFF_MAX_S, 2 ** self.request.retries) * (0.5 + random.random() / 2)
+            log.warning("chunk %s: transient failure %s: %s; retry %d in %.1fs", chunk_id,
+                        exc.__class__.__name__, exc, self.request.retries + 1, delay)
+            raise self.retry(exc=exc, countdown=delay)
+        _give_back(chunk_id, token)
+        raise
+
+
+def _give_back(chunk_id: str, token: str) -> None:
+    """Ends this attempt without finishing the chunk: its lease ends now, so a reaper re-queues the rest at
+    once (attempt counting included). When even that fails (database down), the lease runs out by itself, and
+    this process may take the chunk back at once (it knows the attempt was abandoned)."""
+    rt = _runtime if _runtime is not None and _runtime.pid == os.getpid() else None
+    lease.abandon(token)
+    if rt is None:
+        return
+    rt.heartbeat.drop(token)
+    try:
+        with rt.factory.begin() as s:
+            qstore.expire_chunk(s, chunk_id, token)
+        rt.heartbeat.poke()
+    except Exception as exc:
+        log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id, exc)
+
+
+def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
+    from spec_batch.jobs import measure_baseline
+    from spec_batch.runner import finalize_job, run_requests
+
+    factory = rt.factory
+    out: dict[str, Any] = {"chunk": chunk_id, "worker": token}
+    with factory.begin() as s:
+        chunk = qstore.get_chunk(s, chunk_id)
+        if chunk is None:
+            log.warning("chunk %s is not in the database (a submit rolled back?); nothing to do", chunk_id)
+            return {**out, "skipped": "unknown chunk"}
+        if chunk.state in (qstore.CHUNK_DONE, qstore.CHUNK_SPLIT):
+            return {**out, "skipped": f"chunk {chunk.state}"}
+        job = queries.get_job(s, chunk.job_id)
+        if job.status in JOB_TERMINAL:
+            qstore.finish_chunk(s, chunk.id, None)
+            return {**out, "skipped": f"job {job.status}"}
+        take_from = chunk.worker if chunk.state == qstore.CHUNK_RUNNING and lease.holder_is_dead(chunk.worker) else None
+        if not qstore.claim_chunk(s, chunk.id, token, rt.settings.lease_seconds, take_from=take_from):
+            return {**out, "skipped": f"held by {chunk.worker}"}
+        if take_from is not None:
+            qstore.release_worker_requests(s, take_from)
+        job_id, request_ids = chunk.job_id, list(chunk.request_ids)
+        target, drafter, batch_size = job.target, job.drafter, job.batch_size
+        measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
+        cancelling = job.status == JOB_CANCELLING
+    holding = rt.heartbeat.hold(token, chunk_id)
+    try:
+        if cancelling:
+            with factory.begin() as s:
+                queries.try_finish_cancel(s, job_id)
+                qstore.finish_chunk(s, chunk_id, token)
+            return {**out, "stopped": "cancelled"}
+
+        try:
+            decoder = rt.decoder(target, drafter)
+        except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
+            msg = f"the worker could not load target {target!r} with drafter {drafter!r}: {exc}"
+            with factory.begin() as s:
+                for rid in qstore.open_ids_of(s, request_ids):
+                    queries.save_failure(s, rid, "model_error", msg, worker=token)
+                qstore.finish_chunk(s, chunk_id, token)
+            from spec_batch.runner import finalize_job as _fin
+
+            _fin(factory, job_id)
+            return {**out, "failed": "model_error"}
+
+        if measure:
+            try:
+                measure_baseline(factory, job_id, decoder, worker=token)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                log.warning("job %s: baseline measurement failed: %s", job_id, exc)
+
+        last_check = [time.monotonic()]
+
+        def on_progress(_report: Any) -> None:
+            if holding.lost:
+                raise StopChunk("taken over")
+            now = time.monotonic()
+            if now - last_check[0] >= CANCEL_CHECK_S:
+                last_check[0] = now
+                with factory() as s:
+                    status = queries.get_job(s, job_id).status
+                if status in (JOB_CANCELLING, *JOB_TERMINAL):
+                    raise StopChunk(status)
+
+        stopped = None
+        try:
+            report = run_requests(
+                factory, job_id, decoder,
+                request_ids=request_ids, batch_size=batch_size, worker=token,
+                lease_seconds=rt.settings.lease_seconds,
+                should_stop=lambda: holding.lost, on_progress=on_progress, finalize=True,
+            )
+            stopped = report.stopped
+            out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
+                       output_tokens=report.output_tokens, finalized=report.finalized)
+        except StopChunk as exc:
+            stopped = "cancelled" if str(exc) != "taken over" else "taken over"
+
+        with factory.begin() as s:
+            status = queries.get_job(s, job_id).status
+            open_ids = qstore.open_ids_of(s, request_ids)
+            if status == JOB_CANCELLING:
+                queries.try_finish_cancel(s, job_id)
+                qstore.finish_chunk(s, chunk_id, token)
+                stopped = "cancelled"
+            elif holding.lost:
+                pass  # another worker holds the chunk now
+            elif open_ids and status not in JOB_TERMINAL:
+                qstore.expire_chunk(s, chunk_id, token)  # someone else's claim, or released: re-queue
+                rt.heartbeat.poke()
+            else:
+                qstore.finish_chunk(s, chunk_id, token)
+        if not open_ids and status not in JOB_TERMINAL and status != JOB_CANCELLING:
+            out["finalized"] = finalize_job(factory, job_id) or out.get("finalized", False)
+        out["stopped"] = stopped
+        return out
+    finally:
+        rt.heartbeat.drop(token)
+
+
+__all__ = ["process_chunk", "publish_chunk", "runtime", "is_transient", "Runtime", "StopChunk"]
