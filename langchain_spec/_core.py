@@ -182,7 +182,9 @@ class StreamWorker:
     consumes it. `close()` asks it to stop; it stops after the step in progress.
     """
 
-    def __init__(self, decoder: Any, prompt: Prompt, params: SamplingParams, *, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(
+        self, decoder: Any, prompt: Prompt, params: SamplingParams, *, loop: asyncio.AbstractEventLoop | None = None
+    ):
         self._decoder = decoder
         self._prompt = prompt
         self._params = params
@@ -261,9 +263,9 @@ class StreamWorker:
                     remaining = deadline - time.monotonic()
                     try:
                         if remaining <= 0:
-                            raise asyncio.TimeoutError
+                            raise TimeoutError
                         item = await asyncio.wait_for(self._async_q.get(), remaining)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         raise _timeout_error(timeout, "the generation") from None
                 chunk = self._unpack(item)
                 if chunk is None:
@@ -360,7 +362,7 @@ async def adecode_many(
     future, stop_event = _start_batch(decoder, prompts, options, batch_size, return_errors)
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), options.timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         if future.done() and future.exception() is not None:
             raise
         raise _timeout_error(options.timeout, f"the batch of {len(prompts)} prompts") from None

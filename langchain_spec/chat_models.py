@@ -7,6 +7,7 @@ import copy
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.caches import BaseCache
@@ -124,6 +125,16 @@ class _Prefetched:
 
 
 _prefetched: ContextVar[_Prefetched | None] = ContextVar("langchain_spec_prefetched", default=None)
+
+
+@dataclass
+class _BatchPlan:
+    decoder: Any
+    options: CallOptions
+    prompts: list[list[int]]
+
+    def args(self, batch_size: int) -> tuple[Any, list[list[int]], CallOptions, int]:
+        return self.decoder, self.prompts, self.options, batch_size
 
 
 class ChatSpeculative(SpeculativeParams, BaseChatModel):
@@ -278,7 +289,7 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
 
     def _plan_batch(
         self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[Any, CallOptions, list[tuple[int, ...]]] | None:
+    ) -> _BatchPlan | None:
         """What a batched call would decode, or None when the per-input path should do everything itself:
         fewer than two prompts, a LangChain cache in use, or bad parameters (each input then reports its error)."""
         if len(message_lists) < 2:
@@ -290,67 +301,58 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
             decoder = self._get_decoder()
         except Exception:  # noqa: BLE001 - reported per input by LangChain's path
             return None
-        prompts: list[tuple[int, ...]] = []
+        prompts: list[list[int]] = []
         for messages in message_lists:
             try:
-                prompts.append(tuple(self._prompt_ids(decoder, messages)))
+                prompts.append(self._prompt_ids(decoder, messages))
             except Exception:  # noqa: BLE001 - that input raises the same error on its own path
                 continue
-        if len(prompts) < 2:
-            return None
-        return decoder, options, prompts
+        return _BatchPlan(decoder, options, prompts) if len(prompts) >= 2 else None
 
     @staticmethod
-    def _store(prompts: list[tuple[int, ...]], options: CallOptions, outcome: list[GenerationResult] | BaseException) -> _Prefetched:
+    def _store(plan: _BatchPlan, outcome: list[GenerationResult] | Exception) -> _Prefetched | None:
+        if isinstance(outcome, SpecBatchError):
+            return None  # nothing decoded: every input runs, and reports its own error, on its own path
         store = _Prefetched()
-        for i, ids in enumerate(prompts):
-            if isinstance(outcome, BaseException):
-                store.put((ids, options.key), outcome)
+        for i, ids in enumerate(plan.prompts):
+            key = (tuple(ids), plan.options.key)
+            if isinstance(outcome, Exception):
+                store.put(key, outcome)  # a timeout or failure of the batched call fails every input
             elif outcome[i].finish_reason != "error":
                 # A prompt the core refused (too long for the context, ...) is decoded again on its own path,
                 # which raises the core's own typed error for that input only.
-                store.put((ids, options.key), outcome[i])
+                store.put(key, outcome[i])
         return store
 
     @contextlib.contextmanager
-    def _prefetch(self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]) -> Iterator[None]:
+    def _prefetch(
+        self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> Iterator[None]:
         plan = self._plan_batch(message_lists, stop, kwargs)
-        if plan is None:
-            yield
-            return
-        decoder, options, prompts = plan
-        try:
-            outcome: list[GenerationResult] | BaseException = decode_many(
-                decoder, [list(p) for p in prompts], options, self.batch_size, return_errors=True
-            )
-        except SpecBatchError:
-            outcome = []  # nothing prefetched; every input runs (and reports) on its own
-            prompts = []
-        except Exception as exc:  # noqa: BLE001 - a timeout or failure of the batched call fails every input
-            outcome = exc
-        token = _prefetched.set(self._store(prompts, options, outcome))
+        store = None
+        if plan is not None:
+            try:
+                store = self._store(plan, decode_many(*plan.args(self.batch_size), return_errors=True))
+            except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
+                store = self._store(plan, exc)
+        token = _prefetched.set(store)
         try:
             yield
         finally:
             _prefetched.reset(token)
 
     @contextlib.asynccontextmanager
-    async def _aprefetch(self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]) -> AsyncIterator[None]:
+    async def _aprefetch(
+        self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> AsyncIterator[None]:
         plan = self._plan_batch(message_lists, stop, kwargs)
-        if plan is None:
-            yield
-            return
-        decoder, options, prompts = plan
-        try:
-            outcome: list[GenerationResult] | BaseException = await adecode_many(
-                decoder, [list(p) for p in prompts], options, self.batch_size, return_errors=True
-            )
-        except SpecBatchError:
-            outcome = []
-            prompts = []
-        except Exception as exc:  # noqa: BLE001
-            outcome = exc
-        token = _prefetched.set(self._store(prompts, options, outcome))
+        store = None
+        if plan is not None:
+            try:
+                store = self._store(plan, await adecode_many(*plan.args(self.batch_size), return_errors=True))
+            except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
+                store = self._store(plan, exc)
+        token = _prefetched.set(store)
         try:
             yield
         finally:

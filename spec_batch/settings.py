@@ -35,6 +35,9 @@ class Settings:
     chunk_size: int = DEFAULT_CHUNK_SIZE  # requests per task (spec-batch submit --chunk-size)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # a request whose worker was lost this many times fails
     torch_threads: int | None = None  # per worker process; None: all cores / concurrency
+    # Decoder options of queue workers (load_decoder's num_draft_tokens / adaptive).
+    num_draft_tokens: int = 8
+    adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
 
 
 def _int_env(name: str, default: int) -> int:
@@ -48,6 +51,17 @@ def _int_env(name: str, default: int) -> int:
     if value <= 0:
         raise ValueError(f"{name}={raw!r} must be positive")
     return value
+
+
+def _bool_env(name: str, default: bool) -> bool:
+    raw = (os.environ.get(name) or "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
 
 
 def get_settings() -> Settings:
@@ -65,4 +79,6 @@ def get_settings() -> Settings:
         chunk_size=_int_env("SPEC_BATCH_CHUNK_SIZE", DEFAULT_CHUNK_SIZE),
         max_attempts=_int_env("SPEC_BATCH_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS),
         torch_threads=_int_env("SPEC_BATCH_TORCH_THREADS", 0) or None,
+        num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 8),
+        adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
     )

@@ -12,6 +12,8 @@ Keep this file to fixtures that are generally useful; test-specific helpers live
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -19,6 +21,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spec_batch.decoder import build_decoder
 
 CPU = torch.device("cpu")
+
+# One intra-op thread unless OMP_NUM_THREADS says otherwise: the models here are tiny (or small), and on a busy
+# machine (tests run next to other processes) torch's spinning worker threads make each forward 10-100x slower.
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
 
 
 class FakeTokenizer:

@@ -29,8 +29,8 @@ from langchain_spec import (
     GenerationTimeout,
     SpeculativeLLM,
     UnsupportedMessageError,
+    _core,
 )
-from langchain_spec import _core
 from spec_batch import (
     GenerationResult,
     InvalidParameterError,
@@ -124,7 +124,7 @@ class FakeDecoder:
         self._enter()
         try:
             results = []
-            for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
                 try:
                     result = self._decode(prompt, p)
                 except PromptTooLongError as exc:
@@ -666,7 +666,8 @@ def test_chat_batch_is_one_core_call_with_per_input_callbacks(fake):
 
 def test_chat_batch_errors_stay_per_input(fake):
     chat = ChatSpeculative(decoder=fake, max_tokens=5)
-    out = chat.batch(["fine", TOO_LONG, [HumanMessage([{"type": "image", "url": "u"}])], "also fine"], return_exceptions=True)
+    image = [HumanMessage([{"type": "image", "url": "u"}])]
+    out = chat.batch(["fine", TOO_LONG, image, "also fine"], return_exceptions=True)
     assert out[0].content == "Hello" and out[3].content == "Hello"
     assert isinstance(out[1], PromptTooLongError)
     assert isinstance(out[2], UnsupportedMessageError)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from langchain_spec import ChatSpeculative
-from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 pytestmark = pytest.mark.slow
 

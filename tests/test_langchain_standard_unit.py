@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from langchain_spec import ChatSpeculative
-from langchain_tests.unit_tests import ChatModelUnitTests
 
 
 class TestChatSpeculativeUnit(ChatModelUnitTests):

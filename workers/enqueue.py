@@ -81,14 +81,16 @@ class SubmitResult:
     errors: list[str] = field(default_factory=list)
 
 
-def _publish(chunks: list[tuple[str, str]], factory: sessionmaker[Session], epoch: str) -> tuple[int, Exception | None]:
+def _publish(
+    chunks: list[tuple[str, str]], factory: sessionmaker[Session], epoch: str, broker_url: str | None = None
+) -> tuple[int, Exception | None]:
     from .tasks import publish_chunk
 
     done: list[str] = []
     error: Exception | None = None
     for chunk_id, queue in chunks:
         try:
-            publish_chunk(chunk_id, queue)
+            publish_chunk(chunk_id, queue, broker_url=broker_url)
         except Exception as exc:
             error = exc
             break
@@ -122,7 +124,8 @@ def submit_file(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     queue = queue or queue_name(target, drafter)
-    epoch = check_broker(broker_url or settings.broker_url)
+    broker_url = broker_url or settings.broker_url
+    epoch = check_broker(broker_url)
 
     job_id, report = create_job_from_file(
         factory, path, target=target, drafter=drafter, batch_size=batch_size, baseline_sample=baseline_sample,
@@ -137,7 +140,7 @@ def submit_file(
         chunks = qstore.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
         pending = [(c.id, c.queue) for c in chunks]
     result.n_chunks = len(pending)
-    published, error = _publish(pending, factory, epoch)
+    published, error = _publish(pending, factory, epoch, broker_url)
     result.published = published
     if error is None:
         return result
@@ -204,7 +207,8 @@ def enqueue_job(
     queued chunk is published again (a duplicate message is harmless: the task skips a chunk it cannot
     claim). A job left ``validating`` goes to ``in_progress``. Running chunks are left to their leases."""
     settings = get_settings()
-    epoch = check_broker(broker_url or settings.broker_url)
+    broker_url = broker_url or settings.broker_url
+    epoch = check_broker(broker_url)
     with factory.begin() as s:
         job = queries.get_job(s, job_id)
         if job.status in JOB_TERMINAL:
@@ -230,7 +234,7 @@ def enqueue_job(
         todo = [(c.id, c.queue) for c in qstore.job_chunks(s, job_id, [qstore.CHUNK_QUEUED])
                 if republish_queued or c.id in new_ids]
         status = job.status
-    published, error = _publish(todo, factory, epoch)
+    published, error = _publish(todo, factory, epoch, broker_url)
     if error is not None:
         raise BrokerUnavailableError(
             f"job {job_id}: {published} of {len(todo)} chunks published before the broker failed "

@@ -90,6 +90,7 @@ class Runtime:
 
         self.pid = os.getpid()
         self.settings = get_settings()
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # SQLite migrating itself on open: not news
         self.factory = open_store(self.settings.database_url)
         self._decoders: dict[tuple[str, str], Any] = {}
         self._load_lock = threading.Lock()
@@ -137,10 +138,18 @@ class Runtime:
             if dec is None:
                 from spec_batch import load_decoder
 
+                try:  # a progress bar per load, in every worker's log, says nothing
+                    from transformers.utils import logging as hf_logging
+
+                    hf_logging.disable_progress_bar()
+                except Exception:  # pragma: no cover
+                    pass
                 t0 = time.perf_counter()
                 device = self.device or _default_device()
                 dec = load_decoder(target=target, draft=drafter, device=device,
-                                   cache_dir=str(self.settings.cache_dir))
+                                   cache_dir=str(self.settings.cache_dir),
+                                   num_draft_tokens=self.settings.num_draft_tokens,
+                                   adaptive=self.settings.adaptive)
                 self._decoders[key] = dec
                 log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, device,
                             time.perf_counter() - t0, os.getpid())
@@ -229,16 +238,36 @@ def _on_process_shutdown(**_: Any) -> None:
 # ---------------------------------------------------------------- publishing
 
 
-def publish_chunk(chunk_id: str, queue: str, *, retry: bool = True) -> None:
-    """Publishes the message of a chunk (task id = chunk id) to its queue. Raises when the broker is down."""
-    process_chunk.apply_async(
+def _declare(channel: Any, queue: str) -> None:
+    """Declares the queue and its binding on every publish, never from a cache: after a Redis restart without
+    persistence the bindings are gone, and a message published to an unbound exchange would be dropped."""
+    from kombu import Exchange, Queue
+
+    Queue(queue, Exchange(queue, type="direct"), routing_key=queue)(channel).declare()
+
+
+def publish_chunk(chunk_id: str, queue: str, *, broker_url: str | None = None) -> None:
+    """Publishes the message of a chunk (task id = chunk id) to its queue, on the app's broker or on
+    `broker_url`. Raises (kombu.exceptions.OperationalError) when the broker cannot be reached."""
+    options = dict(
         args=[chunk_id],
         task_id=chunk_id,
         queue=queue,
         routing_key=queue,
-        retry=retry,
+        retry=True,
         retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
     )
+    if broker_url and broker_url != app.conf.broker_url:
+        with app.connection_for_write(broker_url) as conn:
+            conn.ensure_connection(max_retries=2)
+            producer = app.amqp.Producer(conn, auto_declare=False)
+            _declare(producer.channel, queue)
+            process_chunk.apply_async(producer=producer, **options)
+        return
+    with app.producer_or_acquire() as producer:
+        with producer.connection._reraise_as_library_errors():
+            _declare(producer.channel, queue)
+        process_chunk.apply_async(producer=producer, **options)
 
 
 # ---------------------------------------------------------------- the task

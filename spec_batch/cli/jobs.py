@@ -27,7 +27,10 @@ STATUS_STYLE = {
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in __import__("os").environ:
+        console.width = 200  # piped or captured: keep whole rows (job ids, paths) instead of 80 columns
+    return console
 
 
 def _store():
@@ -111,8 +114,8 @@ def _summary_table(row: dict, title: str):
     from rich.table import Table
 
     t = Table(title=title, show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")
     t.add_row("job", row["job_id"])
     t.add_row("status", _status(row["status"]))
     t.add_row("target / drafter", f"{row['target']} / {row['drafter']}")
@@ -336,18 +339,21 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
     if not rows:
         _console().print("no jobs yet: [bold]spec-batch run FILE.jsonl[/] starts one")
         return
-    t = Table(title="Jobs", title_justify="left")
-    for col, just in [("job", "left"), ("status", "left"), ("target", "left"), ("drafter", "left"),
-                      ("done/total", "right"), ("failed", "right"), ("out tokens", "right"),
-                      ("acceptance", "right"), ("tok/step", "right"), ("tok/s", "right"),
-                      ("speedup", "right"), ("created", "left")]:
-        t.add_column(col, justify=just)
+    from rich import box
+
+    t = Table(title="Jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("job", no_wrap=True, min_width=max(len(r["job_id"]) for r in rows))
+    t.add_column("status", no_wrap=True, min_width=11)
+    for col in ("done/total", "failed", "acceptance", "tok/s", "speedup"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("created", no_wrap=True)
+    t.add_column("target / drafter", overflow="fold")
     for r in rows:
+        created = r["created_at"].astimezone().strftime("%m-%d %H:%M") if r["created_at"] else "—"
         t.add_row(
-            r["job_id"], _status(r["status"]), r["target"], r["drafter"],
-            f"{r['n_completed'] + r['n_failed']}/{r['n_requests']}", str(r["n_failed"]), str(r["output_tokens"]),
-            _fmt(r["acceptance_rate"], ".1%"), _fmt(r["tokens_per_step"]), _fmt(r["tokens_per_s"], ".1f"),
-            _fmt(r["speedup"], ".2f", "x"), _when(r["created_at"]),
+            r["job_id"], _status(r["status"]), f"{r['n_completed'] + r['n_failed']}/{r['n_requests']}",
+            str(r["n_failed"]), _fmt(r["acceptance_rate"], ".0%"), _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"], ".2f", "x"), created, f"{r['target']} / {r['drafter']}",
         )
     _console().print(t)
 
@@ -446,7 +452,9 @@ def stats_command(as_json: bool) -> None:
     if not rows:
         _console().print("no jobs yet")
         return
-    t = Table(title="By target and drafter", title_justify="left")
+    from rich import box
+
+    t = Table(title="By target and drafter", title_justify="left", box=box.SIMPLE_HEAD)
     for col, just in [("target", "left"), ("drafter", "left"), ("jobs", "right"), ("requests", "right"),
                       ("failed", "right"), ("out tokens", "right"), ("acceptance", "right"),
                       ("tok/step", "right"), ("mean tok/s", "right"), ("speedup (mean)", "right"),

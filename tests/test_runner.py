@@ -1,0 +1,273 @@
+"""The runner and the job service: a full job, idempotent re-runs, interruption and resume, overlapping
+runners, cancellation, the measured baseline. Fast tests use FakeDecoder; the full job uses the real model."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from sqlalchemy import select
+
+from spec_batch.batchfile import errors_path_for, iter_jsonl
+from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
+from spec_batch.runner import finalize_job, run_requests
+from spec_batch.store import Job, Request, make_session_factory, queries
+
+from jobs_testlib import (  # noqa: F401  (fixtures)
+    FakeDecoder,
+    chat_line,
+    completion_line,
+    db_url,
+    pg_admin,
+    pg_url,
+    write_batch,
+)
+
+
+def _rows(factory, job_id):
+    with factory() as s:
+        return s.scalars(select(Request).where(Request.job_id == job_id).order_by(Request.line_number)).all()
+
+
+def _snapshot(factory, job_id):
+    cols = ("id", "status", "output", "finish_reason", "error_code", "output_tokens", "attempts", "completed_at")
+    return [tuple(getattr(r, c) for c in cols) for r in _rows(factory, job_id)]
+
+
+def _job(factory, job_id) -> Job:
+    with factory() as s:
+        return queries.get_job(s, job_id)
+
+
+def _make_job(factory, tmp_path, n=10, *, bad=True, **kw):
+    lines = [completion_line(f"c{i}", f"prompt number {i}", max_tokens=4) for i in range(n)]
+    if bad:
+        lines += [
+            "{not json",
+            chat_line("tmpl", "BAD TEMPLATE please"),  # valid line; the chat template rejects it
+            completion_line("long", "FAIL: too long"),  # valid line; decoding fails
+            completion_line("c0", "duplicate"),
+            json.dumps({"custom_id": "x", "url": "/v1/embeddings", "body": {}}),
+        ]
+    path = write_batch(tmp_path / "in.jsonl", lines)
+    kw.setdefault("baseline_sample", 0)
+    return create_job_from_file(
+        factory, path, target="fake-target", drafter="ngram", output_file=tmp_path / "out" / "res.jsonl", **kw
+    )
+
+
+def test_full_job_with_fake_decoder(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, parsed = _make_job(factory, tmp_path, n=10, batch_size=3, baseline_sample=2)
+    assert len(parsed.requests) == 12 and len(parsed.errors) == 3
+    assert _job(factory, job_id).status == "in_progress"
+    progress = []
+    report = run_job(factory, job_id, FakeDecoder(), on_progress=lambda r: progress.append(r.done))
+    assert report.finalized and report.stopped is None
+    rows = _rows(factory, job_id)
+    by_cid = {r.custom_id: r for r in rows if r.custom_id}
+    assert all(by_cid[f"c{i}"].status == "completed" for i in range(10))
+    assert by_cid["c3"].output == "ok:prompt numbe" and by_cid["c3"].worker
+    assert (by_cid["tmpl"].status, by_cid["tmpl"].error_code) == ("failed", "chat_template_error")
+    assert (by_cid["long"].status, by_cid["long"].error) == ("failed", "prompt too long")
+    invalid = [r for r in rows if r.endpoint is None]
+    assert [(r.line_number, r.error_code) for r in invalid] == [
+        (11, "invalid_json"), (14, "duplicate_custom_id"), (15, "unsupported_endpoint")]
+    job = _job(factory, job_id)
+    assert job.status == "completed" and job.completed_at >= job.created_at and job.baseline_requests == 2
+    assert job.n_requests == 15 and job.n_invalid == 3
+    # output files: results in input order, every failure with its line number
+    out = list(iter_jsonl(tmp_path / "out" / "res.jsonl"))
+    assert [o["custom_id"] for o in out] == [f"c{i}" for i in range(10)]
+    assert out[0]["response"]["body"]["usage"]["completion_tokens"] == by_cid["c0"].output_tokens
+    errs = list(iter_jsonl(errors_path_for(tmp_path / "out" / "res.jsonl")))
+    lines = [e["error"]["line"] if e["error"] else e["response"]["body"]["error"]["line"] for e in errs]
+    assert lines == [11, 12, 13, 14, 15]
+    with factory() as s:
+        row = queries.job_summary_row(s, job_id)
+    assert (row["n_requests"], row["n_completed"], row["n_failed"]) == (15, 10, 5)
+    assert row["output_tokens"] == sum(r.output_tokens or 0 for r in rows)
+    assert row["speedup"] is not None and row["tokens_per_s"] is not None
+    assert progress and progress[-1] == report.done
+
+
+def test_rerun_is_idempotent(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=6)
+    run_job(factory, job_id, FakeDecoder())
+    before = _snapshot(factory, job_id)
+    decode_s = _job(factory, job_id).decode_wall_s
+    dec = FakeDecoder()
+    with factory() as s:
+        all_ids = queries.request_ids(s, job_id)
+    again = run_requests(factory, job_id, dec, request_ids=all_ids + all_ids[:3])
+    assert (again.claimed, again.completed, again.failed) == (0, 0, 0) and not again.finalized
+    assert dec.calls == []
+    run_job(factory, job_id, dec)
+    assert _snapshot(factory, job_id) == before and _job(factory, job_id).decode_wall_s == decode_s
+    assert finalize_job(factory, job_id) is False
+
+
+def test_interrupt_hands_requests_back_and_resume_loses_nothing(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=8, bad=False, batch_size=8)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(factory, job_id, FakeDecoder(fail_after=3))
+    rows = _rows(factory, job_id)
+    assert [r.status for r in rows].count("completed") == 3
+    assert [r.status for r in rows].count("pending") == 5  # claimed but unfinished: back to pending at once
+    done_before = {r.id: (r.output, r.completed_at) for r in rows if r.status == "completed"}
+    dec = FakeDecoder()
+    report = resume_job(factory, job_id, dec)
+    assert report.completed == 5 and report.finalized
+    assert sum(len(c) for c in dec.calls) == 5  # only the unfinished ones were decoded
+    rows = _rows(factory, job_id)
+    assert all(r.status == "completed" for r in rows)
+    assert {r.id: (r.output, r.completed_at) for r in rows if r.id in done_before} == done_before
+    assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 8
+
+
+def test_killed_runner_rows_are_released_by_resume(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=4, bad=False)
+    with factory.begin() as s:  # a runner that claimed two requests, then was SIGKILLed
+        ids = queries.request_ids(s, job_id)
+        queries.claim_requests(s, job_id, ids[:2], worker="dead:1", lease_seconds=3600)
+    report = run_requests(factory, job_id, FakeDecoder())
+    assert report.completed == 2 and report.skipped == 2 and not report.finalized  # live leases are respected
+    report = resume_job(factory, job_id, FakeDecoder())
+    assert report.completed == 2 and report.finalized
+    assert all(r.status == "completed" for r in _rows(factory, job_id))
+
+
+def test_overlapping_runners_store_each_result_once(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=12, bad=False, batch_size=2)
+    with factory() as s:
+        ids = queries.request_ids(s, job_id)
+    reports = []
+
+    def work(subset, name):
+        # lease 0: every claim expires at once, so the two runners really decode the same requests
+        reports.append(run_requests(factory, job_id, FakeDecoder(delay_s=0.005), request_ids=subset, worker=name,
+                                    lease_seconds=0))
+
+    threads = [threading.Thread(target=work, args=(ids[:9], "a")), threading.Thread(target=work, args=(ids[3:], "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.completed for r in reports) == 12  # each result stored exactly once
+    assert sum(r.finalized for r in reports) == 1  # one of them completed the job
+    assert all(r.status == "completed" for r in _rows(factory, job_id))
+    assert _job(factory, job_id).status == "completed"
+
+
+def test_should_stop_between_groups(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=1)
+    calls = []
+    report = run_requests(factory, job_id, FakeDecoder(), should_stop=lambda: calls.append(1) or len(calls) > 1)
+    assert report.stopped == "should_stop" and report.completed == 4  # one group = 4 x batch_size
+    assert _job(factory, job_id).status == "in_progress"
+    assert run_requests(factory, job_id, FakeDecoder()).completed == 6
+
+
+def test_cancel_stops_the_runner(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=1)
+
+    def cancel_once(report):
+        if report.done == 1:
+            with factory.begin() as s:
+                queries.request_cancel(s, job_id)
+
+    report = run_requests(factory, job_id, FakeDecoder(), on_progress=cancel_once)
+    assert report.stopped == "cancelled" and report.completed == 4
+    assert _job(factory, job_id).status == "cancelled"
+    rep = write_results(factory, job_id, tmp_path / "cancelled.jsonl")
+    assert (rep.n_output, rep.n_errors, rep.n_open) == (4, 6, 0)
+    errs = list(iter_jsonl(rep.errors_path))
+    assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
+
+
+def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=9, bad=False, baseline_sample=3)
+    dec = FakeDecoder()
+    b = measure_baseline(factory, job_id, dec)
+    assert b is not None and b.n_requests == 3 and b.stored == 3
+    assert b.baseline_output_tokens == b.sample_output_tokens  # same requests, same outputs
+    assert measure_baseline(factory, job_id, dec) is None  # once per job
+    job = _job(factory, job_id)
+    assert (job.baseline_output_tokens, job.sample_output_tokens) == (b.baseline_output_tokens, b.sample_output_tokens)
+    completed = [r.line_number for r in _rows(factory, job_id) if r.status == "completed"]
+    assert completed == [1, 4, 7]  # spread over the file; the sample's results are kept
+    with factory() as s:
+        row = queries.job_summary_row(s, job_id)
+    assert row["speedup"] == pytest.approx((job.sample_output_tokens / job.sample_wall_s)
+                                           / (job.baseline_output_tokens / job.baseline_wall_s))
+    off, _ = _make_job(factory, tmp_path, n=2, bad=False, baseline_sample=0)
+    run_job(factory, off, FakeDecoder())
+    with factory() as s:
+        row = queries.job_summary_row(s, off)
+    assert row["speedup"] is None and row["baseline_tokens_per_s"] is None and row["tokens_per_s"] is not None
+
+
+def test_a_file_without_valid_lines_fails_the_job(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    path = write_batch(tmp_path / "bad.jsonl", ["{", "[]"])
+    job_id, parsed = create_job_from_file(factory, path, target="t", drafter="ngram")
+    job = _job(factory, job_id)
+    assert job.status == "failed" and "no valid request" in job.error and len(parsed.errors) == 2
+    with factory() as s:
+        assert queries.job_summary_row(s, job_id)["n_failed"] == 2
+
+
+# ---------------------------------------------------------------- the real model
+
+
+@pytest.mark.slow
+def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
+    factory = make_session_factory(db_url)
+    lines = [
+        chat_line("edit", "Repeat exactly: the cat sat on the mat.", max_tokens=12),
+        completion_line("list", "Monday, Tuesday, Wednesday,", max_tokens=12),
+        chat_line("json", 'Return {"a": 1, "b": 2} as JSON.', max_tokens=12),
+        completion_line("name", "Name: Ada\nRole: engineer\nName: Bob\nRole:", max_tokens=8, stop=["\n"]),
+        completion_line("too-long", "word " * 9000, max_tokens=8),
+        json.dumps({"custom_id": "bad", "url": "/v1/chat/completions", "body": {"messages": [], "logprobs": True}}),
+    ]
+    path = write_batch(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "res.jsonl"
+    job_id, parsed = create_job_from_file(
+        factory, path, target=default_decoder.target_name, drafter=default_decoder.draft_name, output_file=out,
+        batch_size=4, baseline_sample=2,
+    )
+    report = run_job(factory, job_id, default_decoder)
+    assert report.finalized
+    rows = {r.custom_id or r.line_number: r for r in _rows(factory, job_id)}
+    for cid in ("edit", "list", "json", "name"):
+        r = rows[cid]
+        assert r.status == "completed" and r.finish_reason in ("stop", "length"), (cid, r.error)
+        assert 0 < r.output_tokens <= 12 and r.target_forwards >= 1 and r.wall_s > 0
+        assert r.accepted_tokens <= r.draft_tokens
+    assert rows["too-long"].status == "failed" and rows["too-long"].error
+    assert rows[6].status == "failed" and rows[6].error_code == "unsupported_field"
+    results = list(iter_jsonl(out))
+    assert [o["custom_id"] for o in results] == ["edit", "list", "json", "name"]
+    for o in results:
+        usage = o["response"]["body"]["usage"]
+        assert usage["completion_tokens"] == rows[o["custom_id"]].output_tokens
+        assert usage["speculative"]["drafter"] == "ngram"
+    assert len(list(iter_jsonl(errors_path_for(out)))) == 2
+    with factory() as s:
+        summary = queries.job_summary_row(s, job_id)
+        job = queries.get_job(s, job_id)
+    done = [r for r in rows.values() if r.status == "completed"]
+    assert summary["status"] == "completed" and summary["n_completed"] == 4 and summary["n_failed"] == 2
+    assert summary["output_tokens"] == sum(r.output_tokens for r in done)
+    assert summary["tokens_per_step"] == pytest.approx(sum(r.output_tokens for r in done)
+                                                      / sum(r.target_forwards for r in done))
+    assert summary["speedup"] is not None and summary["speedup"] > 0 and job.baseline_requests == 2
+    assert summary["tokens_per_s"] == pytest.approx(summary["output_tokens"] / job.decode_wall_s)
