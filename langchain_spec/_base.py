@@ -56,7 +56,10 @@ class SpeculativeParams(BaseModel):
     def _check_configuration(self) -> "SpeculativeParams":
         check_decoder(self.decoder)
         if self.decoder is not None:
-            both = sorted(set(_LOAD_FIELDS) & self.model_fields_set)
+            # Values other than the defaults (LangChain re-creates models with every field filled in, e.g. for
+            # configurable_fields, so "explicitly set" alone would refuse its copies).
+            fields = type(self).model_fields
+            both = sorted(f for f in _LOAD_FIELDS if getattr(self, f) != fields[f].default)
             if both:
                 raise InvalidParameterError(
                     f"pass either decoder= or the model arguments {both}, not both: "

@@ -63,12 +63,6 @@ def shared_decoder(
     return decoder
 
 
-def loaded_decoder(key: DecoderKey) -> Any | None:
-    """The shared decoder for key if it is already loaded; never loads."""
-    with _registry_lock:
-        return _decoders.get(key)
-
-
 def clear_decoder_cache() -> None:
     """Forgets the shared decoders (instances load again on their next call). Frees memory once unreferenced."""
     with _registry_lock:

@@ -127,6 +127,19 @@ class _Prefetched:
 _prefetched: ContextVar[_Prefetched | None] = ContextVar("langchain_spec_prefetched", default=None)
 
 
+@contextlib.contextmanager
+def _visible(store: _Prefetched | None) -> Iterator[None]:
+    """Makes store the prefetched results of the calls inside (an outer batch's store stays visible otherwise)."""
+    if store is None:
+        yield
+        return
+    token = _prefetched.set(store)
+    try:
+        yield
+    finally:
+        _prefetched.reset(token)
+
+
 @dataclass
 class _BatchPlan:
     decoder: Any
@@ -335,11 +348,8 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
                 store = self._store(plan, decode_many(*plan.args(self.batch_size), return_errors=True))
             except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
                 store = self._store(plan, exc)
-        token = _prefetched.set(store)
-        try:
+        with _visible(store):
             yield
-        finally:
-            _prefetched.reset(token)
 
     @contextlib.asynccontextmanager
     async def _aprefetch(
@@ -352,11 +362,8 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
                 store = self._store(plan, await adecode_many(*plan.args(self.batch_size), return_errors=True))
             except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
                 store = self._store(plan, exc)
-        token = _prefetched.set(store)
-        try:
+        with _visible(store):
             yield
-        finally:
-            _prefetched.reset(token)
 
     def _input_messages(self, inputs: Sequence[LanguageModelInput]) -> list[list[BaseMessage]]:
         try:

@@ -33,6 +33,7 @@ from .store.models import (
     JOB_CANCELLED,
     JOB_CANCELLING,
     JOB_FAILED,
+    JOB_FINALIZING,
     JOB_IN_PROGRESS,
     JOB_TERMINAL,
     JOB_VALIDATING,
@@ -317,12 +318,18 @@ def resume_job(
     session_factory: sessionmaker[Session], job_id: str, decoder: Any, **kwargs: Any
 ) -> RunReport:
     """After Ctrl-C or a kill: requests left running by the dead process go back to pending, then run_job.
-    A completed job whose output file is missing is re-exported."""
+    A job killed while finalizing is finalized again (its output file rewritten)."""
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        status = job.status
+        status, output_file = job.status, job.output_file
         if status not in JOB_TERMINAL:
             queries.release_running(s, job_id)
+    if status == JOB_FINALIZING:
+        if output_file:
+            write_results(session_factory, job_id, output_file)
+        with session_factory.begin() as s:
+            finalized = queries.complete_job(s, job_id)
+        return RunReport(job_id=job_id, finalized=finalized)
     return run_job(session_factory, job_id, decoder, **kwargs)
 
 

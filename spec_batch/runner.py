@@ -15,6 +15,7 @@ lease_seconds=None, should_stop=None, on_progress=None, finalize=True) -> RunRep
 - Requests are claimed one group (``4 * batch_size``) at a time: ``status='running'``, ``worker``,
   ``attempts += 1``, ``started_at``, ``lease_expires_at = now + lease_seconds`` (``None``: settings'
   ``lease_seconds``). A row is claimable when ``pending``, or ``running`` with an expired or NULL lease.
+  The lease of the group's unfinished requests is renewed as results arrive (every lease_seconds / 3).
   The group is decoded with ``decoder.generate(prompts, params, batch_size=..., return_errors=True,
   on_result=...)``; each result is stored in its own short transaction by a conditional
   ``UPDATE requests ... WHERE id = :id AND status IN ('pending', 'running')`` (finish_reason ``error`` ->
@@ -46,13 +47,22 @@ Store API (``spec_batch.store``; every function takes a caller-owned Session: ``
 - Tables ``Job``, ``Request`` (``spec_batch.store.models``); status constants ``JOB_*``, ``REQ_*``; the view
   ``job_summary`` (a ``Table`` for ``select(job_summary)``).
 - ``queries``: ``get_job, resolve_job_id(prefix), open_request_ids(job_id), request_ids(job_id, statuses),
-  claim_requests, release_requests, release_running(job_id), save_result, save_failure, add_decode_time,
+  claim_requests, renew_leases, release_requests, release_running(job_id), save_result, save_failure, add_decode_time,
   record_baseline, begin_finalize, complete_job, fail_job, request_cancel, try_finish_cancel, job_counts,
   job_summary_row, list_job_summaries, stats_by_model``.
 
-Job service (``spec_batch.jobs``): ``create_job_from_file(session_factory, path, ...) -> (job_id, ParseReport)``,
-``measure_baseline(session_factory, job_id, decoder)``, ``run_job(session_factory, job_id, decoder, ...)``,
-``write_results(session_factory, job_id, out_path)``.
+Job service (``spec_batch.jobs``):
+- ``create_job_from_file(session_factory, path, *, target, drafter, output_file=None, batch_size=8,
+  baseline_sample=8, sampling_defaults=None, metadata=None, queue=None, chunk_size=None, job_id=None)
+  -> (job_id, ParseReport)``: validates the file, inserts the job and one request row per non-blank line
+  (invalid lines as failed rows), status ``in_progress`` (``failed`` when no line is valid).
+- ``measure_baseline(session_factory, job_id, decoder, *, sample_size=None, worker=None) -> Baseline | None``:
+  once per job; decodes the sample with and without speculation, stores both timings on the job and keeps
+  the speculative results as the sample requests' results.
+- ``run_job(session_factory, job_id, decoder, *, baseline=True, should_stop=None, on_progress=None,
+  on_phase=None, worker=None) -> RunReport``: baseline, then ``run_requests`` over every open request.
+- ``resume_job(session_factory, job_id, decoder, **kw)``: ``release_running`` then ``run_job``.
+- ``write_results(session_factory, job_id, out_path) -> ResultsReport``: OUT.jsonl + OUT.errors.jsonl.
 """
 from __future__ import annotations
 
@@ -256,11 +266,16 @@ def _run_group(
         if not order:
             return
 
+        renewed = [time.monotonic()]
+
         def on_result(i: int, result: Any) -> None:
             rid = order[i]
             with session_factory.begin() as s:
                 stored = queries.save_result(s, rid, result, worker=worker)
-            unfinished.discard(rid)
+                unfinished.discard(rid)
+                if unfinished and time.monotonic() - renewed[0] > lease_seconds / 3:  # a long group keeps its claim
+                    queries.renew_leases(s, sorted(unfinished), worker=worker, lease_seconds=lease_seconds)
+                    renewed[0] = time.monotonic()
             if stored:
                 report.add_result(result)
             else:

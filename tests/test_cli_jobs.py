@@ -108,17 +108,13 @@ KILL_PROMPTS = [
     "Name: Ada\nRole: engineer\nName: Linus\nRole:",
     "SELECT customer FROM invoices; SELECT",
     "To install, run make setup. To test, run",
-    "alpha beta gamma delta alpha beta",
-    "The meeting is on Friday. The meeting is on",
-    "January, February, March,",
-    "a b c d e f g",
 ]
 
 
 @pytest.mark.slow
 def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
-    lines = [completion_line(f"r{i}", p, max_tokens=20) for i, p in enumerate(KILL_PROMPTS)]
-    lines.insert(3, chat_line("chat", "Repeat exactly: the report is due on Friday.", max_tokens=20))
+    lines = [completion_line(f"r{i}", p, max_tokens=16) for i, p in enumerate(KILL_PROMPTS)]
+    lines.insert(3, chat_line("chat", "Repeat exactly: the report is due on Friday.", max_tokens=16))
     path = write_batch(tmp_path / "in.jsonl", lines)
     n = len(lines)
     db = tmp_path / "killed.db"
@@ -140,10 +136,10 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
                         done = s.query(Request).filter(Request.status == "completed").count()
                 except Exception:  # noqa: BLE001  (tables not created yet)
                     continue
-                if done >= 3:
+                if done >= 2:
                     break
         assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()}"
-        assert done >= 3, "no results stored in time"
+        assert done >= 2, "no results stored in time"
         proc.send_signal(signal.SIGKILL)
     finally:
         if proc.poll() is None:
@@ -154,7 +150,7 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
         counts = queries.job_counts(s, job_id)
         before = {r.id: (r.output, r.completed_at) for r in
                   s.scalars(select(Request).where(Request.job_id == job_id, Request.status == "completed"))}
-    assert 3 <= counts["completed"] < n and counts["completed"] + counts["pending"] + counts["running"] == n
+    assert 2 <= counts["completed"] < n and counts["completed"] + counts["pending"] + counts["running"] == n
     assert not out.exists()
 
     res = subprocess.run([SPEC_BATCH, "resume", job_id], cwd=tmp_path, env=env, capture_output=True, text=True,

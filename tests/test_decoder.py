@@ -489,3 +489,60 @@ def test_sampled_sequences_follow_the_target_distribution(sharp_pair, drafter, k
         # the test can tell the draft's distribution from the target's: this is what sampling the draft would give
         wrong = _exact_sequence_probs(draft_model, prompt, N_TOKENS, kw.get("temperature", 1.0), kw.get("top_k", 0), kw.get("top_p", 1.0))
         assert 0.5 * sum(abs(wrong[s] - exact[s]) for s in exact) > 0.15
+
+
+# ---------------------------------------------------------------- the oracle on the real default model
+
+CHAT_PROMPTS = [
+    "Rewrite this sentence, changing only 'cat' to 'dog': The cat sat on the mat and the cat looked at the other cat.",
+    "What is the capital of France?",
+    "List three colors, one per line.",
+    "Write one sentence about the sea.",
+]
+N_DEFAULT = 40
+
+
+@pytest.fixture(scope="module")
+def default_refs(default_decoder, hf_greedy):
+    """(prompt ids, HF greedy continuation without the EOS) for every chat prompt."""
+    dec = default_decoder
+    out = []
+    for text in CHAT_PROMPTS:
+        ids = dec.apply_chat_template([{"role": "user", "content": text}])
+        out.append((ids, hf_greedy(dec.target, ids, N_DEFAULT)))
+    return out
+
+
+def _check_default(results, refs, eos_ids):
+    for res, (ids, ref) in zip(results, refs):
+        assert res.token_ids == ref, (res.text, ref)
+        assert res.finish_reason == ("length" if len(ref) == N_DEFAULT else "stop")
+        check_stats(res, len(ids), eos_finished=res.finish_reason == "stop")
+        assert not eos_ids & set(res.token_ids)
+
+
+@pytest.mark.slow
+def test_default_model_greedy_equals_hf(default_decoder, default_refs):
+    dec = default_decoder
+    params = SamplingParams(max_new_tokens=N_DEFAULT)
+    prompts = [ids for ids, _ in default_refs]
+    assert any(len(ref) < N_DEFAULT for _, ref in default_refs), "no prompt finished by EOS"
+    _check_default([dec.generate([p], params)[0] for p in prompts], default_refs, dec.eos_ids)  # batch 1
+    batched = dec.generate(prompts, params, batch_size=4)
+    _check_default(batched, default_refs, dec.eos_ids)
+    assert batched[0].stats.accepted_tokens > 0, "the copy-heavy prompt got no n-gram token accepted"
+    _check_default(dec.without_speculation().generate(prompts, params, batch_size=4), default_refs, dec.eos_ids)
+
+
+@pytest.mark.slow
+def test_default_model_self_draft_equals_hf(default_decoder, default_refs):
+    from spec_batch import load_decoder
+
+    dec = load_decoder("default", draft=default_decoder.target, num_draft_tokens=4, adaptive=False)
+    params = SamplingParams(max_new_tokens=N_DEFAULT)
+    prompts = [ids for ids, _ in default_refs]
+    _check_default([dec.generate([prompts[0]], params)[0]], default_refs[:1], dec.eos_ids)
+    batched = dec.generate(prompts, params, batch_size=4)
+    _check_default(batched, default_refs, dec.eos_ids)
+    for r in batched:
+        assert r.stats.acceptance_rate is not None and r.stats.acceptance_rate >= 0.95, r.stats

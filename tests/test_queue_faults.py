@@ -160,6 +160,7 @@ def test_redis_restarted_in_the_middle_of_a_job(tmp_path, redis_server):
         assert worker.alive()
     finally:
         worker.stop()
+        print(worker.log_tail(100))
 
 
 @pytest.mark.postgres
@@ -194,6 +195,7 @@ def test_postgres_two_workers_and_a_database_outage(tmp_path, pg_admin, redis_ur
     finally:
         for w in workers:
             w.stop()
+            print(f"--- {w.name} ---\n{w.log_tail(100)}")
         if proxy is not None:
             proxy.down()
         drop_pg_database(db_url)

@@ -271,3 +271,30 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
                                                       / sum(r.target_forwards for r in done))
     assert summary["speedup"] is not None and summary["speedup"] > 0 and job.baseline_requests == 2
     assert summary["tokens_per_s"] == pytest.approx(summary["output_tokens"] / job.decode_wall_s)
+
+
+def test_resume_finishes_a_job_killed_while_finalizing(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=3, bad=False)
+    run_requests(factory, job_id, FakeDecoder(), finalize=False)
+    with factory.begin() as s:
+        assert queries.begin_finalize(s, job_id)  # ... and the process died before writing the output
+    report = resume_job(factory, job_id, FakeDecoder())
+    assert report.finalized and _job(factory, job_id).status == "completed"
+    assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 3
+
+
+def test_a_long_group_renews_its_leases(db_url, tmp_path):
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=6, bad=False, batch_size=8)
+    leases = []
+
+    def watch(report):
+        with factory() as s:
+            leases.append(s.scalar(select(Request.lease_expires_at).where(
+                Request.job_id == job_id, Request.status == "running").order_by(Request.line_number.desc()).limit(1)))
+
+    report = run_requests(factory, job_id, FakeDecoder(delay_s=0.03), lease_seconds=0.06, on_progress=watch)
+    assert report.completed == 6
+    seen = [lease for lease in leases if lease is not None]
+    assert len(set(seen)) >= 2  # the last request's lease was extended while the others finished

@@ -68,6 +68,12 @@ WORKER_LOST = "worker_lost"
 NODE_ID = os.environ.get("SPEC_BATCH_NODE_ID") or uuid.uuid4().hex[:8]
 
 
+def brief(exc: BaseException) -> str:
+    """One line for a log: the exception's class and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0][:240] if text else ''}"
+
+
 def node_prefix() -> str:
     return f"{socket.gethostname()}/{NODE_ID}/"
 
@@ -239,7 +245,7 @@ def reap(
     try:
         epoch = broker_epoch(broker_url)
     except Exception as exc:  # broker down: nothing can be published now; the next tick tries again
-        report.errors.append(f"broker: {exc}")
+        report.errors.append(f"broker: {brief(exc)}")
         return report
     now = utcnow()
 
@@ -262,7 +268,7 @@ def reap(
             _recover_chunk(factory, chunk_id, holder, epoch, publish, max_attempts, report, finalize)
             _abandoned.discard(holder)
         except Exception as exc:
-            report.errors.append(f"chunk {chunk_id}: {exc}")
+            report.errors.append(f"chunk {chunk_id}: {brief(exc)}")
 
     # 2. queued chunks whose message the broker does not have
     grace = now - timedelta(seconds=lease_seconds)
@@ -276,7 +282,7 @@ def reap(
                     publish(chunk)
                     report.republished += 1
         except Exception as exc:
-            report.errors.append(f"republish {chunk_id}: {exc}")
+            report.errors.append(f"republish {chunk_id}: {brief(exc)}")
 
     # 3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running
     open_req = exists().where(Request.job_id == Job.id, Request.status.in_(REQUEST_OPEN))
@@ -300,20 +306,20 @@ def reap(
                 if queries.complete_job(s, job_id):
                     report.finalized += 1
         except Exception as exc:
-            report.errors.append(f"complete {job_id}: {exc}")
+            report.errors.append(f"complete {job_id}: {brief(exc)}")
     for job_id in to_finalize:
         try:
             finalize(job_id)
             report.finalized += 1
         except Exception as exc:
-            report.errors.append(f"finalize {job_id}: {exc}")
+            report.errors.append(f"finalize {job_id}: {brief(exc)}")
     for job_id in to_cancel:
         try:
             with factory.begin() as s:
                 if queries.try_finish_cancel(s, job_id):
                     report.cancelled += 1
         except Exception as exc:
-            report.errors.append(f"cancel {job_id}: {exc}")
+            report.errors.append(f"cancel {job_id}: {brief(exc)}")
     return report
 
 
@@ -398,7 +404,7 @@ class Heartbeat:
                             h.lost = True
             except Exception as exc:
                 ok = False
-                self._warn(f"lease renewal failed ({exc.__class__.__name__}: {exc}); retrying")
+                self._warn(f"lease renewal failed ({brief(exc)}); retrying")
         if self.reap_fn is not None:
             try:
                 rep = self.reap_fn()
@@ -409,7 +415,7 @@ class Heartbeat:
                     self._warn("reaper: " + "; ".join(rep.errors[:3]))
             except Exception as exc:
                 ok = False
-                self._warn(f"reaper failed ({exc.__class__.__name__}: {exc}); retrying")
+                self._warn(f"reaper failed ({brief(exc)}); retrying")
         if ok:
             self.last_ok = time.monotonic()
 
@@ -433,6 +439,7 @@ __all__ = [
     "Holding",
     "ReapReport",
     "abandon",
+    "brief",
     "broker_epoch",
     "holder_is_dead",
     "new_token",

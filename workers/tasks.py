@@ -128,7 +128,7 @@ class Runtime:
                 rep.requeued += adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
                                               publish=self.publish, epoch=epoch)
             except Exception as exc:
-                rep.errors.append(f"orphans: {exc}")
+                rep.errors.append(f"orphans: {lease.brief(exc)}")
         return rep
 
     def decoder(self, target: str, drafter: str) -> Any:
@@ -288,8 +288,8 @@ def process_chunk(self, chunk_id: str) -> dict[str, Any]:
         if is_transient(exc):
             _give_back(chunk_id, token)
             delay = min(RETRY_BACKOFF_MAX_S, 2 ** self.request.retries) * (0.5 + random.random() / 2)
-            log.warning("chunk %s: transient failure %s: %s; retry %d in %.1fs", chunk_id,
-                        exc.__class__.__name__, exc, self.request.retries + 1, delay)
+            log.warning("chunk %s: transient failure (%s); retry %d in %.1fs", chunk_id, lease.brief(exc),
+                        self.request.retries + 1, delay)
             raise self.retry(exc=exc, countdown=delay)
         _give_back(chunk_id, token)
         raise
@@ -309,7 +309,8 @@ def _give_back(chunk_id: str, token: str) -> None:
             qstore.expire_chunk(s, chunk_id, token)
         rt.heartbeat.poke()
     except Exception as exc:
-        log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id, exc)
+        log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id,
+                    lease.brief(exc))
 
 
 def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:

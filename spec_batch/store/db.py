@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import tempfile
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -96,7 +98,8 @@ def _migration_lock(engine: Engine):
     if not path or path == ":memory:":
         yield
         return
-    lock_path = str(Path(path).expanduser()) + ".migrate.lock"
+    digest = hashlib.sha1(str(Path(path).expanduser().resolve()).encode()).hexdigest()[:16]
+    lock_path = Path(tempfile.gettempdir()) / f"spec-batch-migrate-{digest}.lock"  # not beside the db: no litter
     with open(lock_path, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

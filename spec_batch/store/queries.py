@@ -240,6 +240,22 @@ def claim_requests(
     return [i for i in ids if i in claimed]
 
 
+def renew_leases(
+    session: Session, ids: Sequence[int], *, worker: str | None, lease_seconds: float, now: datetime | None = None
+) -> int:
+    """Extends the lease of those of `ids` still running for `worker`. Returns how many."""
+    if not ids:
+        return 0
+    now = now or utcnow()
+    res = session.execute(
+        update(Request)
+        .where(Request.id.in_(list(ids)), Request.status == REQ_RUNNING, Request.worker == worker)
+        .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount
+
+
 def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None) -> int:
     """running -> pending for those of `ids` still running (for `worker`, when given). Returns how many."""
     if not ids:
@@ -438,6 +454,7 @@ __all__ = [
     "request_ids",
     "open_request_ids",
     "claim_requests",
+    "renew_leases",
     "release_requests",
     "release_running",
     "save_result",

@@ -1,0 +1,223 @@
+"""The queue's cost: the same job in-process and through Redis to one Celery worker, then with two workers.
+
+    .venv/bin/python bench/bench_queue.py                       # 64 requests, default model, max_tokens 32
+    .venv/bin/python bench/bench_queue.py --requests 64 --max-tokens 32 --repeats 2 --json out/bench_queue.json
+
+What is measured (the model is loaded and warmed up everywhere first; model loading is reported apart):
+
+- in-process: ``create_job_from_file`` + ``run_job`` on a loaded decoder (what ``spec-batch run`` does), from the
+  start of job creation to the job's completion;
+- queue, 1 worker: ``submit_file`` (what ``spec-batch submit`` does) to the job's ``completed_at``, through a
+  warm ``spec-batch worker`` (private Redis, the same SQLite file);
+- queue overhead = (queue wall - in-process wall) / queue wall: what the queue adds to the job's wall time
+  (publishing, delivery, claims, leases and heartbeats, finalization). Target: <= 5% for 64 requests;
+- throughput with 1 and 2 workers: requests/s and output tokens/s over the job's wall time.
+
+Same batch size, chunk size = the runner's claim group (4 x batch size), no baseline sample on either side.
+The worker gets as many torch threads as this process has (1 worker) or cores / 2 each (2 workers).
+On a shared machine, timings move with the load: --repeats N alternates in-process and queue runs and
+reports each run and the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from prompts import SETS  # noqa: E402
+from queue_testlib import RedisServer, WorkerProcess, redis_ping, wait_for, worker_env  # noqa: E402
+
+
+def write_batch(path: Path, n: int, max_tokens: int) -> Path:
+    prompts = [p for name in ("edits", "json", "code", "free") for p in SETS[name]]
+    lines = []
+    for i in range(n):
+        body = {"model": "default", "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+                "max_tokens": max_tokens}
+        lines.append(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": body}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def job_wall(factory, job_id: str, t_start_utc) -> tuple[float, int]:
+    from spec_batch.store import queries
+
+    with factory() as s:
+        job = queries.get_job(s, job_id)
+        row = queries.job_summary_row(s, job_id)
+    assert job.status == "completed", (job_id, job.status)
+    return (job.completed_at - t_start_utc).total_seconds(), int(row["output_tokens"] or 0)
+
+
+def run_in_process(factory, path: Path, decoder, batch_size: int) -> dict:
+    from datetime import datetime
+
+    from spec_batch.jobs import create_job_from_file, run_job
+
+    t0 = datetime.now(timezone.utc)
+    job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram", batch_size=batch_size,
+                                     baseline_sample=0)
+    run_job(factory, job_id, decoder)
+    wall, tokens = job_wall(factory, job_id, t0)
+    return {"job": job_id, "wall_s": wall, "output_tokens": tokens}
+
+
+def run_queue(factory, path: Path, broker_url: str, batch_size: int, chunk_size: int, queue: str | None = None,
+              timeout: float = 3600) -> dict:
+    from datetime import datetime
+
+    from spec_batch.store import queries
+    from workers.enqueue import submit_file
+
+    t0 = datetime.now(timezone.utc)
+    res = submit_file(factory, path, target="default", drafter="ngram", batch_size=batch_size, baseline_sample=0,
+                      chunk_size=chunk_size, broker_url=broker_url, queue=queue)
+
+    def done():
+        with factory() as s:
+            return queries.get_job(s, res.job_id).status in ("completed", "failed", "cancelled")
+
+    wait_for(done, timeout, 0.05, what=f"job {res.job_id}")
+    wall, tokens = job_wall(factory, res.job_id, t0)
+    return {"job": res.job_id, "wall_s": wall, "output_tokens": tokens}
+
+
+def warm(factory, workdir: Path, broker_url: str, queue: str, batch_size: int) -> float:
+    """One small job on `queue` (served by one worker only): loads and warms that worker's model."""
+    path = write_batch(workdir / f"warm-{queue}.jsonl", 2, 4)
+    return run_queue(factory, path, broker_url, batch_size, 4 * batch_size, queue=queue)["wall_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--chunk-size", type=int, default=None, help="default: 4 x batch size (the runner's group)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--no-two-workers", action="store_true", help="skip the 2-worker throughput run")
+    ap.add_argument("--broker-url", default=None,
+                    help="default: a private redis-server on a free port (needs the redis-server binary)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = ap.parse_args()
+    chunk_size = args.chunk_size or 4 * args.batch_size
+
+    import torch
+
+    from spec_batch import load_decoder
+    from spec_batch.store import make_session_factory, migrate_to_head
+    from workers.routing import queue_name
+
+    work = Path(tempfile.mkdtemp(prefix="bench-queue-"))
+    server = None
+    if args.broker_url:
+        broker_url = args.broker_url
+        if not redis_ping(broker_url):
+            sys.exit(f"Redis at {broker_url} cannot be reached")
+    elif shutil.which("redis-server"):
+        server = RedisServer(work / "redis").start()
+        broker_url = server.url
+    else:
+        sys.exit("no redis-server binary: pass --broker-url redis://HOST:PORT/DB (a database it may flush)")
+    db_url = f"sqlite:///{work / 'bench.db'}"
+    migrate_to_head(db_url)
+    factory = make_session_factory(db_url)
+    path = write_batch(work / "batch.jsonl", args.requests, args.max_tokens)
+    threads = torch.get_num_threads()
+    cores = os.cpu_count() or 1
+    workers: list[WorkerProcess] = []
+    out: dict = {"requests": args.requests, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
+                 "chunk_size": chunk_size, "torch_threads_in_process": threads, "cores": cores, "runs": []}
+    try:
+        t = time.perf_counter()
+        decoder = load_decoder("default", "ngram")
+        out["in_process_load_s"] = time.perf_counter() - t
+        from spec_batch.sampling import SamplingParams
+
+        decoder.generate(["Warm up."], SamplingParams(max_new_tokens=4), batch_size=1)
+
+        default_q = queue_name("default", "ngram")
+        env1 = worker_env(db_url, broker_url, lease_seconds=300, SPEC_BATCH_TORCH_THREADS=str(threads))
+        w1 = WorkerProcess("bench1", env1, work, "-Q", f"{default_q},warm-1").start()
+        workers.append(w1)
+        w1.wait_ready(300)
+        out["worker_first_job_s"] = warm(factory, work, broker_url, "warm-1", args.batch_size)  # incl. model load
+
+        inproc, queued = [], []
+        for r in range(args.repeats):
+            a = run_in_process(factory, path, decoder, args.batch_size)
+            b = run_queue(factory, path, broker_url, args.batch_size, chunk_size)
+            inproc.append(a)
+            queued.append(b)
+            ov = (b["wall_s"] - a["wall_s"]) / b["wall_s"]
+            out["runs"].append({"repeat": r, "in_process_s": a["wall_s"], "queue_1_worker_s": b["wall_s"],
+                                "overhead": ov, "output_tokens": [a["output_tokens"], b["output_tokens"]]})
+            print(f"run {r}: in-process {a['wall_s']:.2f}s, queue (1 worker) {b['wall_s']:.2f}s, "
+                  f"overhead {100 * ov:+.1f}%  (output tokens {a['output_tokens']} / {b['output_tokens']})",
+                  flush=True)
+        ip = statistics.median(x["wall_s"] for x in inproc)
+        q1 = statistics.median(x["wall_s"] for x in queued)
+        out["in_process_s"] = ip
+        out["queue_1_worker_s"] = q1
+        out["queue_overhead"] = (q1 - ip) / q1
+        tokens = statistics.median(x["output_tokens"] for x in queued)
+        out["throughput_1_worker"] = {"requests_per_s": args.requests / q1, "tokens_per_s": tokens / q1}
+
+        if not args.no_two_workers:
+            w1.stop()
+            per = str(max(1, cores // 2))
+            env2 = worker_env(db_url, broker_url, lease_seconds=300, SPEC_BATCH_TORCH_THREADS=per)
+            ws = [WorkerProcess(f"bench2{i}", env2, work, "-Q", f"{default_q},warm-2{i}").start() for i in "ab"]
+            workers.extend(ws)
+            for w in ws:
+                w.wait_ready(300)
+            for i in "ab":
+                warm(factory, work, broker_url, f"warm-2{i}", args.batch_size)
+            runs2 = [run_queue(factory, path, broker_url, args.batch_size, chunk_size) for _ in range(args.repeats)]
+            q2 = statistics.median(x["wall_s"] for x in runs2)
+            tokens2 = statistics.median(x["output_tokens"] for x in runs2)
+            out["queue_2_workers_s"] = q2
+            out["torch_threads_per_worker_2"] = int(per)
+            out["throughput_2_workers"] = {"requests_per_s": args.requests / q2, "tokens_per_s": tokens2 / q2}
+            out["scaling_2_vs_1"] = q1 / q2
+    finally:
+        for w in workers:
+            w.stop()
+        if server is not None:
+            server.stop()
+
+    print()
+    print(f"job: {args.requests} chat requests, max_tokens {args.max_tokens}, batch {args.batch_size}, "
+          f"chunk {chunk_size}; {cores} cores")
+    print(f"in-process            {out['in_process_s']:8.2f} s")
+    print(f"queue, 1 worker       {out['queue_1_worker_s']:8.2f} s   overhead {100 * out['queue_overhead']:+.1f}% "
+          f"of the job's wall time (target <= 5%)")
+    t1 = out["throughput_1_worker"]
+    print(f"throughput, 1 worker  {t1['requests_per_s']:8.3f} req/s  {t1['tokens_per_s']:8.1f} tokens/s "
+          f"({threads} torch threads)")
+    if "throughput_2_workers" in out:
+        t2 = out["throughput_2_workers"]
+        print(f"throughput, 2 workers {t2['requests_per_s']:8.3f} req/s  {t2['tokens_per_s']:8.1f} tokens/s "
+              f"({out['torch_threads_per_worker_2']} torch thread(s) each; x{out['scaling_2_vs_1']:.2f} vs 1)")
+    print(f"model load: in-process {out['in_process_load_s']:.1f} s; a worker's first job (load + 2 requests) "
+          f"{out['worker_first_job_s']:.1f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

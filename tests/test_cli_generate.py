@@ -1,0 +1,88 @@
+"""`spec-batch generate` through click's CliRunner (the real default model; flag errors need no model)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from spec_batch import SamplingParams
+from spec_batch.cli import main
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def _json_lines(stdout: str) -> list[dict]:
+    """--json: every non-empty line of stdout is one JSON object."""
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_generate_json(runner, default_decoder):
+    prompt = "The capital of France is"
+    result = runner.invoke(main, ["generate", prompt, "--json", "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    [out] = _json_lines(result.stdout)  # stdout only: progress bars go to stderr
+    assert set(out) >= {"text", "token_ids", "finish_reason", "stats"}
+    assert out["finish_reason"] in ("length", "stop")
+    assert isinstance(out["text"], str) and out["text"]
+    assert all(isinstance(t, int) for t in out["token_ids"]) and 1 <= len(out["token_ids"]) <= 8
+    stats = out["stats"]
+    for key in ("prompt_tokens", "output_tokens", "draft_tokens", "accepted_tokens", "target_forwards",
+                "accepted_length_histogram", "acceptance_rate", "tokens_per_step", "wall_s"):
+        assert key in stats, key
+    assert stats["output_tokens"] == len(out["token_ids"]) + (1 if out["finish_reason"] == "stop" else 0)
+    # the same as the library, greedy, token for token
+    want = default_decoder.generate([prompt], SamplingParams(max_new_tokens=8))[0]
+    assert out["token_ids"] == want.token_ids and out["text"] == want.text
+
+
+@pytest.mark.slow
+def test_generate_json_chat_several_prompts_seeded(runner, default_decoder):
+    args = ["generate", "Say hi.", "Name a fruit.", "--chat", "--json", "--max-new-tokens", "6",
+            "--temperature", "0.8", "--seed", "5", "--batch-size", "2"]
+    first = runner.invoke(main, args)
+    assert first.exit_code == 0, first.output
+    outs = _json_lines(first.stdout)
+    assert len(outs) == 2
+    second = runner.invoke(main, args)
+    assert [o["token_ids"] for o in _json_lines(second.stdout)] == [o["token_ids"] for o in outs]
+    ids = default_decoder.apply_chat_template([{"role": "user", "content": "Say hi."}])
+    want = default_decoder.generate([ids], SamplingParams(max_new_tokens=6, temperature=0.8, seed=5))[0]
+    assert outs[0]["token_ids"] == want.token_ids
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--max-new-tokens", "many"], "max-new-tokens"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top-p"),
+        (["--top-p", "1.5"], "top-p"),
+        (["--top-k", "-2"], "top-k"),
+        (["--batch-size", "0"], "batch-size"),
+        (["--seed", "x"], "seed"),
+        (["--no-such-flag"], "no-such-flag"),
+    ],
+)
+def test_bad_flag_values_are_usage_errors(runner, flags, needle):
+    result = runner.invoke(main, ["generate", "hello", *flags])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_no_prompt_is_a_usage_error(runner):
+    result = runner.invoke(main, ["generate", "--json"])
+    assert result.exit_code == 2
+    assert "PROMPT" in result.output
+
+
+def test_unknown_target_is_a_clean_error(runner, tmp_path):
+    result = runner.invoke(main, ["generate", "hi", "--target", str(tmp_path / "no-such-model")])
+    assert result.exit_code == 1, result.output
+    assert "no-such-model" in result.output
+    assert "Traceback" not in result.output
