@@ -48,6 +48,7 @@ from prompts import DESCRIPTIONS, MAX_NEW_TOKENS, SETS  # noqa: E402
 
 from spec_batch import SamplingParams, load_decoder  # noqa: E402
 
+CLOCK = "wall"  # "wall": tokens per wall-clock second; "cpu": per CPU second of this process (--clock)
 COPY_NGRAM = 4  # an output token counts as copied when it lies in a run of >= 4 tokens that also occurs in the prompt
 COPY_HEAVY = 0.8  # prompts whose reference output is at least this fraction copied: the ">= 2x none" target
 TARGETS_TEXT = {
@@ -66,7 +67,9 @@ TARGETS_TEXT = {
 class RunResult:
     outputs: list[list[int]]  # per prompt, EOS stripped
     wall: float  # seconds for the whole set
+    cpu: float  # CPU seconds of this process for the whole set
     per_prompt: list[float] | None = None  # seconds per prompt (batch 1 only)
+    per_prompt_cpu: list[float] | None = None
     draft_tokens: int = 0
     accepted: int = 0
     steps_tokens: int = 0  # tokens produced by counted steps (EOS included)
@@ -87,15 +90,22 @@ class Config:
     def tokens(self) -> int:
         return sum(len(o) for o in self.results[0].outputs)
 
-    @property
-    def wall(self) -> float:
-        return statistics.median(r.wall for r in self.results)
+    def seconds(self, clock: str | None = None) -> float:
+        clock = clock or CLOCK
+        return statistics.median(r.cpu if clock == "cpu" else r.wall for r in self.results)
 
     @property
     def tok_s(self) -> float:
-        return self.tokens / self.wall if self.wall > 0 else float("nan")
+        s = self.seconds()
+        return self.tokens / s if s > 0 else float("nan")
 
-    def prompt_wall(self, i: int) -> float:
+    def tok_s_on(self, clock: str) -> float:
+        s = self.seconds(clock)
+        return self.tokens / s if s > 0 else float("nan")
+
+    def prompt_seconds(self, i: int) -> float:
+        if CLOCK == "cpu":
+            return statistics.median(r.per_prompt_cpu[i] for r in self.results)  # type: ignore[index]
         return statistics.median(r.per_prompt[i] for r in self.results)  # type: ignore[index]
 
 
@@ -137,20 +147,21 @@ class Bench:
     def core(self, decoder, batch: int) -> Callable[[list[list[int]], int], RunResult]:
         def run(prompts: list[list[int]], max_new: int) -> RunResult:
             params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
-            per_prompt = None
-            t0 = time.perf_counter()
+            per_prompt = per_cpu = None
+            t0, c0 = time.perf_counter(), time.process_time()
             if batch == 1:
-                results, per_prompt = [], []
+                results, per_prompt, per_cpu = [], [], []
                 for p in prompts:
-                    t1 = time.perf_counter()
+                    t1, c1 = time.perf_counter(), time.process_time()
                     results += decoder.generate([p], params, batch_size=1)
                     per_prompt.append(time.perf_counter() - t1)
+                    per_cpu.append(time.process_time() - c1)
             else:
                 results = decoder.generate(prompts, params, batch_size=batch)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             st = [r.stats for r in results]
             return RunResult(
-                outputs=[list(r.token_ids) for r in results], wall=wall, per_prompt=per_prompt,
+                outputs=[list(r.token_ids) for r in results], wall=wall, cpu=cpu, per_prompt=per_prompt, per_prompt_cpu=per_cpu,
                 draft_tokens=sum(s.draft_tokens for s in st), accepted=sum(s.accepted_tokens for s in st),
                 steps_tokens=sum(s.output_tokens for s in st), steps=sum(s.target_forwards for s in st),
                 has_draft_stats=decoder.draft_name != "none",
@@ -172,26 +183,28 @@ class Bench:
 
     def hf1(self, **extra) -> Callable[[list[list[int]], int], RunResult]:
         def run(prompts: list[list[int]], max_new: int) -> RunResult:
-            outputs, per_prompt, produced, forwards = [], [], 0, 0
-            t0 = time.perf_counter()
+            outputs, per_prompt, per_cpu, produced, forwards = [], [], [], 0, 0
+            t0, c0 = time.perf_counter(), time.process_time()
             for p in prompts:
                 ids = torch.tensor([p], dtype=torch.long)
                 f0 = self.forwards
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 out = self.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **self._hf_kwargs(max_new), **extra)
                 per_prompt.append(time.perf_counter() - t1)
+                per_cpu.append(time.process_time() - c1)
                 forwards += self.forwards - f0
                 o, n = self._strip(out[0, len(p):].tolist())
                 outputs.append(o)
                 produced += n
-            return RunResult(outputs, time.perf_counter() - t0, per_prompt, steps_tokens=produced, steps=forwards)
+            return RunResult(outputs, time.perf_counter() - t0, time.process_time() - c0, per_prompt, per_cpu,
+                             steps_tokens=produced, steps=forwards)
 
         return run
 
     def hf_batched(self, batch: int) -> Callable[[list[list[int]], int], RunResult]:
         def run(prompts: list[list[int]], max_new: int) -> RunResult:
             outputs = []
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for s in range(0, len(prompts), batch):
                 group = prompts[s : s + batch]
                 width = max(len(p) for p in group)
@@ -202,7 +215,7 @@ class Bench:
                     mask[b, width - len(p):] = 1
                 out = self.target.generate(input_ids=ids, attention_mask=mask, **self._hf_kwargs(max_new))
                 outputs += [self._strip(row[width:])[0] for row in out.tolist()]
-            return RunResult(outputs, time.perf_counter() - t0)
+            return RunResult(outputs, time.perf_counter() - t0, time.process_time() - c0)
 
         return run
 
@@ -268,7 +281,7 @@ def ratio(a: Config | None, b: Config | None) -> float | None:
 
 def subset_tok_s(cfg: Config, idx: list[int]) -> float:
     toks = sum(len(cfg.results[0].outputs[i]) for i in idx)
-    return toks / sum(cfg.prompt_wall(i) for i in idx)
+    return toks / sum(cfg.prompt_seconds(i) for i in idx)
 
 
 # ---------------------------------------------------------------- main
@@ -286,6 +299,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
     ap.add_argument("--hf-pl", default="10", help="comma list of prompt_lookup_num_tokens values for HF prompt lookup")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="what tok/s and the ratios divide by: wall-clock seconds, or this process's CPU seconds "
+                         "(meaningful with --threads 1 on a machine shared with other work; both are printed)")
     ap.add_argument("--seed", type=int, default=0, help="torch seed of the tiny random draft")
     ap.add_argument("--no-load-time", action="store_true", help="skip the new-process load_decoder timing (issue 3)")
     ap.add_argument("--show", type=int, default=1, help="print this many outputs per set (to see what the model copies)")
@@ -293,7 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: edits+free, 3 prompts, 48 tokens, 1 repeat")
     args = ap.parse_args(argv)
     if args.quick:
-        args.sets, args.prompts, args.max_new_tokens, args.repeats = "edits,free", 3, 48, 1
+        args.sets, args.prompts, args.max_new_tokens, args.repeats = "edits,free", 2, 32, 1
     return args
 
 
@@ -312,7 +328,9 @@ def load_time(threads: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CLOCK
     args = parse_args(argv)
+    CLOCK = args.clock
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
     unknown = [s for s in sets if s not in SETS]
     if unknown:
@@ -324,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     import transformers
 
+    transformers.logging.set_verbosity_error()  # HF's deprecation notices inside assisted generation
+
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
@@ -333,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# CPU: {cpu}, {os.cpu_count()} cores; torch {torch.__version__} ({threads} threads); "
           f"transformers {transformers.__version__}; python {platform.python_version()}")
     load0 = os.getloadavg()
+    print(f"# tok/s and ratios use the {CLOCK} clock" + (" (CPU seconds of this process)" if CLOCK == "cpu" else ""))
     print(f"# load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     if load0[0] > (os.cpu_count() or 1):
         print(f"# WARNING: the machine is busy (load {load0[0]:.1f} on {os.cpu_count()} cores): timings are noisy"
@@ -346,10 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     tw = time.perf_counter()
     warm_prompts = [bench.dec.apply_chat_template([{"role": "user", "content": m}]) for m in SETS["edits"][:8]]
     for cfg in configs:
-        cfg.run(warm_prompts[: cfg.batch], 8)
+        cfg.run(warm_prompts[: min(cfg.batch, 2)], 4)
+        if cfg.batch > 2:
+            cfg.run(warm_prompts[: cfg.batch], 2)
     print(f"# warm-up: {time.perf_counter() - tw:.1f} s")
 
-    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu, "threads": threads,
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu, "threads": threads, "clock": CLOCK,
                     "torch": torch.__version__, "transformers": transformers.__version__, "sets": {}}
     per_set: dict[str, dict] = {}
     t_all = time.perf_counter()
@@ -392,7 +415,9 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
           + (f"; reference output {sum(map(len, ref_out))} tokens, copied from the prompt {statistics.mean(copies):.0%} "
              f"(runs of >= {COPY_NGRAM} tokens); copy-heavy prompts (>= {COPY_HEAVY:.0%}): {len(heavy)}" if ref_out else "")
           + f"; {seconds:.0f} s")
-    header = f"| {'engine':<26} | batch | {'tok/s':>6} | vs none | vs HF greedy | vs HF PL | accept | tok/step | identical |"
+    other = "cpu" if CLOCK == "wall" else "wall"
+    other_h = "tok/CPU-s" if other == "cpu" else "tok/wall-s"
+    header = f"| {'engine':<30} | batch | {'tok/s':>6} | {other_h:>10} | vs none | vs HF greedy | vs HF PL | accept | tok/step | identical |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     set_report = []
@@ -409,14 +434,15 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
         ident = f"{'yes' if same == len(prompts) else 'NO'} {same}/{len(prompts)}" + ("" if stable else " (varies)")
         vs_pl = ratio(c, pl) if c.batch == 1 else None
         reps = f"{len(c.results)}x"
-        print(f"| {c.label + ' (' + reps + ')':<26} | {c.batch:>5} | {c.tok_s:6.1f} | {fmt_ratio(ratio(c, none)):>7} | "
+        print(f"| {c.label + ' (' + reps + ')':<30} | {c.batch:>5} | {c.tok_s:6.1f} | {c.tok_s_on(other):10.1f} | {fmt_ratio(ratio(c, none)):>7} | "
               f"{fmt_ratio(ratio(c, hf)):>12} | {fmt_ratio(vs_pl):>8} | {acc:>6} | {tps:>8} | {ident:>9} |")
         if ref_out and same < len(prompts):
             diffs = [(i, first_difference(o, rr), len(rr)) for i, (o, rr) in enumerate(zip(r0.outputs, ref_out)) if o != rr]
             print(f"|   differs from HF greedy b1 at (prompt, token, of): {diffs}")
         set_report.append({
             "key": c.key, "label": c.label, "batch": c.batch, "tok_s": c.tok_s, "tokens": c.tokens,
-            "walls": [r.wall for r in c.results], "vs_none": ratio(c, none), "vs_hf": ratio(c, hf), "vs_hf_pl": vs_pl,
+            "tok_s_wall": c.tok_s_on("wall"), "tok_s_cpu": c.tok_s_on("cpu"),
+            "walls": [r.wall for r in c.results], "cpus": [r.cpu for r in c.results], "vs_none": ratio(c, none), "vs_hf": ratio(c, hf), "vs_hf_pl": vs_pl,
             "acceptance": (r0.accepted / r0.draft_tokens) if r0.draft_tokens else None,
             "tokens_per_step": (r0.steps_tokens / r0.steps) if r0.steps else None,
             "identical": same, "of": len(prompts),
@@ -428,7 +454,7 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
         cells = []
         for i in range(len(prompts)):
             ngs = ng.results[0]
-            r = (len(ngs.outputs[i]) / ng.prompt_wall(i)) / (len(no.results[0].outputs[i]) / no.prompt_wall(i)) if ngs.outputs[i] else float("nan")
+            r = (len(ngs.outputs[i]) / ng.prompt_seconds(i)) / (len(no.results[0].outputs[i]) / no.prompt_seconds(i)) if ngs.outputs[i] else float("nan")
             cells.append(f"[{i}] {copies[i]:.0%}/{len(ref_out[i])}/{r:.2f}x")
         print("  " + "  ".join(cells))
     for i in range(min(args.show, len(prompts))):
@@ -472,9 +498,9 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
         n_heavy += len(heavy)
         for i in heavy:
             toks_ng += len(ng.results[0].outputs[i])
-            wall_ng += ng.prompt_wall(i)
+            wall_ng += ng.prompt_seconds(i)
             toks_no += len(no.results[0].outputs[i])
-            wall_no += no.prompt_wall(i)
+            wall_no += no.prompt_seconds(i)
         # whole-set ratio as context
         line("T2", f"{name}: ngram b1 vs none b1, whole set", ratio(ng, no), 2.0, f"acceptance {_acc(ng)}")
     if n_heavy and wall_ng and wall_no:

@@ -147,17 +147,24 @@ class Decoder:
         return results  # type: ignore[return-value]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        """One chunk per step with the tokens accepted in that step; the last carries finish_reason and stats."""
+        """One chunk per step with the tokens accepted in that step; the last carries finish_reason and stats.
+
+        The decoder is locked per step, not for the whole stream, so an abandoned stream blocks nobody.
+        """
         p = params or SamplingParams()
         ids = self._prompt_ids(prompt, p, 0)
-        with self._lock, torch.inference_mode():
-            for event in self._run([(0, ids, p)], 1):
-                row = event.row
-                text = self._stream_text(row, event.finished)
-                if event.finished:
-                    yield StreamChunk(text, event.new_ids, row.finish_reason, row.stats)  # type: ignore[arg-type]
-                elif text or event.new_ids:
-                    yield StreamChunk(text, event.new_ids)
+        events = self._run([(0, ids, p)], 1)
+        while True:
+            with self._lock, torch.inference_mode():
+                event = next(events, None)
+            if event is None:
+                return
+            row = event.row
+            text = self._stream_text(row, event.finished)
+            if event.finished:
+                yield StreamChunk(text, event.new_ids, row.finish_reason, row.stats)  # type: ignore[arg-type]
+            elif text or event.new_ids:
+                yield StreamChunk(text, event.new_ids)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of the target's chat template applied to messages, with the generation prompt."""
@@ -284,11 +291,16 @@ class Decoder:
         available = [min(a, b) for a, b in zip(drafter.available(rows, self.policy.k_max), budget)]
         k = self.policy.choose(batch, [r.acceptance.alpha for r in rows], available)
         ks = [min(k, a) for a in available]
+        if drafter.has_probs:
+            # with a sampling draft model the sample at a position depends on whether a draft was verified there,
+            # so a seeded sampled row drafts a length of its own (not the batch's adaptive k): same seed, same
+            # output, whatever batch it is in
+            ks = [a if (r.params.seed is not None and not r.params.greedy) else kb for r, a, kb in zip(rows, available, ks)]
         # drafters with no cost and no distribution also tell what they would have proposed (for acceptance stats)
         shadow = drafter.propose(rows, available) if not drafter.has_probs and any(available) else None
         if shadow is not None:
             draft = Draft(tokens=[t[:kb] for t, kb in zip(shadow.tokens, ks)])
-        elif k > 0:
+        elif any(ks):
             draft = drafter.propose(rows, ks)
         else:
             draft = Draft(tokens=[[] for _ in rows])
@@ -417,6 +429,7 @@ class Decoder:
             if stop in self._decode(ids[:n])[start:]:
                 break
         row.out_len = n
+        row.stats.output_tokens = n  # tokens after the stop string were never part of the output
         row.text = row.text[:pos]
         row.finish_reason = "stop"
 

@@ -142,6 +142,7 @@ class ModelDrafter:
         self.name = name
         self.device = device
         self.placeholder_id = placeholder_id
+        self.input_rows = model.get_input_embeddings().weight.shape[0]
         self.kv = KVBatch(model, device, 0)
         self.seen: list[int] = []  # per row: how many of row.tokens the draft cache holds
 
@@ -155,9 +156,15 @@ class ModelDrafter:
             if p:
                 ids[b, width - len(p) :] = torch.tensor(p)
                 valid[b, width - len(p) :] = True
-        group.forward(ids.to(self.device), valid.to(self.device), logits_to_keep=1)
+        group.forward(self._feedable(ids), valid.to(self.device), logits_to_keep=1)
         self.kv.extend(group)
         self.seen.extend(len(p) for p in prefill)
+
+    def _feedable(self, ids: torch.Tensor) -> torch.Tensor:
+        # a target token past the draft's embedding rows (a padding row) would crash the draft; it only
+        # costs the draft's guess quality, never exactness, to show it the placeholder instead
+        ids = ids.to(self.device)
+        return torch.where(ids < self.input_rows, ids, torch.full_like(ids, self.placeholder_id))
 
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
         return [k_max] * len(rows)
@@ -186,7 +193,7 @@ class ModelDrafter:
         probs_steps: list[torch.Tensor] = []
         forwards = 0
         for j in range(k_max):
-            logits = self.kv.forward(ids.to(self.device), valid.to(self.device), logits_to_keep=1)[:, -1]  # [B, Vd]
+            logits = self.kv.forward(self._feedable(ids), valid.to(self.device), logits_to_keep=1)[:, -1]  # [B, Vd]
             logits = _to_vocab(logits, self.vocab_size)  # [B, V]
             forwards += 1
             probs = logits_to_probs(logits.unsqueeze(1), temps, top_k, top_p)[:, 0]  # [B, V]

@@ -83,7 +83,7 @@ def exponential_noise(seed: int, position: int, stream: int, vocab: int, device:
     """Exp(1) noise over the vocabulary; argmax(probs / noise) is an exact sample from probs."""
     gen = position_generator(seed, position, stream, device)
     u = torch.rand(vocab, generator=gen, device=device, dtype=torch.float32)
-    return -torch.log1p(-u).clamp_min_(1e-20)  # 1 - u in (0, 1]; clamp keeps the division finite
+    return (-torch.log1p(-u)).clamp_min_(1e-20)  # 1 - u in (0, 1]; the clamp keeps the division finite
 
 
 def accept_uniform(seed: int, position: int, device: torch.device) -> float:
@@ -117,7 +117,8 @@ def logits_to_probs(
         if need_p:
             sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
             before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
-            drop |= before > top_p.view(-1, 1, 1)  # the top token always survives (before == 0)
+            # keep the smallest set whose mass reaches top_p; the top token always survives (before == 0 < top_p)
+            drop |= before >= top_p.view(-1, 1, 1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
     return logits.softmax(dim=-1)

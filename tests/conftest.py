@@ -2,7 +2,7 @@
 
 Keep this file to fixtures that are generally useful; test-specific helpers live in the test modules.
 
-- ``fake_tokenizer``: token ids <-> "3 14 15" text; ``FakeTokenizer(eos_token_id=...)`` for EOS tests.
+- ``fake_tokenizer``: token ids <-> "3 14 15" text; ``fake_tokenizer_cls(eos_token_id=...)`` for EOS tests.
 - ``tiny_llama(seed, vocab=64, layers=2, lm_head_scale=1.0)``: a tiny random LlamaForCausalLM (cached per session;
   never mutate it). EOS/BOS/PAD are None in its config, so plain decoding never stops early.
 - ``tiny_target`` / ``tiny_draft``: a target (vocab 64, 2 layers) and a *different* draft (1 layer), session-scoped.
@@ -92,6 +92,12 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def fake_tokenizer() -> FakeTokenizer:
     return FakeTokenizer()
+
+
+@pytest.fixture(scope="session")
+def fake_tokenizer_cls() -> type[FakeTokenizer]:
+    """The class, for tokenizers with an EOS id: ``fake_tokenizer_cls(eos_token_id=5)``."""
+    return FakeTokenizer
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,9 @@ from spec_batch import SamplingParams
 from spec_batch.cli import main
 
 
+MODEL = ["--target", "default", "--draft", "ngram"]  # explicit: SPEC_BATCH_DEFAULT_* in the environment must not matter
+
+
 @pytest.fixture(scope="module")
 def runner() -> CliRunner:
     return CliRunner()
@@ -23,7 +26,7 @@ def _json_lines(stdout: str) -> list[dict]:
 @pytest.mark.slow
 def test_generate_json(runner, default_decoder):
     prompt = "The capital of France is"
-    result = runner.invoke(main, ["generate", prompt, "--json", "--max-new-tokens", "8"])
+    result = runner.invoke(main, ["generate", prompt, "--json", "--max-new-tokens", "8", *MODEL])
     assert result.exit_code == 0, result.output
     [out] = _json_lines(result.stdout)  # stdout only: progress bars go to stderr
     assert set(out) >= {"text", "token_ids", "finish_reason", "stats"}
@@ -43,7 +46,7 @@ def test_generate_json(runner, default_decoder):
 @pytest.mark.slow
 def test_generate_json_chat_several_prompts_seeded(runner, default_decoder):
     args = ["generate", "Say hi.", "Name a fruit.", "--chat", "--json", "--max-new-tokens", "6",
-            "--temperature", "0.8", "--seed", "5", "--batch-size", "2"]
+            "--temperature", "0.8", "--seed", "5", "--batch-size", "2", *MODEL]
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output
     outs = _json_lines(first.stdout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import pytest
 import torch
@@ -19,8 +20,6 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from spec_batch import GenerationResult, InvalidParameterError, PromptTooLongError, SamplingParams
 from spec_batch.decoder import build_decoder
-
-from conftest import FakeTokenizer
 
 CPU = torch.device("cpu")
 
@@ -131,7 +130,7 @@ def test_mixed_greedy_and_sampled_rows(decoders, greedy_refs):
         check_stats(results[i], len(PROMPTS[i]))
 
 
-def test_row_counting_target_forwards(decoders, tiny_target):
+def test_target_forwards_counts_target_passes(decoders, tiny_target):
     """target_forwards is the number of target forward passes after the prefill (batch 1, n-gram)."""
     calls = []
     handle = tiny_target.register_forward_hook(lambda *a: calls.append(1))
@@ -141,6 +140,15 @@ def test_row_counting_target_forwards(decoders, tiny_target):
         handle.remove()
     assert res.stats.target_forwards == len(calls) - 1
     assert res.stats.draft_tokens > 0
+
+
+def test_draft_with_a_longer_vocab(tiny_llama, tiny_decoder, greedy_refs):
+    """A draft whose output matrix has more (padding) rows than the target's: they are cut off, never proposed."""
+    dec = tiny_decoder(tiny_llama(3, vocab=80, layers=1), adaptive=False)
+    results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=3)
+    assert [r.token_ids for r in results] == greedy_refs
+    sampled = dec.generate(PROMPTS, [_sampled(i) for i in range(len(PROMPTS))], batch_size=3)
+    assert all(len(r.token_ids) == N_NEW and max(r.token_ids) < 64 for r in sampled)
 
 
 def test_without_speculation_is_the_same_engine(decoders, greedy_refs):
@@ -167,6 +175,8 @@ def test_output_is_exactly_max_new_tokens(decoders, greedy_refs, name, max_new):
     if name == "self":
         for res in results:
             assert res.stats.target_forwards == math.ceil(max_new / 5)  # 4 drafts + 1 per step, last one clamped
+            # steps with drafts: all but a last step that had room for 1 token only (budget 0: nothing drafted)
+            assert sum(res.stats.accepted_length_histogram) == res.stats.target_forwards - (max_new % 5 == 1)
 
 
 def _first_new_token_at(out: list[int], positions) -> tuple[int, int]:
@@ -181,13 +191,13 @@ EOS_PROMPT = 2  # its greedy output does not loop early: fresh tokens at positio
 
 
 @pytest.mark.parametrize("name", ["none", "ngram", "self", "model-fixed"])
-def test_eos_inside_an_accepted_run(name, tiny_target, tiny_draft, greedy_refs, hf_greedy):
+def test_eos_inside_an_accepted_run(name, tiny_target, tiny_draft, greedy_refs, hf_greedy, fake_tokenizer_cls):
     """EOS chosen as a token the target emits mid-run (self-draft accepts 4 + bonus per step, so position 6 is
     the 2nd token of the 2nd step's accepted run): output stops right before it, no bonus, finish_reason "stop"."""
     prompt, ref = PROMPTS[EOS_PROMPT], greedy_refs[EOS_PROMPT]
     pos, eos = _first_new_token_at(ref, [6, 7, 5, 8])
     draft = {"none": "none", "ngram": "ngram", "self": tiny_target, "model-fixed": tiny_draft}[name]
-    dec = build_decoder(tiny_target, FakeTokenizer(eos_token_id=eos), target_name="tiny", draft=draft, device=CPU,
+    dec = build_decoder(tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft=draft, device=CPU,
                         num_draft_tokens=4, adaptive=False)
     assert hf_greedy(tiny_target, prompt, N_NEW, eos_token_id=eos) == ref[:pos]
     res = dec.generate([prompt], SamplingParams(max_new_tokens=N_NEW))[0]
@@ -337,14 +347,31 @@ def test_stream_with_stop_string_never_leaks_it(decoders, greedy_refs):
         assert chunks[-1].finish_reason == "stop"
 
 
-def test_stream_eos(tiny_target, greedy_refs):
+def test_stream_eos(tiny_target, greedy_refs, fake_tokenizer_cls):
     prompt, ref = PROMPTS[EOS_PROMPT], greedy_refs[EOS_PROMPT]
     pos, eos = _first_new_token_at(ref, [6, 7, 5, 8])
-    dec = build_decoder(tiny_target, FakeTokenizer(eos_token_id=eos), target_name="tiny", draft=tiny_target,
+    dec = build_decoder(tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft=tiny_target,
                         device=CPU, num_draft_tokens=4, adaptive=False)
     chunks = list(dec.stream(prompt, SamplingParams(max_new_tokens=N_NEW)))
     assert sum((c.token_ids for c in chunks), []) == ref[:pos]
     assert chunks[-1].finish_reason == "stop"
+
+
+def test_abandoned_stream_does_not_deadlock_the_decoder(tiny_decoder):
+    """A stream the caller stopped reading (but still holds) must not lock the decoder for good: the same thread
+    calling generate() afterwards must not hang. (Run in a daemon thread with a timeout so a hang fails the test.)"""
+    dec = tiny_decoder("ngram")  # its own decoder: a hang must not lock the shared ones
+    done = threading.Event()
+
+    def scenario():
+        it = dec.stream(PROMPTS[0], SamplingParams(max_new_tokens=N_NEW))
+        next(it)  # read one chunk, keep the iterator
+        dec.generate([PROMPTS[1]], SamplingParams(max_new_tokens=4))
+        done.set()
+        it.close()
+
+    threading.Thread(target=scenario, daemon=True).start()
+    assert done.wait(timeout=5), "generate() blocked forever behind a half-read stream() of the same thread"
 
 
 # ---------------------------------------------------------------- errors
@@ -397,6 +424,10 @@ def test_return_errors_fails_only_that_prompt(decoders, greedy_refs):
 def test_bad_parameters(decoders, call):
     with pytest.raises(InvalidParameterError):
         call(decoders["ngram"])
+
+
+def test_no_prompts(decoders):
+    assert decoders["ngram"].generate([]) == []
 
 
 def test_string_prompts_use_the_tokenizer(decoders, greedy_refs):
@@ -462,11 +493,11 @@ STAT_CASES = [
 
 
 @pytest.mark.parametrize("drafter,kw,prompt", STAT_CASES, ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in STAT_CASES])
-def test_sampled_sequences_follow_the_target_distribution(sharp_pair, drafter, kw, prompt):
+def test_sampled_sequences_follow_the_target_distribution(sharp_pair, fake_tokenizer, drafter, kw, prompt):
     """4000 seeded requests, 3 tokens each, one batched call; chi-square against the exact sequence
     distribution of the target (enumerated with HF's warpers), p > 1e-3 (fixed seeds: deterministic)."""
     target, draft_model = sharp_pair
-    dec = build_decoder(target, FakeTokenizer(), target_name="sharp", draft=draft_model if drafter == "model" else drafter,
+    dec = build_decoder(target, fake_tokenizer, target_name="sharp", draft=draft_model if drafter == "model" else drafter,
                         device=CPU, num_draft_tokens=4, adaptive=False)
     params = [SamplingParams(max_new_tokens=N_TOKENS, seed=10_000 + i, **kw) for i in range(N_SAMPLES)]
     results = dec.generate([prompt] * N_SAMPLES, params, batch_size=256)

@@ -279,6 +279,12 @@ def process_chunk(self, chunk_id: str) -> dict[str, Any]:
     token = lease.new_token()
     try:
         rt = runtime()
+    except Exception as exc:  # the database is down or not migrated yet: the environment, not the input
+        delay = min(RETRY_BACKOFF_MAX_S, 2 ** self.request.retries) * (0.5 + random.random() / 2)
+        log.error("chunk %s: this worker cannot open the job database (%s); retry %d in %.1fs", chunk_id,
+                  lease.brief(exc), self.request.retries + 1, delay)
+        raise self.retry(exc=exc, countdown=delay)
+    try:
         return _process(rt, chunk_id, token)
     except SoftTimeLimitExceeded:
         log.warning("chunk %s ran past its soft time limit; giving the rest back", chunk_id)

@@ -210,6 +210,7 @@ def worker_command(
         os.environ["SPEC_BATCH_TORCH_THREADS"] = str(torch_threads)
     elif concurrency > 1 and not os.environ.get("SPEC_BATCH_TORCH_THREADS"):
         os.environ["SPEC_BATCH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
+    _check_database()
     _err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
          f"lease {settings.lease_seconds}s; broker {_shown(settings.broker_url)}")
     from workers.celery_app import app
@@ -217,6 +218,24 @@ def worker_command(
     argv = ["worker", f"--loglevel={loglevel}", "-Q", ",".join(names), f"--concurrency={concurrency}",
             f"--pool={pool}", "-n", hostname or f"spec-batch-{os.getpid()}@%h", *celery_args]
     app.worker_main(argv)
+
+
+def _check_database() -> None:
+    """A database that is not migrated is a configuration error: say so now, not on every chunk. One that
+    cannot be reached may come back: warn and start (the tasks retry). The engine is disposed before the
+    worker forks its pool, so no connection is shared across the fork."""
+    from ..settings import get_settings
+    from ..store import DatabaseNotMigratedError, open_store
+
+    try:
+        factory = open_store()
+    except DatabaseNotMigratedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001
+        _err(f"warning: cannot open the database {_shown(get_settings().database_url)} now ({exc}); "
+             f"starting anyway, chunks are retried until it is back")
+        return
+    factory.kw["bind"].dispose()
 
 
 def _shown(url: str) -> str:
