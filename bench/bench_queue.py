@@ -13,7 +13,9 @@ What is measured (the model is loaded and warmed up everywhere first; model load
   heartbeats, finalization), as a share of the queue job's wall time. Target: <= 5% for 64 requests.
   Reported two ways: the direct difference of the two wall times, and (the headline, robust to a machine
   whose load changes the decoding speed between runs) the difference of the time each spends *around*
-  decoding: wall time minus the seconds inside decoder.generate() (jobs.decode_wall_s);
+  decoding: wall time minus the seconds inside decoder.generate() (jobs.decode_wall_s). Also the CPU seconds
+  of each side (this process in-process; the submitter plus the worker's main and pool processes through the
+  queue): what the queue costs in work, whatever the load;
 - throughput with 1 and 2 workers: requests/s and output tokens/s over the job's wall time.
 
 Same batch size, chunk size = the runner's claim group (4 x batch size), no baseline sample on either side.
@@ -68,35 +70,57 @@ def job_wall(factory, job_id: str, t_start_utc) -> dict:
             "decode_s": float(job.decode_wall_s), "around_s": wall - float(job.decode_wall_s)}
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU seconds of these processes so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def run_in_process(factory, path: Path, decoder, batch_size: int) -> dict:
     from datetime import datetime
 
     from spec_batch.jobs import create_job_from_file, run_job
 
+    c0 = time.process_time()
     t0 = datetime.now(timezone.utc)
     job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram", batch_size=batch_size,
                                      baseline_sample=0)
     run_job(factory, job_id, decoder)
-    return job_wall(factory, job_id, t0)
+    out = job_wall(factory, job_id, t0)
+    out["cpu_s"] = time.process_time() - c0
+    return out
 
 
 def run_queue(factory, path: Path, broker_url: str, batch_size: int, chunk_size: int, queue: str | None = None,
-              timeout: float = 3600) -> dict:
+              timeout: float = 3600, workers: list[WorkerProcess] = ()) -> dict:
     from datetime import datetime
 
     from spec_batch.store import queries
     from workers.enqueue import submit_file
 
+    pids = [p for w in workers for p in (w.pid, *w.children())]
+    w0 = cpu_seconds(pids)
     t0 = datetime.now(timezone.utc)
+    c0 = time.process_time()
     res = submit_file(factory, path, target="default", drafter="ngram", batch_size=batch_size, baseline_sample=0,
                       chunk_size=chunk_size, broker_url=broker_url, queue=queue)
+    submit_cpu = time.process_time() - c0
 
     def done():
         with factory() as s:
             return queries.get_job(s, res.job_id).status in ("completed", "failed", "cancelled")
 
     wait_for(done, timeout, 0.05, what=f"job {res.job_id}")
-    return job_wall(factory, res.job_id, t0)
+    out = job_wall(factory, res.job_id, t0)
+    out["cpu_s"] = submit_cpu + cpu_seconds(pids) - w0  # the submitter's and the workers' (main + pool)
+    return out
 
 
 def warm(factory, workdir: Path, broker_url: str, queue: str, batch_size: int) -> float:
@@ -112,6 +136,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--chunk-size", type=int, default=None, help="default: 4 x batch size (the runner's group)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch threads in-process and in the 1-worker run (default: torch's default); the "
+                         "2-worker run gives each worker cores / 2. On a busy machine, 1 avoids the collapse of "
+                         "multi-threaded torch when cores are oversubscribed")
     ap.add_argument("--no-two-workers", action="store_true", help="skip the 2-worker throughput run")
     ap.add_argument("--broker-url", default=None,
                     help="default: a private redis-server on a free port (needs the redis-server binary)")
@@ -125,6 +153,8 @@ def main() -> None:
     from spec_batch.store import make_session_factory, migrate_to_head
     from workers.routing import queue_name
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     work = Path(tempfile.mkdtemp(prefix="bench-queue-"))
     server = None
     if args.broker_url:
@@ -164,23 +194,25 @@ def main() -> None:
         inproc, queued = [], []
         for r in range(args.repeats):
             a = run_in_process(factory, path, decoder, args.batch_size)
-            b = run_queue(factory, path, broker_url, args.batch_size, chunk_size)
+            b = run_queue(factory, path, broker_url, args.batch_size, chunk_size, workers=[w1])
             inproc.append(a)
             queued.append(b)
             ov = (b["wall_s"] - a["wall_s"]) / b["wall_s"]
             added = (b["around_s"] - a["around_s"]) / b["wall_s"]
+            cpu = (b["cpu_s"] - a["cpu_s"]) / b["cpu_s"]
             out["runs"].append({"repeat": r, "in_process": a, "queue_1_worker": b, "overhead_direct": ov,
-                                "overhead_added": added})
-            print(f"run {r}: in-process {a['wall_s']:.2f}s (decode {a['decode_s']:.2f}s), queue (1 worker) "
-                  f"{b['wall_s']:.2f}s (decode {b['decode_s']:.2f}s); direct difference {100 * ov:+.1f}%, "
-                  f"added around decoding {100 * added:+.2f}% of the queue job's wall time "
-                  f"(output tokens {a['output_tokens']} / {b['output_tokens']})", flush=True)
+                                "overhead_added": added, "overhead_cpu": cpu})
+            print(f"run {r}: in-process {a['wall_s']:.2f}s (decode {a['decode_s']:.2f}s, CPU {a['cpu_s']:.1f}s), "
+                  f"queue (1 worker) {b['wall_s']:.2f}s (decode {b['decode_s']:.2f}s, CPU {b['cpu_s']:.1f}s); "
+                  f"wall difference {100 * ov:+.1f}%, added around decoding {100 * added:+.2f}%, CPU "
+                  f"{100 * cpu:+.1f}% (output tokens {a['output_tokens']} / {b['output_tokens']})", flush=True)
         ip = statistics.median(x["wall_s"] for x in inproc)
         q1 = statistics.median(x["wall_s"] for x in queued)
         out["in_process_s"] = ip
         out["queue_1_worker_s"] = q1
         out["queue_overhead_direct"] = (q1 - ip) / q1
         out["queue_overhead"] = statistics.median(r["overhead_added"] for r in out["runs"])
+        out["queue_overhead_cpu"] = statistics.median(r["overhead_cpu"] for r in out["runs"])
         out["around_decoding_s"] = {"in_process": statistics.median(x["around_s"] for x in inproc),
                                     "queue_1_worker": statistics.median(x["around_s"] for x in queued)}
         tokens = statistics.median(x["output_tokens"] for x in queued)
@@ -188,7 +220,7 @@ def main() -> None:
 
         if not args.no_two_workers:
             w1.stop()
-            per = str(max(1, cores // 2))
+            per = str(max(1, cores // 2) if not args.torch_threads else min(args.torch_threads, max(1, cores // 2)))
             env2 = worker_env(db_url, broker_url, lease_seconds=300, SPEC_BATCH_TORCH_THREADS=per)
             ws = [WorkerProcess(f"bench2{i}", env2, work, "-Q", f"{default_q},warm-2{i}").start() for i in "ab"]
             workers.extend(ws)
@@ -196,7 +228,8 @@ def main() -> None:
                 w.wait_ready(300)
             for i in "ab":
                 warm(factory, work, broker_url, f"warm-2{i}", args.batch_size)
-            runs2 = [run_queue(factory, path, broker_url, args.batch_size, chunk_size) for _ in range(args.repeats)]
+            runs2 = [run_queue(factory, path, broker_url, args.batch_size, chunk_size, workers=ws)
+                     for _ in range(args.repeats)]
             q2 = statistics.median(x["wall_s"] for x in runs2)
             tokens2 = statistics.median(x["output_tokens"] for x in runs2)
             out["queue_2_workers_s"] = q2
@@ -218,7 +251,7 @@ def main() -> None:
     ar = out["around_decoding_s"]
     print(f"queue overhead        {100 * out['queue_overhead']:+8.2f} % of the job's wall time (target <= 5%): "
           f"time around decoding {ar['queue_1_worker']:.2f} s through the queue vs {ar['in_process']:.2f} s "
-          f"in-process")
+          f"in-process; CPU seconds {100 * out['queue_overhead_cpu']:+.1f}%")
     t1 = out["throughput_1_worker"]
     print(f"throughput, 1 worker  {t1['requests_per_s']:8.3f} req/s  {t1['tokens_per_s']:8.1f} tokens/s "
           f"({threads} torch threads)")

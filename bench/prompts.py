@@ -67,7 +67,7 @@ _README = (
 )
 
 EDITS = [
-    "Fix the typos in this text and return it unchanged otherwise.\n\n" + _TYPOS,
+    "Fix the spelling in this text:\n\n" + _TYPOS,
     'Rewrite the following paragraph, replacing the word "revenue" with "turnover". Return the whole '
     "paragraph.\n\n" + _REPORT,
     "Change the day of the meeting in this email from Tuesday to Thursday. Return the full email.\n\n" + _EMAIL,
@@ -75,7 +75,7 @@ EDITS = [
     + _RECIPE,
     "Rename the variable t to total and the variable x to value in this code. Return the full code.\n\n"
     + _CODE_RENAME,
-    'Replace "Friday" with "Monday" and "Saturday" with "Tuesday" in this notice. Return the whole notice.\n\n'
+    "Edit this notice so that the library is closed on Monday instead of Friday. Return the full notice.\n\n"
     + _NOTICE,
     "Add a step 6 to these instructions that says to start the server with make run. Return all the "
     "instructions.\n\n" + _README,
@@ -106,12 +106,14 @@ JSON = [
     "It will arrive at {address} within {days} days.\n\nThank you for shopping with us.\n\n"
     "Values: name = John Smith, order_id = A-10234, quantity = 2, item = wireless headphones, "
     "date = 3 March, address = 12 High Street, Leeds, days = 3",
-    "Convert this YAML to JSON. Output only the JSON.\n\n"
-    "server:\n  host: localhost\n  port: 8080\n  debug: true\ndatabase:\n  name: inventory\n  user: admin\n"
-    "  pool_size: 10\nlogging:\n  level: info\n  file: app.log",
-    "Add a field \"country\": \"France\" to each object in this JSON list. Output only the JSON.\n\n"
-    '[{"name": "Paris", "population": 2100000}, {"name": "Lyon", "population": 520000}, '
-    '{"name": "Marseille", "population": 870000}, {"name": "Toulouse", "population": 490000}]',
+    "Pretty-print this JSON with an indent of 2 spaces.\n\n"
+    '{"id": 42, "user": {"name": "Anna Berg", "email": "anna.berg@example.com"}, "items": [{"sku": "A-100", '
+    '"qty": 2}, {"sku": "B-220", "qty": 1}], "total": 87.5, "paid": true}',
+    'Rename the key "title" to "name" in every object of this JSON and return it.\n\n'
+    '{"tasks": [{"id": 1, "title": "Write the report", "status": "open"}, '
+    '{"id": 2, "title": "Review the budget", "status": "open"}, '
+    '{"id": 3, "title": "Send the invoices", "status": "done"}, '
+    '{"id": 4, "title": "Book the meeting room", "status": "open"}]}',
     "Write a JSON object describing this book with the keys title, author, year, pages and genres (a list). "
     "Output only the JSON.\n\n"
     "The book is Pride and Prejudice by Jane Austen, published in 1813. It has 432 pages. "
@@ -170,7 +172,7 @@ FREE = [
 SETS: dict[str, list[str]] = {"edits": EDITS, "json": JSON, "code": CODE, "free": FREE}
 
 # max_new_tokens per set: long enough that copying dominates where the answer copies the prompt
-MAX_NEW_TOKENS: dict[str, int] = {"edits": 160, "json": 160, "code": 160, "free": 96}
+MAX_NEW_TOKENS: dict[str, int] = {"edits": 160, "json": 160, "code": 128, "free": 64}
 
 DESCRIPTIONS: dict[str, str] = {
     "edits": "edits/rewrites of a supplied paragraph, email, list or code (the answer copies the input)",

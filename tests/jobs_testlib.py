@@ -178,9 +178,7 @@ def pg_url(pg_admin):
     url = create_pg_database(pg_admin)
     migrate_to_head(url)
     yield url
-    from sqlalchemy import create_engine  # noqa: F401  (engines of the tests are garbage; FORCE drops anyway)
-
-    drop_pg_database(url)
+    drop_pg_database(url)  # WITH (FORCE): connections the tests' engines still hold are closed
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -113,14 +113,14 @@ KILL_PROMPTS = [
 
 @pytest.mark.slow
 def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
-    lines = [completion_line(f"r{i}", p, max_tokens=16) for i, p in enumerate(KILL_PROMPTS)]
-    lines.insert(3, chat_line("chat", "Repeat exactly: the report is due on Friday.", max_tokens=16))
+    lines = [completion_line(f"r{i}", p, max_tokens=12) for i, p in enumerate(KILL_PROMPTS)]
+    lines.insert(3, chat_line("chat", "Repeat exactly: the report is due on Friday.", max_tokens=12))
     path = write_batch(tmp_path / "in.jsonl", lines)
     n = len(lines)
     db = tmp_path / "killed.db"
     env = {**os.environ, "SPEC_BATCH_DATABASE_URL": f"sqlite:///{db}"}
     out = tmp_path / "out.jsonl"
-    args = [SPEC_BATCH, "run", str(path), "-o", str(out), "--batch-size", "2", "--baseline-sample", "0"]
+    args = [SPEC_BATCH, "run", str(path), "-o", str(out), "--batch-size", "4", "--baseline-sample", "0"]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     factory = None
     done = 0
@@ -171,7 +171,7 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
     from spec_batch.store import migrate_to_head
 
     migrate_to_head(f"sqlite:///{tmp_path / 'ref.db'}")
-    ref_id, _ = create_job_from_file(ref_factory, path, target="default", drafter="ngram", batch_size=2,
+    ref_id, _ = create_job_from_file(ref_factory, path, target="default", drafter="ngram", batch_size=4,
                                      baseline_sample=0, output_file=tmp_path / "ref.jsonl")
     run_job(ref_factory, ref_id, default_decoder)
     reference = {o["custom_id"]: o for o in iter_jsonl(tmp_path / "ref.jsonl")}

@@ -328,6 +328,20 @@ def test_heartbeat_renews_leases(factory, tmp_path):
     assert not holding.lost
 
 
+def test_a_redelivered_message_takes_over_an_expired_chunk(factory, tmp_path):
+    """Redis redelivered the message of a vanished worker before any reaper ran: the task takes the chunk
+    and the old holder's requests at once, even those whose lease was renewed a moment after the chunk's."""
+    job_id, chunks = _queued_job(factory, tmp_path, n=3, chunk_size=3)
+    _hold(factory, chunks[0], "gone/n/1/a", expired=True)
+    with factory.begin() as s:
+        s.execute(update(Request).where(Request.worker == "gone/n/1/a")
+                  .values(lease_expires_at=utcnow() + timedelta(seconds=30)))
+    out = tasks._process(FakeRuntime(factory), chunks[0].id, lease.new_token())
+    assert out["completed"] == 3 and out["finalized"]
+    counts, job = _counts(factory, job_id)
+    assert counts["completed"] == 3 and job.status == "completed"
+
+
 def test_reaper_requeues_an_expired_chunk_then_splits_then_gives_up(factory, tmp_path, monkeypatch):
     job_id, chunks = _queued_job(factory, tmp_path, n=3, chunk_size=3)
     chunk = chunks[0]

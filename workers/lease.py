@@ -397,7 +397,9 @@ class Heartbeat:
                 if chunks == 0:
                     with self.factory() as s:
                         chunk = qstore.get_chunk(s, h.chunk_id)
-                        if chunk is None or chunk.worker != h.token or chunk.state != qstore.CHUNK_RUNNING:
+                        finished_here = chunk is not None and chunk.state == qstore.CHUNK_DONE
+                        if not finished_here and (chunk is None or chunk.worker != h.token
+                                                  or chunk.state != qstore.CHUNK_RUNNING):
                             if not h.lost:
                                 log.warning("chunk %s was taken over by another worker; stopping it here",
                                             h.chunk_id)

@@ -220,8 +220,8 @@ def _on_process_init(**_: Any) -> None:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     """Solo/threads pools run tasks in the main process: start the runtime there."""
     pool = getattr(getattr(sender, "controller", None), "pool_cls", None) or app.conf.worker_pool
-    name = getattr(pool, "__name__", str(pool)).lower()
-    if "solo" in name or "thread" in name:
+    name = f"{getattr(pool, '__module__', '')}.{getattr(pool, '__name__', pool)}".lower()
+    if "solo" in name or "thread" in name:  # never prefork: its main process must own no engine to fork
         _apply_torch_threads()
         try:
             runtime()
@@ -336,11 +336,12 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         if job.status in JOB_TERMINAL:
             qstore.finish_chunk(s, chunk.id, None)
             return {**out, "skipped": f"job {job.status}"}
-        take_from = chunk.worker if chunk.state == qstore.CHUNK_RUNNING and lease.holder_is_dead(chunk.worker) else None
+        previous = chunk.worker if chunk.state == qstore.CHUNK_RUNNING else None
+        take_from = previous if previous and lease.holder_is_dead(previous) else None
         if not qstore.claim_chunk(s, chunk.id, token, rt.settings.lease_seconds, take_from=take_from):
             return {**out, "skipped": f"held by {chunk.worker}"}
-        if take_from is not None:
-            qstore.release_worker_requests(s, take_from)
+        if previous:  # its lease expired or it is known dead: its unfinished requests are claimable now
+            qstore.release_worker_requests(s, previous)
         job_id, request_ids = chunk.job_id, list(chunk.request_ids)
         target, drafter, batch_size = job.target, job.drafter, job.batch_size
         measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
@@ -361,9 +362,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
                 for rid in qstore.open_ids_of(s, request_ids):
                     queries.save_failure(s, rid, "model_error", msg, worker=token)
                 qstore.finish_chunk(s, chunk_id, token)
-            from spec_batch.runner import finalize_job as _fin
-
-            _fin(factory, job_id)
+            finalize_job(factory, job_id)
             return {**out, "failed": "model_error"}
 
         if measure:

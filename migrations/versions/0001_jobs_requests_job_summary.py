@@ -1,5 +1,9 @@
 """jobs, requests and the job_summary view
 
+A later migration that alters ``jobs`` or ``requests`` must ``DROP VIEW job_summary`` first and create it again
+afterwards (with its own copy of the view's SQL): SQLite's batch (table copy + rename) ALTER fails with "error in
+view job_summary: no such table", and PostgreSQL refuses to change a column a view uses.
+
 Revision ID: 0001
 Revises:
 Create Date: 2025-01-01

@@ -257,8 +257,8 @@ def run_command(
     if output is None:
         stem = file.name[: -len(".jsonl")] if file.name.endswith(".jsonl") else file.stem
         output = Path.cwd() / f"{stem}.results.jsonl"
+    factory = _store()  # a database problem shows before the model loads
     decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
-    factory = _store()
     try:
         job_id, parsed = create_job_from_file(
             factory, file,

@@ -295,7 +295,7 @@ def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int,
         parts.append(f"{counts['cancelled']} cancelled")
     parts.append(f"{counts['running']} running, {counts['pending']} pending")
     if rate:
-        parts.append(f"{rate:.1f} req/s")
+        parts.append(f"{rate:.2f} req/s")
     return ", ".join(parts)
 
 
