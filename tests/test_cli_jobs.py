@@ -166,12 +166,12 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
     resumed = {o["custom_id"]: o for o in iter_jsonl(out)}
     assert len(resumed) == n
 
-    # The same file, uninterrupted: greedy decoding gives the same outputs.
+    # The same file, uninterrupted (in one batch: a row's output never depends on its batch): same outputs.
     ref_factory = make_session_factory(f"sqlite:///{tmp_path / 'ref.db'}")
     from spec_batch.store import migrate_to_head
 
     migrate_to_head(f"sqlite:///{tmp_path / 'ref.db'}")
-    ref_id, _ = create_job_from_file(ref_factory, path, target="default", drafter="ngram", batch_size=4,
+    ref_id, _ = create_job_from_file(ref_factory, path, target="default", drafter="ngram", batch_size=n,
                                      baseline_sample=0, output_file=tmp_path / "ref.jsonl")
     run_job(ref_factory, ref_id, default_decoder)
     reference = {o["custom_id"]: o for o in iter_jsonl(tmp_path / "ref.jsonl")}
