@@ -180,16 +180,14 @@ def run_requests(
         lease_seconds = get_settings().lease_seconds
     with session_factory.begin() as s:
         status, job_batch_size = _job_state(s, job_id)
-        open_ids = queries.open_request_ids(s, job_id)
+        # a chunk reads only its own ids: O(chunk), not O(job)
+        open_ids = queries.open_request_ids(s, job_id, request_ids)
     batch_size = batch_size or job_batch_size
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    todo = open_ids
     if request_ids is not None:
-        wanted = set(request_ids)
-        todo = [i for i in open_ids if i in wanted]
-        report.skipped += len(wanted) - len(todo)
-    else:
-        todo = open_ids
+        report.skipped += len(set(request_ids)) - len(todo)
     if status in JOB_TERMINAL or status == JOB_CANCELLING:
         report.stopped = "cancelled" if status in (JOB_CANCELLING, JOB_CANCELLED) else None
         report.skipped += len(todo)

@@ -300,13 +300,25 @@ def resume_command(job: str, device: str, dtype: str | None) -> None:
     job_id = _resolve(factory, job)
     with factory() as s:
         j = queries.get_job(s, job_id)
-        status, target, drafter, output = j.status, j.target, j.drafter, j.output_file
+        status, target, drafter, output, queue = j.status, j.target, j.drafter, j.output_file, j.queue
     if status == JOB_COMPLETED:
         if output and not Path(output).exists():
             write_results(factory, job_id, output)
         _console(stderr=True).print(f"job {job_id} is already completed")
     elif status in ("failed", "cancelled", "cancelling"):
         raise click.ClickException(f"job {job_id} is {status}; there is nothing to resume")
+    elif queue is not None:
+        # a queued job goes back to its workers, not into this process
+        from workers.enqueue import BrokerUnavailableError, enqueue_job
+
+        try:
+            rep = enqueue_job(factory, job_id)
+        except BrokerUnavailableError as exc:
+            raise click.ClickException(str(exc)) from exc
+        _console(stderr=True).print(
+            f"job {job_id}: {rep.new_chunks} new chunk(s), {rep.republished} re-published on {queue}; "
+            f"follow it with spec-batch wait {job_id}"
+        )
     else:
         decoder = _load_decoder(target, drafter, device, dtype)
         from ..jobs import JobStateError

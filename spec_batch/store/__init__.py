@@ -36,6 +36,7 @@ from .models import (
     job_summary,
     utcnow,
 )
+from . import queue  # noqa: E402,F401  (registers the queue_chunks table on the metadata)
 
 __all__ = [
     "queries",

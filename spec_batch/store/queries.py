@@ -186,9 +186,13 @@ def record_baseline(
 # ---------------------------------------------------------------- requests
 
 
-def request_ids(session: Session, job_id: str, statuses: Iterable[str] | None = None) -> list[int]:
-    """Ids of the job's requests (in line order), optionally only those with one of `statuses`."""
+def request_ids(
+    session: Session, job_id: str, statuses: Iterable[str] | None = None, among: Iterable[int] | None = None
+) -> list[int]:
+    """Ids of the job's requests (in line order), optionally only those with one of `statuses`, among `among`."""
     q = select(Request.id).where(Request.job_id == job_id)
+    if among is not None:
+        q = q.where(Request.id.in_(list(among)))
     if statuses is not None:
         statuses = tuple(statuses)
         unknown = set(statuses) - set(REQUEST_STATUSES)
@@ -198,9 +202,9 @@ def request_ids(session: Session, job_id: str, statuses: Iterable[str] | None = 
     return list(session.scalars(q.order_by(Request.line_number)))
 
 
-def open_request_ids(session: Session, job_id: str) -> list[int]:
-    """The job's requests still to do (pending or running), in line order."""
-    return request_ids(session, job_id, REQUEST_OPEN)
+def open_request_ids(session: Session, job_id: str, among: Iterable[int] | None = None) -> list[int]:
+    """The job's requests still to do (pending or running), in line order; only those in `among` if given."""
+    return request_ids(session, job_id, REQUEST_OPEN, among)
 
 
 def claim_requests(
