@@ -13,7 +13,7 @@ from platformdirs import user_cache_dir
 DEFAULT_DATABASE_URL = "sqlite:///spec_batch.db"
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_LEASE_SECONDS = 300
-# Queue (workers/, docs/readme/queue.md). A chunk runs at most the hard limit; the broker's visibility
+# Queue (workers/, README.md, "The queue"). A chunk runs at most the hard limit; the broker's visibility
 # timeout is set longer than that (see workers/celery_app.py).
 DEFAULT_TASK_SOFT_TIME_LIMIT = 3600
 DEFAULT_CHUNK_SIZE = 32

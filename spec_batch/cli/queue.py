@@ -1,4 +1,4 @@
-"""`spec-batch submit | worker | cancel | wait`: jobs through Redis to Celery workers (see docs/readme/queue.md)."""
+"""`spec-batch submit | worker | cancel | wait`: jobs through Redis to Celery workers (see README.md, "The queue")."""
 from __future__ import annotations
 
 import os
