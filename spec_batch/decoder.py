@@ -19,7 +19,7 @@ from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import InvalidParameterError, PromptTooLongError
 from .kv_batch import KVBatch, supports_model
 from .outputs import GenerationResult, RequestStats, StreamChunk
-from .policy import DraftPolicy, RowAcceptance
+from .policy import DepthSurvival, DraftPolicy, RowAcceptance
 from .sampling import (
     STREAM_TARGET,
     SamplingParams,
@@ -98,6 +98,7 @@ class Decoder:
         self.max_context = max_context
         self._drafter_factory = drafter_factory
         self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive)
+        self.survival = DepthSurvival(depth=max(1, num_draft_tokens) + 1)  # learned across calls: the workload's
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos_ids = _eos_ids(target, tokenizer)
@@ -289,7 +290,9 @@ class Decoder:
         # a step yields accepted + 1 tokens, so drafting more than the remaining budget - 1 is waste
         budget = [max(0, r.params.max_new_tokens - r.n_generated - 1) for r in rows]
         available = [min(a, b) for a, b in zip(drafter.available(rows, self.policy.k_max), budget)]
-        k = self.policy.choose(batch, [r.acceptance.alpha for r in rows], available)
+        k = self.policy.choose(
+            batch, [r.acceptance.first for r in rows], available, self.survival.continuation(self.policy.k_max)
+        )
         ks = [min(k, a) for a in available]
         if drafter.has_probs:
             # with a sampling draft model the sample at a position depends on whether a draft was verified there,
@@ -337,9 +340,12 @@ class Decoder:
                 run = 0
                 while run < min(len(proposal), len(emitted)) and proposal[run] == emitted[run]:
                     run += 1
-                row.acceptance.observe(run, rejected=run < len(proposal) and run < len(emitted))
+                offered = min(len(proposal), len(emitted))  # beyond the emitted tokens nothing was checked
+                row.acceptance.observe(run, rejected=run < offered)
+                self.survival.observe(offered, run)
             elif d:
                 row.acceptance.observe(a, rejected=a < len(d))
+                self.survival.observe(len(d), a)
             events.append(self._append(row, emitted))
         self.policy.observe_step(batch, width, time.perf_counter() - t0)
         return events

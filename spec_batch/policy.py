@@ -17,20 +17,71 @@ class RowAcceptance:
     accepted: float = 1.0  # prior: one accepted ...
     rejections: float = 1.0  # ... and one rejection, i.e. alpha = 0.5 before any evidence
     decay: float = 0.9
+    first_hits: float = 1.0  # the first draft token accepted, out of ...
+    first_tries: float = 2.0  # ... steps that offered one (prior 1/2)
 
     def observe(self, accepted: int, rejected: bool) -> None:
         self.accepted = self.accepted * self.decay + accepted
         self.rejections = self.rejections * self.decay + (1.0 if rejected else 0.0)
+        if accepted > 0 or rejected:
+            self.first_hits = self.first_hits * self.decay + (1.0 if accepted > 0 else 0.0)
+            self.first_tries = self.first_tries * self.decay + 1.0
+
+    @property
+    def first(self) -> float:
+        """P(the first draft token of a step is accepted), this row's own."""
+        return self.first_hits / self.first_tries
 
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejections)
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Expected tokens from one step with k draft tokens: accepted run + the target's own token."""
+@dataclass
+class DepthSurvival:
+    """How far accepted runs go, shared by the rows of a decoder: hazard[j] = P(draft token j+1 rejected |
+    the first j accepted), from decayed counts. Copying is bursty (a run that got going tends to go on), which a
+    single per-row alpha underrates; scaling by this curve lets long drafts win where runs really are long."""
+
+    depth: int = 32
+    decay: float = 0.995
+    reached: list[float] = field(default_factory=list)
+    rejected: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reached = [2.0] * self.depth  # prior at every depth: one rejection in two
+        self.rejected = [1.0] * self.depth
+
+    def observe(self, offered: int, accepted: int) -> None:
+        """A row was offered `offered` tokens and accepted the first `accepted` (< offered means a rejection)."""
+        if offered <= 0:
+            return
+        self.reached = [r * self.decay for r in self.reached]
+        self.rejected = [r * self.decay for r in self.rejected]
+        for j in range(min(accepted + 1, offered, self.depth)):
+            self.reached[j] += 1.0
+        if accepted < offered and accepted < self.depth:
+            self.rejected[accepted] += 1.0
+
+    def continuation(self, k: int) -> list[float]:
+        """c[j] = P(run >= j + 1 | run >= 1) for j = 0..k-1 (c[0] = 1)."""
+        out, alive = [], 1.0
+        for j in range(k):
+            out.append(alive)
+            if j + 1 < self.depth:
+                alive *= 1.0 - self.rejected[j + 1] / self.reached[j + 1]
+        return out
+
+
+def expected_tokens(alpha: float, k: int, continuation: list[float] | None = None) -> float:
+    """Expected tokens from one step with k draft tokens: accepted run + the target's own token.
+
+    Without `continuation` the run is geometric in alpha. With it, alpha is the row's chance to accept the
+    first token and continuation[j] the shared chance that a run that started reaches token j + 1."""
     if k <= 0:
         return 1.0
+    if continuation is not None:
+        return 1.0 + alpha * sum(continuation[:k])
     if alpha >= 0.999999:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
@@ -82,14 +133,16 @@ class DraftPolicy:
         self.probe_every = 32
         self._idle_steps = 0
 
-    def choose(self, batch: int, alphas: list[float], available: list[int]) -> int:
+    def choose(
+        self, batch: int, alphas: list[float], available: list[int], continuation: list[float] | None = None
+    ) -> int:
         """The draft length for this step. available[b]: tokens the drafter can offer row b (after budget caps)."""
         longest = max(available, default=0)
         if longest == 0 or self.k_max == 0:
             return 0
         if not self.adaptive:
             return min(self.k_max, longest)
-        k = self._best(batch, alphas, available, longest)
+        k = self._best(batch, alphas, available, longest, continuation)
         if k == 0:
             # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay
             # (the output began copying the prompt) is noticed
@@ -101,14 +154,16 @@ class DraftPolicy:
             self._idle_steps = 0
         return k
 
-    def _best(self, batch: int, alphas: list[float], available: list[int], longest: int) -> int:
+    def _best(
+        self, batch: int, alphas: list[float], available: list[int], longest: int, continuation: list[float] | None
+    ) -> int:
         best_k, best_rate = 0, -1.0
         for k in sorted({min(c, longest) for c in self.candidates}):
             width = 1 + k
             cost = self.costs.estimate(batch, width)
             if cost is None:  # nothing measured at this batch size yet: start from a middling draft
                 return min(longest, max(1, self.k_max // 2))
-            tokens = sum(expected_tokens(a, min(k, n)) for a, n in zip(alphas, available))
+            tokens = sum(expected_tokens(a, min(k, n), continuation) for a, n in zip(alphas, available))
             rate = tokens / cost
             if rate > best_rate * 1.0001:
                 best_k, best_rate = k, rate
