@@ -369,9 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     draft_sets = set(SETS) if args.draft_sets == "all" else {s.strip() for s in args.draft_sets.split(",")}
     batches = [int(b) for b in args.batch.split(",")]
     hf_pl = [int(n) for n in args.hf_pl.split(",") if n.strip()]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    threads = torch.get_num_threads()
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)  # explicit, and printed: it changes every number below
     import transformers
 
     transformers.logging.set_verbosity_error()  # HF's deprecation notices from inside assisted generation
@@ -504,6 +503,10 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
             "tokens_per_step": (r0.steps_tokens / r0.steps) if r0.steps else None,
             "identical": same, "of": len(prompts), "stable": stable,
         })
+    print("\nHF prompt lookup and assisted generation run at batch 1 only (Hugging Face supports nothing else). "
+          "Draft-model rows: no smaller sibling of the default model exists offline, so they use the target as its "
+          "own draft (acceptance must be 100%) and a tiny random Llama (acceptance ~0). identical: token ids equal "
+          "to HF greedy at batch 1.")
     for n in notes:
         print(f"\n{n}")
     # per prompt at batch 1: how much each answer copies, and what ngram buys there
@@ -538,7 +541,8 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
         if value is None or value != value:
             rows.append((tid, what, "n/a", "not run", note))
         else:
-            rows.append((tid, what, f"{value:.2f}x", "PASS" if value >= goal else "MISS", note))
+            verdict = "info" if goal is None else "PASS" if value >= goal else "MISS"
+            rows.append((tid, what, f"{value:.2f}x", verdict, note))
 
     for name in ("edits", "json"):
         if name not in per_set:
@@ -560,7 +564,8 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
             s_ng += ng.prompt_seconds(i)
             toks_no += len(no.results[0].outputs[i])
             s_no += no.prompt_seconds(i)
-        line("T2", f"{name}, whole set (context): core ngram b1 / core none b1", ratio(ng, no), 2.0, acceptance_text(ng))
+        line("T2", f"{name}, whole set (context, not the target): core ngram b1 / core none b1", ratio(ng, no), None,
+             acceptance_text(ng))
     if n_heavy:
         line("T2", f"copy-heavy edits/JSON prompts ({n_heavy}, >= {COPY_HEAVY:.0%} copied): core ngram b1 / core none b1",
              (toks_ng / s_ng) / (toks_no / s_no), 2.0)

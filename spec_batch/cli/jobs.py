@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ._common import open_store_or_exit, resolve_job
 from ._group import main
 
 STATUS_STYLE = {
@@ -31,35 +32,6 @@ def _console(stderr: bool = False):
     if not console.is_terminal and "COLUMNS" not in __import__("os").environ:
         console.width = 200  # piped or captured: keep whole rows (job ids, paths) instead of 80 columns
     return console
-
-
-def _store():
-    from ..errors import SpecBatchError
-    from ..store import open_store
-
-    try:
-        return open_store()
-    except SpecBatchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001  (a server that cannot be reached, a bad URL)
-        from ..settings import get_settings
-        from sqlalchemy.engine import make_url
-
-        try:
-            shown = make_url(get_settings().database_url).render_as_string(hide_password=True)
-        except Exception:  # noqa: BLE001
-            shown = "SPEC_BATCH_DATABASE_URL"
-        raise click.ClickException(f"cannot open the database {shown}: {exc}") from exc
-
-
-def _resolve(factory, ref: str) -> str:
-    from ..store import queries
-
-    with factory() as s:
-        try:
-            return queries.resolve_job_id(s, ref)
-        except queries.JobNotFoundError as exc:
-            raise click.ClickException(str(exc)) from exc
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -257,7 +229,7 @@ def run_command(
     if output is None:
         stem = file.name[: -len(".jsonl")] if file.name.endswith(".jsonl") else file.stem
         output = Path.cwd() / f"{stem}.results.jsonl"
-    factory = _store()  # a database problem shows before the model loads
+    factory = open_store_or_exit()  # a database problem shows before the model loads
     decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
     try:
         job_id, parsed = create_job_from_file(
@@ -296,8 +268,8 @@ def resume_command(job: str, device: str, dtype: str | None) -> None:
     from ..jobs import write_results
     from ..store import JOB_COMPLETED, queries
 
-    factory = _store()
-    job_id = _resolve(factory, job)
+    factory = open_store_or_exit()
+    job_id = resolve_job(factory, job)
     with factory() as s:
         j = queries.get_job(s, job_id)
         status, target, drafter, output, queue = j.status, j.target, j.drafter, j.output_file, j.queue
@@ -341,7 +313,7 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
 
     from ..store import queries
 
-    factory = _store()
+    factory = open_store_or_exit()
     with factory() as s:
         rows = queries.list_job_summaries(s, limit=limit, status=status)
     if as_json:
@@ -381,8 +353,8 @@ def show_command(job: str, n_errors: int) -> None:
 
     from ..store import REQ_FAILED, Request, queries
 
-    factory = _store()
-    job_id = _resolve(factory, job)
+    factory = open_store_or_exit()
+    job_id = resolve_job(factory, job)
     _print_summary(factory, job_id, title=f"Job {job_id}")
     with factory() as s:
         j = queries.get_job(s, job_id)
@@ -432,8 +404,8 @@ def results_command(job: str, output: Path) -> None:
     """Export the results of JOB (OpenAI Batch API output lines)."""
     from ..jobs import write_results
 
-    factory = _store()
-    job_id = _resolve(factory, job)
+    factory = open_store_or_exit()
+    job_id = resolve_job(factory, job)
     try:
         rep = write_results(factory, job_id, output)
     except OSError as exc:
@@ -454,7 +426,7 @@ def stats_command(as_json: bool) -> None:
 
     from ..store import queries
 
-    factory = _store()
+    factory = open_store_or_exit()
     with factory() as s:
         rows = queries.stats_by_model(s)
     if as_json:

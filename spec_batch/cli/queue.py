@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ._common import open_store_or_exit, resolve_job
 from ._group import main
 
 # `spec-batch wait` exit codes
@@ -19,35 +20,6 @@ EXIT_TIMEOUT = 3
 
 def _err(msg: str) -> None:
     click.echo(msg, err=True)
-
-
-def _store():
-    from ..errors import SpecBatchError
-    from ..settings import get_settings
-    from ..store import open_store
-
-    try:
-        return open_store()
-    except SpecBatchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001  (a server that cannot be reached, a bad URL)
-        from sqlalchemy.engine import make_url
-
-        try:
-            shown = make_url(get_settings().database_url).render_as_string(hide_password=True)
-        except Exception:  # noqa: BLE001
-            shown = "SPEC_BATCH_DATABASE_URL"
-        raise click.ClickException(f"cannot open the database {shown}: {exc}") from exc
-
-
-def _resolve(factory, ref: str) -> str:
-    from ..store import queries
-
-    try:
-        with factory() as s:
-            return queries.resolve_job_id(s, ref)
-    except queries.JobNotFoundError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 def _check_model(spec: str, what: str) -> None:
@@ -122,7 +94,7 @@ def submit_command(
     if not no_model_check:
         _check_model(target, "target")
         _check_model(draft, "drafter")
-    factory = _store()
+    factory = open_store_or_exit()
     try:
         res = submit_file(
             factory, file, target=target, drafter=draft, batch_size=batch_size, baseline_sample=baseline_sample,
@@ -228,7 +200,7 @@ def _check_database() -> None:
     from ..store import DatabaseNotMigratedError, open_store
 
     try:
-        factory = open_store()
+        factory = openopen_store_or_exit()
     except DatabaseNotMigratedError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001
@@ -262,8 +234,8 @@ def cancel_command(job: str, wait_after: bool) -> None:
     from ..store import JOB_CANCELLED, JOB_CANCELLING, queries
     from ..store import queue as qstore
 
-    factory = _store()
-    job_id = _resolve(factory, job)
+    factory = open_store_or_exit()
+    job_id = resolve_job(factory, job)
     with factory.begin() as s:
         status = queries.get_job(s, job_id).status
         changed = queries.request_cancel(s, job_id)
@@ -368,7 +340,7 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
 def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, quiet: bool) -> None:
     """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
     3 timed out."""
-    factory = _store()
-    job_id = _resolve(factory, job)
+    factory = open_store_or_exit()
+    job_id = resolve_job(factory, job)
     sys.exit(_wait(factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
 
