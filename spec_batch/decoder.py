@@ -97,8 +97,11 @@ class Decoder:
         self.device = device
         self.max_context = max_context
         self._drafter_factory = drafter_factory
+        self._free_drafter = draft_name == "ngram"
         self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive)
         self.survival = DepthSurvival(depth=max(1, num_draft_tokens) + 1)  # learned across calls: the workload's
+        if self._free_drafter:
+            self.policy.probe_every = 0  # its proposals are checked against every step anyway: no probing needed
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos_ids = _eos_ids(target, tokenizer)
@@ -265,7 +268,12 @@ class Decoder:
     def _new_row(self, index: int, ids: list[int], params: SamplingParams) -> _Row:
         seed = params.seed if params.seed is not None else fresh_seed()
         stats = RequestStats(prompt_tokens=len(ids))
-        return _Row(index, len(ids), list(ids), params, seed, stats, time.perf_counter())
+        row = _Row(index, len(ids), list(ids), params, seed, stats, time.perf_counter())
+        if self._free_drafter:
+            # a drafter that costs nothing is checked against every step's output anyway, so a new row starts
+            # skeptical and earns long drafts by matching (free-form text then never pays for a wide verify)
+            row.acceptance = RowAcceptance(first_hits=0.2, first_tries=2.0)
+        return row
 
     def _prefill(self, kv: KVBatch, rows: list[_Row]) -> None:
         """Caches every prompt token but the last, which the first step reads together with the first draft."""

@@ -147,7 +147,7 @@ class DraftPolicy:
             # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay
             # (the output began copying the prompt) is noticed
             self._idle_steps += 1
-            if self._idle_steps >= self.probe_every:
+            if self.probe_every and self._idle_steps >= self.probe_every:
                 self._idle_steps = 0
                 return min(longest, 2)
         else:
