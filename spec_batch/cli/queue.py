@@ -200,7 +200,7 @@ def _check_database() -> None:
     from ..store import DatabaseNotMigratedError, open_store
 
     try:
-        factory = openopen_store_or_exit()
+        factory = open_store()
     except DatabaseNotMigratedError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001
