@@ -1,4 +1,4 @@
-"""Helpers shared by the `spec-batch` command modules: opening the store and naming a job."""
+"""Helpers shared by the `spec-batch` command modules: opening the store, naming a job, --metadata."""
 from __future__ import annotations
 
 import click
@@ -33,3 +33,14 @@ def resolve_job(factory, ref: str) -> str:
             return queries.resolve_job_id(s, ref)
     except queries.JobNotFoundError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def parse_metadata(items: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`--metadata KEY=VALUE` options as a dict; a malformed one is a usage error naming it."""
+    meta: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
+        meta[key] = value
+    return meta

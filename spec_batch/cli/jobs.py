@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ._common import open_store_or_exit, resolve_job
+from ._common import open_store_or_exit, parse_metadata, resolve_job
 from ._group import main
 
 STATUS_STYLE = {
@@ -217,12 +217,7 @@ def run_command(
     from ..jobs import create_job_from_file
     from ..settings import get_settings
 
-    meta: dict[str, str] = {}
-    for item in metadata:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
-        meta[key] = value
+    meta = parse_metadata(metadata)
     settings = get_settings()
     target = target or settings.default_target
     draft = draft or settings.default_draft

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ._common import open_store_or_exit, resolve_job
+from ._common import open_store_or_exit, parse_metadata, resolve_job
 from ._group import main
 
 # `spec-batch wait` exit codes
@@ -82,12 +82,7 @@ def submit_command(
     from ..settings import get_settings
     from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
 
-    meta: dict[str, str] = {}
-    for item in metadata:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
-        meta[key] = value
+    meta = parse_metadata(metadata)
     settings = get_settings()
     target = target or settings.default_target
     draft = draft or settings.default_draft
