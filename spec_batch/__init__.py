@@ -1,5 +1,6 @@
 """spec-batch: exact, batched speculative decoding on Hugging Face models."""
-from .decoder import Decoder, load_decoder
+from .core.decoder import Decoder
+from .loading import load_decoder
 from .errors import (
     ChatTemplateError,
     DefaultModelMissingError,
@@ -9,8 +10,8 @@ from .errors import (
     SpecBatchError,
     UnknownModelError,
 )
-from .outputs import GenerationResult, RequestStats, StreamChunk
-from .sampling import SamplingParams
+from .core.outputs import GenerationResult, RequestStats, StreamChunk
+from .core.sampling import SamplingParams
 
 __all__ = [
     "Decoder",

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_batch.decoder import build_decoder
+from spec_batch.loading import build_decoder
 
 CPU = torch.device("cpu")
 

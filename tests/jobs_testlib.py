@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from spec_batch.errors import ChatTemplateError
-from spec_batch.outputs import GenerationResult, RequestStats
+from spec_batch.core.outputs import GenerationResult, RequestStats
 
 PG_HOST = os.environ.get("SPEC_BATCH_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("SPEC_BATCH_TEST_PG_PORT", "5432"))

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from spec_batch.batchfile import (
+from spec_batch.jobs.batchfile import (
     CHAT,
     COMPLETIONS,
     DUPLICATE_CUSTOM_ID,

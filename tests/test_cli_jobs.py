@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from spec_batch.batchfile import errors_path_for, iter_jsonl
+from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import Request, current_revision, head_revision, make_engine, make_session_factory, queries

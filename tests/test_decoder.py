@@ -19,7 +19,7 @@ from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec_batch import GenerationResult, InvalidParameterError, PromptTooLongError, SamplingParams
-from spec_batch.decoder import build_decoder
+from spec_batch.loading import build_decoder
 
 CPU = torch.device("cpu")
 

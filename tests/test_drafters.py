@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spec_batch.drafters import ModelDrafter, NgramDrafter, NoDrafter, _NgramIndex, _to_vocab
-from spec_batch.sampling import SamplingParams, logits_to_probs
+from spec_batch.core.drafters import ModelDrafter, NgramDrafter, NoDrafter, _NgramIndex, _to_vocab
+from spec_batch.core.sampling import SamplingParams, logits_to_probs
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_batch.kv_batch import KVBatch, supports_model
+from spec_batch.core.kv_batch import KVBatch, supports_model
 
 CPU = torch.device("cpu")
 ATOL = 2e-4

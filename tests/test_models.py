@@ -22,7 +22,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from spec_batch import gguf_cache, models
+from spec_batch.loading import gguf_cache, load as models
 from spec_batch.errors import (
     ChatTemplateError,
     DefaultModelMissingError,
@@ -30,7 +30,7 @@ from spec_batch.errors import (
     InvalidParameterError,
     UnknownModelError,
 )
-from spec_batch.models import LoadedModel, load_model
+from spec_batch.loading.load import LoadedModel, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_VOCAB = 512
@@ -198,7 +198,7 @@ def test_second_load_in_a_new_process_reads_the_cache(default_model):
     before = (marker.stat().st_mtime_ns, (entry / "model.safetensors").stat().st_mtime_ns)
     code = (
         "import time; t = time.perf_counter()\n"
-        "from spec_batch import gguf_cache, models\n"
+        "from spec_batch.loading import gguf_cache, load as models\n"
         "def boom(*a, **k): raise AssertionError('converter called')\n"
         "gguf_cache.convert_gguf = boom\n"
         "m = models.load_model('default')\n"

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from spec_batch.policy import DraftPolicy, RowAcceptance, StepCosts, expected_tokens
+from spec_batch.core.policy import DraftPolicy, RowAcceptance, StepCosts, expected_tokens
 
 
 @pytest.mark.parametrize(

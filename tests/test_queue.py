@@ -20,7 +20,7 @@ from jobs_testlib import FakeDecoder, completion_line, db_url, pg_admin, pg_url,
 from queue_testlib import REPO, redis_url  # noqa: F401  (fixture)
 from spec_batch.settings import get_settings
 from spec_batch.store import make_session_factory, queries
-from spec_batch.store import queue as qstore
+from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Job, Request, utcnow
 from workers import lease, tasks
 from workers.celery_app import celery_config
@@ -295,7 +295,7 @@ class Published(list):
 
 def _reap(factory, published, *, lease_seconds=5, max_attempts=3, epoch="e1", monkeypatch=None):
     monkeypatch.setattr(lease, "broker_epoch", lambda url: epoch)
-    from spec_batch.runner import finalize_job
+    from spec_batch.jobs.runner import finalize_job
 
     return lease.reap(factory, broker_url="redis://unused", publish=published, lease_seconds=lease_seconds,
                       max_attempts=max_attempts, finalize=lambda j: finalize_job(factory, j))

@@ -22,7 +22,7 @@ from queue_testlib import (  # noqa: F401  (fixtures)
     write_completions,
 )
 from spec_batch.store import make_session_factory, migrate_to_head, queries
-from spec_batch.store import queue as qstore
+from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Request
 from workers.enqueue import submit_file
 

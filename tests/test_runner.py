@@ -8,9 +8,9 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from spec_batch.batchfile import errors_path_for, iter_jsonl
+from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
-from spec_batch.runner import finalize_job, run_requests
+from spec_batch.jobs.runner import finalize_job, run_requests
 from spec_batch.store import Job, Request, make_session_factory, queries
 
 from jobs_testlib import (  # noqa: F401  (fixtures)

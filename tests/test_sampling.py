@@ -7,7 +7,7 @@ from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec_batch.errors import InvalidParameterError
-from spec_batch.sampling import (
+from spec_batch.core.sampling import (
     STREAM_ACCEPT,
     STREAM_DRAFT,
     STREAM_TARGET,

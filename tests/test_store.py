@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from spec_batch.outputs import GenerationResult, RequestStats
+from spec_batch.core.outputs import GenerationResult, RequestStats
 from spec_batch.store import (
     JOB_SUMMARY_COLUMNS,
     DatabaseNotMigratedError,

@@ -1,4 +1,4 @@
-"""Table tests of the pure accept/reject rules (spec_batch.verify), with hand-computed distributions,
+"""Table tests of the pure accept/reject rules (spec_batch.core.verify), with hand-computed distributions,
 and an exactness check of rejection sampling's marginals on many simulated rows."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from spec_batch.verify import accept_matching, accept_rejection_sampling
+from spec_batch.core.verify import accept_matching, accept_rejection_sampling
 
 T = torch.tensor
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spec_batch.errors import SpecBatchError
 from spec_batch.settings import get_settings
 from spec_batch.store import queries
-from spec_batch.store import queue as qstore
+from spec_batch.store import chunks as qstore
 from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING, Job, utcnow
 
 from .lease import broker_epoch

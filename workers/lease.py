@@ -44,7 +44,7 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from spec_batch.store import queue as qstore
+from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import (
     JOB_CANCELLING,

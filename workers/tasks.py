@@ -8,7 +8,7 @@
 3. the job's models are loaded once per worker process, lazily, and stay loaded (a dict keyed by target and
    drafter: a worker may serve several queues);
 4. the first chunk of a job measures the job's baseline (``spec_batch.jobs.measure_baseline``);
-5. ``spec_batch.runner.run_requests`` claims, decodes and stores the requests (a request that raises fails
+5. ``spec_batch.jobs.runner.run_requests`` claims, decodes and stores the requests (a request that raises fails
    alone with its error stored). Between decoding batches the task stops when the job is being cancelled or
    another worker took the chunk over; the job is completed, exactly once, by whichever worker stores its
    last result (``finalize_job``'s conditional updates).
@@ -33,7 +33,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from spec_batch.errors import SpecBatchError
 from spec_batch.settings import get_settings
 from spec_batch.store import queries
-from spec_batch.store import queue as qstore
+from spec_batch.store import chunks as qstore
 from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL
 
 from . import lease
@@ -105,7 +105,7 @@ class Runtime:
         publish_chunk(chunk.id, chunk.queue)
 
     def finalize(self, job_id: str) -> None:
-        from spec_batch.runner import finalize_job
+        from spec_batch.jobs.runner import finalize_job
 
         finalize_job(self.factory, job_id)
 
@@ -321,7 +321,7 @@ def _give_back(chunk_id: str, token: str) -> None:
 
 def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
     from spec_batch.jobs import measure_baseline
-    from spec_batch.runner import finalize_job, run_requests
+    from spec_batch.jobs.runner import finalize_job, run_requests
 
     factory = rt.factory
     out: dict[str, Any] = {"chunk": chunk_id, "worker": token}

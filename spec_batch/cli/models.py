@@ -34,8 +34,8 @@ def models_command(cache_dir: Path | None, as_json: bool) -> None:
     Besides the aliases, a model can be named by a local .gguf file, a local Hugging Face model
     directory, or a hub id ('org/name') already in the local hub cache.
     """
-    from ..gguf_cache import cache_root
-    from ..models import alias_info, list_cache
+    from ..loading.gguf_cache import cache_root
+    from ..loading.load import alias_info, list_cache
 
     aliases = alias_info()
     root = cache_root(cache_dir)

@@ -24,7 +24,7 @@ def _err(msg: str) -> None:
 
 def _check_model(spec: str, what: str) -> None:
     from ..errors import SpecBatchError
-    from ..models import resolve_spec
+    from ..loading.load import resolve_spec
 
     if what == "drafter" and spec in ("ngram", "none"):
         return
@@ -227,7 +227,7 @@ def cancel_command(job: str, wait_after: bool) -> None:
     `cancelled` (they are in the errors file of `spec-batch results`).
     """
     from ..store import JOB_CANCELLED, JOB_CANCELLING, queries
-    from ..store import queue as qstore
+    from ..store import chunks as qstore
 
     factory = open_store_or_exit()
     job_id = resolve_job(factory, job)

@@ -1,4 +1,4 @@
-"""The SQL store of bulk jobs: tables, engines/sessions/migrations and queries (see spec_batch.runner's docstring)."""
+"""The SQL store of bulk jobs: tables, engines/sessions/migrations and queries (see spec_batch.jobs.runner's docstring)."""
 from . import queries
 from .db import (
     DatabaseNotMigratedError,
@@ -36,7 +36,7 @@ from .models import (
     job_summary,
     utcnow,
 )
-from . import queue  # noqa: E402,F401  (registers the queue_chunks table on the metadata)
+from . import chunks  # noqa: E402,F401  (registers the queue_chunks table on the metadata)
 
 __all__ = [
     "queries",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import gguf_cache
-from .errors import (
+from ..errors import (
     ChatTemplateError,
     DefaultModelMissingError,
     IncompatibleModelsError,

@@ -76,10 +76,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import ChatTemplateError, SpecBatchError
-from .sampling import SamplingParams
-from .store import queries
-from .store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, Job, Request
+from ..errors import ChatTemplateError, SpecBatchError
+from ..core.sampling import SamplingParams
+from ..store import queries
+from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, Job, Request
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
 
@@ -172,7 +172,7 @@ def run_requests(
 
     See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
     """
-    from .settings import get_settings
+    from ..settings import get_settings
 
     report = RunReport(job_id=job_id)
     worker = worker or default_worker_name()
@@ -304,7 +304,7 @@ def finalize_job(session_factory: sessionmaker[Session], job_id: str, *, write_o
         output_file = s.scalar(select(Job.output_file).where(Job.id == job_id))
     error = None
     if write_output and output_file:
-        from .jobs import write_results
+        from .service import write_results
 
         try:
             write_results(session_factory, job_id, output_file)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 
 @dataclass

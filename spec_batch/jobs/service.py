@@ -1,7 +1,7 @@
 """The job service: create a job from a batch file, measure its baseline, run it, export its results.
 
 Used by the CLI (``spec-batch run / resume / results``); the queue reuses create_job_from_file,
-measure_baseline and write_results, and runs requests with ``spec_batch.runner.run_requests``.
+measure_baseline and write_results, and runs requests with ``spec_batch.jobs.runner.run_requests``.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from .batchfile import (
     output_line,
     read_batch_file,
 )
-from .errors import SpecBatchError
+from ..errors import SpecBatchError
 from .runner import RunReport, build_prompt, default_worker_name, run_requests
-from .sampling import SamplingParams
-from .store import queries
-from .store.models import (
+from ..core.sampling import SamplingParams
+from ..store import queries
+from ..store.models import (
     JOB_CANCELLED,
     JOB_CANCELLING,
     JOB_FAILED,

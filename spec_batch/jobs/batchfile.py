@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidParameterError, SpecBatchError
-from .sampling import SamplingParams
+from ..errors import InvalidParameterError, SpecBatchError
+from ..core.sampling import SamplingParams
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

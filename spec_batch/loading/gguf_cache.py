@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UnknownModelError
+from ..errors import UnknownModelError
 
 # Bump when the conversion changes: old entries then get new keys and are rebuilt.
 CACHE_FORMAT = 1
