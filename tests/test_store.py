@@ -32,7 +32,7 @@ from jobs_testlib import db_url, empty_db_url, pg_admin, pg_url  # noqa: F401  (
 
 REPO = Path(__file__).resolve().parents[1]
 VIEW_COLUMNS = ("job_id, status, target, drafter, n_requests, n_completed, n_failed, output_tokens, acceptance_rate, "
-                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at").split(", ")
+                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at, forced_tokens").split(", ")
 
 
 def _revisions() -> list[str]:

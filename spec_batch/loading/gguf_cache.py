@@ -72,7 +72,7 @@ def entry_key(gguf_path: Path) -> str:
 def cache_root(cache_dir: str | os.PathLike | None) -> Path:
     """The directory holding converted GGUF entries: ``<cache_dir>/gguf``; settings' cache dir when None."""
     if cache_dir is None:
-        from .settings import get_settings
+        from ..settings import get_settings
 
         cache_dir = get_settings().cache_dir
     return Path(cache_dir).expanduser() / SUBDIR

@@ -188,6 +188,9 @@ class Request(Base):
     target_forwards: Mapped[int | None] = mapped_column(Integer)
     draft_forwards: Mapped[int | None] = mapped_column(Integer)
     accepted_length_histogram: Mapped[list[int] | None] = mapped_column(JSONType)
+    forced_tokens: Mapped[int | None] = mapped_column(Integer)  # tokens a grammar allowed alone (0003)
+    drafted_per_position: Mapped[list[int] | None] = mapped_column(JSONType)  # steps that drafted position j
+    accepted_per_position: Mapped[list[int] | None] = mapped_column(JSONType)  # steps that accepted position j
     wall_s: Mapped[float | None] = mapped_column(Float)
     # Who ran it and when.
     worker: Mapped[str | None] = mapped_column(String(255))
@@ -202,7 +205,8 @@ class Request(Base):
         return f"Request(id={self.id!r}, job_id={self.job_id!r}, custom_id={self.custom_id!r}, status={self.status!r})"
 
 
-# The job_summary view, for typed queries (select(job_summary)); created by migration 0001, not create_all.
+# The job_summary view, for typed queries (select(job_summary)); created by the migrations (0001, extended in
+# 0003), not create_all.
 view_metadata = MetaData()
 job_summary = Table(
     "job_summary",
@@ -222,5 +226,6 @@ job_summary = Table(
     Column("speedup", Float),
     Column("created_at", UTCDateTime),
     Column("completed_at", UTCDateTime),
+    Column("forced_tokens", Integer),  # appended by migration 0003
 )
 JOB_SUMMARY_COLUMNS = tuple(c.name for c in job_summary.columns)
