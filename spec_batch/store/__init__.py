@@ -37,6 +37,7 @@ from .models import (
     utcnow,
 )
 from . import chunks  # noqa: E402,F401  (registers the queue_chunks table on the metadata)
+from . import baselines  # noqa: E402,F401  (registers the baseline_samples table on the metadata)
 
 __all__ = [
     "queries",
