@@ -35,7 +35,8 @@ def models_command(cache_dir: Path | None, as_json: bool) -> None:
     directory, or a hub id ('org/name') already in the local hub cache.
     """
     from ..loading.gguf_cache import cache_root
-    from ..loading.load import alias_info, list_cache
+    from ..loading.load import list_cache
+    from ..loading.resolve import alias_info
 
     aliases = alias_info()
     root = cache_root(cache_dir)

@@ -24,7 +24,7 @@ def _err(msg: str) -> None:
 
 def _check_model(spec: str, what: str) -> None:
     from ..errors import SpecBatchError
-    from ..loading.load import resolve_spec
+    from ..loading import resolve_spec
 
     if what == "drafter" and spec in ("ngram", "none"):
         return

@@ -38,6 +38,9 @@ from typing import Any
 
 from ..errors import InvalidParameterError, SpecBatchError
 from ..core.sampling import SamplingParams
+from ..store.models import REQ_CANCELLED
+from .stats import stats_of_row
+from ..loading.chat import MessageError, validate_messages
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -51,7 +54,6 @@ BODY_FIELDS = {
     CHAT: ("messages", "max_completion_tokens") + COMMON_BODY_FIELDS,
     COMPLETIONS: ("prompt",) + COMMON_BODY_FIELDS,
 }
-MESSAGE_ROLES = ("system", "developer", "user", "assistant")
 
 # Error codes of invalid lines.
 INVALID_JSON = "invalid_json"
@@ -146,38 +148,6 @@ def _bad(param: str, message: str, custom_id: str | None) -> BatchLineError:
     return BatchLineError(INVALID_VALUE, f"{param}: {message}", param, custom_id)
 
 
-def _message_content(i: int, msg: Any, cid: str | None) -> dict[str, str]:
-    where = f"body.messages[{i}]"
-    if not isinstance(msg, dict):
-        raise _bad(where, "each message must be an object with role and content", cid)
-    extra = sorted(set(msg) - {"role", "content"})
-    if extra:
-        raise BatchLineError(
-            UNSUPPORTED_FIELD, f"{where}.{extra[0]}: unsupported message field (supported: role, content)",
-            f"{where}.{extra[0]}", cid,
-        )
-    role = msg.get("role")
-    if role not in MESSAGE_ROLES:
-        raise _bad(f"{where}.role", f"must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}", cid)
-    content = msg.get("content")
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"{where}.content[{j}]", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported", cid)
-            if set(part) - {"type", "text"}:
-                extra_p = sorted(set(part) - {"type", "text"})[0]
-                raise BatchLineError(
-                    UNSUPPORTED_FIELD, f"{where}.content[{j}].{extra_p}: unsupported content-part field",
-                    f"{where}.content[{j}].{extra_p}", cid,
-                )
-            texts.append(part["text"])
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise _bad(f"{where}.content", f"must be a string, got {type(content).__name__}", cid)
-    return {"role": role, "content": content}
-
-
 def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None = None) -> BatchRequest:
     """Validates one line. Raises BatchLineError (code, message naming the field, param) when invalid.
 
@@ -237,9 +207,11 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
         messages = body.get("messages")
         if messages is None:
             raise BatchLineError(MISSING_FIELD, "body.messages is missing", "body.messages", cid_ok)
-        if not isinstance(messages, list) or not messages:
-            raise _bad("body.messages", "must be a non-empty list of messages", cid_ok)
-        prompt: Any = [_message_content(i, m, cid_ok) for i, m in enumerate(messages)]
+        try:
+            prompt: Any = validate_messages(messages)
+        except MessageError as e:
+            code = UNSUPPORTED_FIELD if e.unsupported_field else INVALID_VALUE
+            raise BatchLineError(code, f"body.{e}", f"body.{e.param}", cid_ok) from None
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -374,27 +346,22 @@ def errors_path_for(out_path: str | Path) -> Path:
 
 
 def _usage(req: Any, drafter: str) -> dict[str, Any]:
-    prompt_tokens = req.prompt_tokens or 0
-    completion = req.output_tokens or 0
-    draft = req.draft_tokens or 0
-    accepted = req.accepted_tokens or 0
-    forwards = req.target_forwards or 0
-    wall = req.wall_s or 0.0
+    stats = stats_of_row(req)
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.output_tokens,
+        "total_tokens": stats.prompt_tokens + stats.output_tokens,
         "speculative": {
             "drafter": drafter,
-            "draft_tokens": draft,
-            "accepted_tokens": accepted,
-            "acceptance_rate": accepted / draft if draft else None,
-            "target_forwards": forwards,
-            "draft_forwards": req.draft_forwards or 0,
-            "tokens_per_step": completion / forwards if forwards else None,
-            "accepted_length_histogram": list(req.accepted_length_histogram or []),
-            "wall_s": wall,
-            "tokens_per_s": completion / wall if wall > 0 else None,
+            "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "acceptance_rate": stats.acceptance_rate,
+            "target_forwards": stats.target_forwards,
+            "draft_forwards": stats.draft_forwards,
+            "tokens_per_step": stats.tokens_per_step,
+            "accepted_length_histogram": stats.accepted_length_histogram,
+            "wall_s": stats.wall_s,
+            "tokens_per_s": stats.tokens_per_s,
         },
     }
 
@@ -442,7 +409,7 @@ def error_line(req: Any) -> dict[str, Any]:
     """The OpenAI error-file line of a failed or cancelled request row."""
     custom_id = req.custom_id if req.custom_id is not None else custom_id_of(req.input)
     code = req.error_code or "error"
-    if req.endpoint is None or req.status == "cancelled":  # an invalid line, or cancelled: no HTTP response
+    if req.endpoint is None or req.status == REQ_CANCELLED:  # an invalid line, or cancelled: no HTTP response
         return {
             "id": f"batch_req_{req.id}",
             "custom_id": custom_id,

@@ -1,16 +1,26 @@
-"""Builds decoders: from loaded models (`build_decoder`) or from model specs (`load_decoder`)."""
+"""Builds decoders, from loaded models (`build_decoder`) or from model names (`load_decoder`), and keeps the
+process's one cache of them: `shared_model` (a loaded model per name and arguments) and `shared_decoder`
+(a decoder per configuration), both emptied by `clear_cache`.
+"""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from ..core.decoder import Decoder
 from ..core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from ..errors import InvalidParameterError
-from .load import LoadedModel, apply_chat_template, check_compatible, context_length, load_model
+from .chat import apply_chat_template
+from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
+
+__all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
+
+DRAFTERS_WITHOUT_MODEL = ("ngram", "none")
 
 
 def build_decoder(
@@ -73,14 +83,15 @@ def load_decoder(
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
     draft: "ngram" | "none" | a model spec like target | a loaded HF model (it shares the target's tokenizer
-    unless draft_tokenizer= is given). Models named by string are loaded once per process and shared."""
+    unless draft_tokenizer= is given). Models named by string are loaded once per process and shared
+    (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form."""
     device = torch.device(device)
     if isinstance(target, os.PathLike):
         target = os.fspath(target)
     if isinstance(draft, os.PathLike):
         draft = os.fspath(draft)
     if isinstance(target, str):
-        loaded = load_model(target, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+        loaded = shared_model(target, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     else:
         if tokenizer is None:
             raise InvalidParameterError("a loaded target model needs tokenizer= as well")
@@ -91,8 +102,8 @@ def load_decoder(
 
     draft_arg: Any = draft
     draft_name = None
-    if isinstance(draft, str) and draft not in ("ngram", "none"):
-        dloaded = load_model(draft, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    if isinstance(draft, str) and draft not in DRAFTERS_WITHOUT_MODEL:
+        dloaded = shared_model(draft, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
         check_compatible(loaded, dloaded)
         draft_arg, draft_name = dloaded.model, dloaded.name
     elif not isinstance(draft, str):
@@ -117,3 +128,111 @@ def load_decoder(
         ngram_min=ngram_min,
         ngram_max=ngram_max,
     )
+
+
+# ---------------------------------------------------------------- the per-process cache
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _OncePerKey(Generic[K, V]):
+    """Values made at most once per key and kept for the process. Callers of one key wait for a single make();
+    other keys are made in parallel. A failed make is not kept: the next call tries again (and raises again)."""
+
+    def __init__(self) -> None:
+        self._values: dict[K, V] = {}
+        self._making: dict[K, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+            making = self._making.setdefault(key, threading.Lock())
+        with making:
+            with self._lock:
+                if key in self._values:
+                    return self._values[key]
+            value = make()
+            with self._lock:
+                self._values[key] = value
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self._making.clear()
+
+
+_models: _OncePerKey[tuple, LoadedModel] = _OncePerKey()
+_decoders: _OncePerKey[tuple, Decoder] = _OncePerKey()
+
+
+def _cache_dir_key(cache_dir: str | os.PathLike | None) -> str | None:
+    return None if cache_dir is None else str(Path(cache_dir).expanduser().resolve())
+
+
+def shared_model(
+    spec: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """`load_model`, once per process for the same (spec, device, dtype, cache_dir, trust_remote_code)."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    key = (os.fspath(spec), str(dev), torch_dtype, _cache_dir_key(cache_dir), bool(trust_remote_code))
+    return _models.get(
+        key,
+        lambda: load_model(spec, device=dev, dtype=torch_dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code),
+    )
+
+
+def shared_decoder(
+    target: str | os.PathLike = "default",
+    draft: str | os.PathLike = "ngram",
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    num_draft_tokens: int = 8,
+    adaptive: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+) -> Decoder:
+    """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
+
+    target and draft are names (draft also "ngram" or "none"). The same arguments (after defaults, with device
+    and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder, which decodes one
+    request batch at a time. Thread-safe: concurrent first calls load once; a failed load is not cached.
+    """
+    for what, name in (("target", target), ("draft", draft)):
+        if not isinstance(name, (str, os.PathLike)):
+            raise InvalidParameterError(
+                f"shared_decoder takes model names; {what} is a {type(name).__name__} "
+                "(use build_decoder or load_decoder for loaded models)"
+            )
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    key = (
+        os.fspath(target), os.fspath(draft), str(dev), torch_dtype, num_draft_tokens, adaptive, _cache_dir_key(cache_dir)
+    )
+    return _decoders.get(
+        key,
+        lambda: load_decoder(
+            os.fspath(target),
+            os.fspath(draft),
+            dev,
+            torch_dtype,
+            num_draft_tokens=num_draft_tokens,
+            adaptive=adaptive,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        ),
+    )
+
+
+def clear_cache() -> None:
+    """Forgets every shared decoder and model of this process (their memory is freed once nothing else holds them)."""
+    _decoders.clear()
+    _models.clear()

@@ -1,0 +1,149 @@
+"""Fixtures of the loading tests: a tiny GGUF file (llama, a 512-token slice of the default model's real
+tokenizer, random weights), tiny random Llama directories, and the real default model (for `slow` tests).
+
+- ``tiny_gguf`` (session): the tiny GGUF file; ``tiny_tokenizer_dir`` / ``tiny_tokenizer``: it converted once.
+- ``tiny_dir`` (session): a tiny random Llama directory with that tokenizer (config.json, safetensors).
+- ``conversions``: counts GGUF conversions (the list of converted files) for the test that asks for it.
+- ``default_model`` (session): the real default model from the real cache (SPEC_BATCH_CACHE or the user cache dir;
+  converted there on a machine's first run, about 20 s; then about 3 s).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spec_batch.loading import gguf_cache, shared_model
+from spec_batch.loading.load import LoadedModel
+from spec_batch.loading.resolve import default_gguf_path
+
+TINY_VOCAB = 512
+
+
+def write_tiny_gguf(path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, seed: int = 0) -> Path:
+    """A valid llama GGUF file: the first n_vocab tokens of the default model's tokenizer (with the
+    merges among them, its special tokens and chat template) and random float32 weights."""
+    import gguf
+
+    reader = gguf.GGUFReader(default_gguf_path())
+    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    tokens = fields["tokenizer.ggml.tokens"].contents()[:n_vocab]
+    keep = set(tokens)
+    merges = [
+        m
+        for m in fields["tokenizer.ggml.merges"].contents()
+        if all(p in keep for p in m.split(" ")) and m.replace(" ", "") in keep
+    ]
+    override = {
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": fields["tokenizer.ggml.token_type"].contents()[:n_vocab],
+    }
+    heads, kv_heads, ffn = 2, 1, 32
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    for key, field in fields.items():
+        value = override.get(key, field.contents())
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, field.types[0], sub_type=field.types[1])
+        else:
+            w.add_key_value(key, value, field.types[0])
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    hd = hidden // heads
+    w.add_tensor("token_embd.weight", rand(n_vocab, hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    for name, arr in {
+        "attn_norm": np.ones(hidden, np.float32),
+        "ffn_norm": np.ones(hidden, np.float32),
+        "attn_q": rand(hidden, hidden),
+        "attn_k": rand(kv_heads * hd, hidden),
+        "attn_v": rand(kv_heads * hd, hidden),
+        "attn_output": rand(hidden, hidden),
+        "ffn_gate": rand(ffn, hidden),
+        "ffn_up": rand(ffn, hidden),
+        "ffn_down": rand(hidden, ffn),
+    }.items():
+        w.add_tensor(f"blk.0.{name}.weight", arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tiny_gguf, tmp_path_factory) -> Path:
+    """The tiny GGUF converted once (its tokenizer is reused by the tiny HF models)."""
+    return gguf_cache.ensure_converted(tiny_gguf, tmp_path_factory.mktemp("session-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+def save_tiny_llama(path: Path, tokenizer, *, vocab_size: int = TINY_VOCAB, seed: int = 0) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=vocab_size,
+        max_position_embeddings=128,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_tokenizer, tmp_path_factory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_tokenizer)
+
+
+@pytest.fixture
+def conversions(monkeypatch) -> list[Path]:
+    """The GGUF files converted during the test, in order (the real converter still runs)."""
+    calls: list[Path] = []
+    real = gguf_cache.convert_gguf
+
+    def counting(src, out):
+        calls.append(src)
+        real(src, out)
+
+    monkeypatch.setattr(gguf_cache, "convert_gguf", counting)
+    return calls
+
+
+@pytest.fixture(scope="session")
+def default_model() -> LoadedModel:
+    """The real default model, through the process cache (so load_decoder("default", ...) shares it)."""
+    return shared_model("default")

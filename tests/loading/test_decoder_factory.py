@@ -1,0 +1,122 @@
+"""Decoders from model names (spec_batch.loading.factory): the per-process cache of models and decoders, and the
+oracle that a loaded default model decodes exactly as Hugging Face's own greedy generate does."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from spec_batch import SamplingParams
+from spec_batch.errors import InvalidParameterError
+from spec_batch.loading import clear_cache, factory, load_decoder, shared_decoder, shared_model
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def _in_threads(n: int, work) -> list[Any]:
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    return results
+
+
+# ------------------------------------------------------------------ models
+
+
+def test_concurrent_first_loads_convert_once_and_share_one_model(tiny_gguf, tmp_path, conversions):
+    results = _in_threads(4, lambda: shared_model(tiny_gguf, cache_dir=tmp_path))
+    assert len(conversions) == 1
+    assert len(results) == 4 and all(r is results[0] for r in results)
+
+
+def test_shared_model_keys_on_resolved_device_and_dtype(tiny_dir):
+    a = shared_model(tiny_dir)
+    assert shared_model(str(tiny_dir), device=torch.device("cpu"), dtype="float32") is a
+    b = shared_model(tiny_dir, dtype="bfloat16")
+    assert b is not a and b.model.dtype == torch.bfloat16 and a.model.dtype == torch.float32
+    clear_cache()
+    assert shared_model(tiny_dir) is not a
+
+
+# ------------------------------------------------------------------ decoders
+
+
+def test_shared_decoder_is_one_per_configuration_over_shared_models(tiny_dir):
+    a = shared_decoder(str(tiny_dir), "ngram")
+    assert shared_decoder(tiny_dir, device=torch.device("cpu"), dtype="float32", num_draft_tokens=8) is a
+    assert (a.target_name, a.draft_name) == (str(tiny_dir), "ngram")
+    others = [
+        shared_decoder(tiny_dir, "none"),
+        shared_decoder(tiny_dir, "ngram", num_draft_tokens=4),
+        shared_decoder(tiny_dir, "ngram", adaptive=False),
+    ]
+    assert len({id(d) for d in [a, *others]}) == 4
+    assert all(d.target is a.target for d in others)  # one loaded target model under all of them
+    with_draft = shared_decoder(tiny_dir, tiny_dir)  # a draft model: itself, loaded once as well
+    assert with_draft.draft_name == str(tiny_dir) and with_draft.target is a.target
+    clear_cache()
+    again = shared_decoder(tiny_dir, "ngram")
+    assert again is not a and again.target is not a.target
+
+
+def test_shared_decoder_loads_once_under_concurrency_and_does_not_cache_failures(monkeypatch):
+    calls: list[tuple] = []
+
+    def slow_load(*args: Any, **kwargs: Any) -> object:
+        calls.append((args, kwargs))
+        time.sleep(0.05)  # a wide window for a race
+        if args[0] == "broken":
+            raise RuntimeError("no such model")
+        return object()
+
+    monkeypatch.setattr(factory, "load_decoder", slow_load)
+    results = _in_threads(4, lambda: shared_decoder("some-model", "ngram"))
+    assert len(calls) == 1 and all(r is results[0] for r in results)
+    assert calls[0] == (
+        ("some-model", "ngram", torch.device("cpu"), torch.float32),
+        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None},
+    )
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no such model"):
+            shared_decoder("broken")
+    assert len(calls) == 3
+
+
+def test_shared_decoder_takes_names_only(tiny_llama):
+    with pytest.raises(InvalidParameterError, match="target is a LlamaForCausalLM.*build_decoder or load_decoder"):
+        shared_decoder(tiny_llama(1))
+
+
+# ------------------------------------------------------------------ the oracle on the real default model
+
+
+@pytest.mark.slow
+def test_default_greedy_equals_hf_generate_on_the_same_model(hf_greedy):
+    decoder = load_decoder("default", "none")
+    assert decoder.target is shared_model("default").model  # the process's one copy of the default model
+    ids = decoder.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    [result] = decoder.generate([ids], SamplingParams(max_new_tokens=24))
+    expected = hf_greedy(decoder.target, ids, 24, eos_token_id=decoder.tokenizer.eos_token_id)
+    assert result.token_ids == expected
+    assert result.finish_reason == ("length" if len(expected) == 24 else "stop")
+    assert "Paris" in result.text  # and the converted GGUF weights are a sensible model, not only a consistent one
