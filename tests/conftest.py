@@ -3,6 +3,7 @@
 Keep this file to fixtures that are generally useful; test-specific helpers live in the test modules.
 
 - ``fake_tokenizer``: token ids <-> "3 14 15" text; ``fake_tokenizer_cls(eos_token_id=...)`` for EOS tests.
+- ``byte_tokenizer``: a 64-token byte vocabulary (id 0 = EOS) that spells JSON, for grammars on tiny models.
 - ``tiny_llama(seed, vocab=64, layers=2, lm_head_scale=1.0)``: a tiny random LlamaForCausalLM (cached per session;
   never mutate it). EOS/BOS/PAD are None in its config, so plain decoding never stops early.
 - ``tiny_target`` / ``tiny_draft``: a target (vocab 64, 2 layers) and a *different* draft (1 layer), session-scoped.
@@ -53,6 +54,40 @@ def _make_tiny_llama(seed: int, vocab: int, layers: int, lm_head_scale: float) -
     config = LlamaConfig(
         hidden_size=32,
         num_hidden_layers=layers,
+# 64 tokens, so the tiny models can write JSON, choices and regex matches; several spell the same text
+# ("yes" = yes | ye+s | y+e+s), so grammars see overlapping tokenizations. Id 0 is EOS.
+BYTE_VOCAB: list[bytes] = (
+    [b"<eos>", b"{", b"}", b"[", b"]", b'"', b":", b",", b" "]
+    + [bytes([c]) for c in b"0123456789abcdefghijklmnopqrstuvwxyz"]
+    + [b'{"', b'": ', b'", "', b'"}', b', "', b"true", b"false", b"null", b"yes", b"no", b"ye", b"name", b"age",
+       b"-", b".", b"ab", b"abc", b"\n", b'"]']
+)
+assert len(BYTE_VOCAB) == 64
+
+
+class ByteTokenizer:
+    """Tokens are byte strings (``token_bytes``); encode is greedy longest match, decode concatenates."""
+
+    eos_token_id = 0
+    pad_token_id = None
+    token_bytes = BYTE_VOCAB
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        data, out, i = text.encode(), [], 0
+        while i < len(data):
+            n, tid = max((len(t), j) for j, t in enumerate(BYTE_VOCAB[1:], 1) if data.startswith(t, i))
+            out.append(tid)
+            i += n
+        return out
+
+    def decode(self, ids, skip_special_tokens: bool = True, **kwargs) -> str:
+        keep = [int(i) for i in ids if not (skip_special_tokens and int(i) == self.eos_token_id)]
+        return b"".join(BYTE_VOCAB[i] for i in keep).decode(errors="replace")
+
+    def __call__(self, text: str, **kwargs) -> dict:
+        return {"input_ids": self.encode(text)}
+
+
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=64,
@@ -103,6 +138,11 @@ def fake_tokenizer_cls() -> type[FakeTokenizer]:
 @pytest.fixture(scope="session")
 def tiny_target(tiny_llama) -> LlamaForCausalLM:
     return tiny_llama(1, vocab=64, layers=2)
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer() -> ByteTokenizer:
+    return ByteTokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,12 @@ import hashlib
 import secrets
 from dataclasses import dataclass, field, fields
 
+from typing import Any
 import torch
 
 from ..errors import InvalidParameterError
 
+from .response_format import parse_response_format
 
 @dataclass
 class SamplingParams:
@@ -23,6 +25,9 @@ class SamplingParams:
     seed: int | None = None  # None: fresh randomness for this request
     stop: list[str] = field(default_factory=list)
 
+    # the shape the output must have (OpenAI's response_format; see response_format.py); None: free text.
+    # Kept as the normalized plain dict, so params stay plain JSON for the job store
+    response_format: dict[str, Any] | None = None
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
@@ -43,6 +48,8 @@ class SamplingParams:
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
 
+        fmt = parse_response_format(self.response_format)
+        self.response_format = None if fmt is None else fmt.to_dict()
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0

@@ -1,0 +1,317 @@
+"""Grammar-constrained decoding with llguidance: the tokenizer bridge, compiled grammars, per-row matchers, masks.
+
+The constrained distribution at an output position is the target's restricted to the tokens the grammar allows
+there, renormalized. Under speculation every verify position has its own mask: a row's matcher is advanced
+through the draft (speculatively) to compute them, and rolled back to the accepted prefix after verification.
+
+Masks are llguidance bitmasks: int32 words, bit t % 32 of word t // 32 set when token t is allowed
+([..., words] with words = ceil(tokenizer vocabulary / 32)). Model output rows past the tokenizer's vocabulary
+(padding rows) are never allowed under a grammar.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+
+from ..errors import InvalidParameterError
+from .response_format import ResponseFormat, parse_response_format
+
+__all__ = [
+    "GrammarEngine",
+    "GrammarState",
+    "ResponseFormat",
+    "apply_bitmask",
+    "grammar_engine",
+    "mask_logits",
+    "unpack_bitmask",
+    "parse_response_format",
+]
+
+ALL_ALLOWED = -1  # an int32 word with every bit set
+
+
+# ---------------------------------------------------------------- the tokenizer bridge
+
+
+def _llg_tokenizer(tokenizer: Any, eos_ids: Sequence[int]) -> LLTokenizer:
+    """An llguidance tokenizer for a fast Hugging Face tokenizer, or for any tokenizer that exposes its
+    vocabulary as bytes (`token_bytes`: one bytes per token id; the tests' tiny models)."""
+    eos = sorted(eos_ids) or None
+    token_bytes = getattr(tokenizer, "token_bytes", None)
+    if token_bytes is not None:
+        return LLTokenizer(TokenizerWrapper(_ByteVocabulary(list(token_bytes), eos or [])), eos_token=eos)
+    from transformers import PreTrainedTokenizerFast  # transformers is imported by the core anyway
+
+    if isinstance(tokenizer, PreTrainedTokenizerFast):
+        import llguidance.hf
+
+        return llguidance.hf.from_tokenizer(tokenizer, eos_token=eos)
+    raise InvalidParameterError(
+        f"response_format needs a fast (tokenizers-backed) tokenizer; {type(tokenizer).__name__} is not one"
+    )
+
+
+class _ByteVocabulary:
+    """What llguidance's TokenizerWrapper reads: token bytes, EOS, and an encoder (greedy longest match)."""
+
+    def __init__(self, tokens: list[bytes], eos_ids: list[int]):
+        self.tokens = tokens
+        self.eos_token_id = eos_ids[0] if eos_ids else len(tokens)
+        self.bos_token_id = None
+        self.special_token_ids = list(eos_ids)
+        self._ids = {t: i for i, t in enumerate(tokens) if t and i not in eos_ids}
+        self._longest = max((len(t) for t in self._ids), default=1)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        data = text.encode() if isinstance(text, str) else text
+        out, i = [], 0
+        while i < len(data):
+            for n in range(min(self._longest, len(data) - i), 0, -1):
+                tid = self._ids.get(data[i : i + n])
+                if tid is not None:
+                    out.append(tid)
+                    i += n
+                    break
+            else:
+                i += 1  # a byte no token spells cannot be produced: skip it
+        return out
+
+
+# ---------------------------------------------------------------- compiled grammars, per tokenizer
+
+
+class GrammarEngine:
+    """One tokenizer's llguidance view and an LRU of compiled grammars (one matcher template per grammar;
+    a request gets a cheap deep copy). `compiles` counts grammar compilations (cache misses)."""
+
+    def __init__(self, tokenizer: Any, eos_ids: Iterable[int], cache_size: int = 64):
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.tokenizer = _llg_tokenizer(tokenizer, sorted(self.eos_ids))
+        self.vocab_size = self.tokenizer.vocab_size
+        self.words = (self.vocab_size + 31) // 32
+        self.cache_size = cache_size
+        self.compiles = 0
+        self._templates: OrderedDict[tuple[str, str], LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def matcher(self, fmt: ResponseFormat) -> LLMatcher:
+        """A fresh matcher for fmt at the start of an output; compiles fmt at most once while it is cached."""
+        with self._lock:
+            template = self._templates.get(fmt.key)
+            if template is not None:
+                self._templates.move_to_end(fmt.key)
+                return template.deep_copy()
+        template = LLMatcher(self.tokenizer, fmt.grammar(), log_level=0)  # drops the GIL while it compiles
+        if template.is_error():
+            raise InvalidParameterError(f"response_format: the grammar engine cannot compile it: {template.get_error()}")
+        with self._lock:
+            self.compiles += 1
+            self._templates[fmt.key] = template
+            while len(self._templates) > self.cache_size:
+                self._templates.popitem(last=False)
+        return template.deep_copy()
+
+    def state(self, response_format: Any) -> "GrammarState | None":
+        """A request's matcher state for a response_format (any accepted form); None when unconstrained."""
+        fmt = parse_response_format(response_format)
+        return None if fmt is None else GrammarState(self.matcher(fmt), self.words, self.eos_ids)
+
+
+_ENGINES: "weakref.WeakKeyDictionary[Any, dict[frozenset[int], GrammarEngine]]" = weakref.WeakKeyDictionary()
+_ENGINES_LOCK = threading.Lock()
+
+
+def grammar_engine(tokenizer: Any, eos_ids: Iterable[int]) -> GrammarEngine:
+    """The engine of a tokenizer, built once per tokenizer object (llguidance's tokenizer takes ~1 s to build)
+    and shared by every decoder over it, so its compiled grammars are shared too."""
+    eos = frozenset(int(e) for e in eos_ids)
+    with _ENGINES_LOCK:
+        per_tokenizer = _ENGINES.setdefault(tokenizer, {})
+        engine = per_tokenizer.get(eos)
+        if engine is None:
+            engine = per_tokenizer[eos] = GrammarEngine(tokenizer, eos)
+        return engine
+
+
+# ---------------------------------------------------------------- one request's matcher
+
+
+class GrammarState:
+    """A request's matcher, kept at its accepted output plus a speculative run of draft tokens.
+
+    `speculate(draft)` advances through the draft and returns how many of its tokens the grammar allows;
+    `masks()` are the masks of every verify position of that run; `settle(accepted, next_token)` rolls the
+    matcher back to the accepted prefix (llguidance's rollback) and consumes the target's token. The matcher
+    is never left advanced past tokens that were not accepted. EOS is never consumed: it ends the request.
+    """
+
+    def __init__(self, matcher: LLMatcher, words: int, eos_ids: frozenset[int]):
+        self.matcher = matcher
+        self.words = words
+        self.eos_ids = eos_ids
+        self.pending: list[int] = []  # speculative tokens consumed since the last settle (no EOS among them)
+        self.ended = False  # a speculative EOS: nothing is allowed after it
+        self._masks = torch.empty((0, words), dtype=torch.int32)  # mask at depth d = after d pending tokens
+        self._computed = 0
+
+    # -- masks
+
+    def mask(self) -> torch.Tensor:
+        """The allowed-token bitmask [words] at the current (speculative) position."""
+        depth = len(self.pending)
+        if self._computed <= depth:
+            if self._masks.shape[0] <= depth:
+                grown = torch.empty((max(8, 2 * (depth + 1)), self.words), dtype=torch.int32)
+                grown[: self._computed] = self._masks[: self._computed]
+                self._masks = grown
+            row = self._masks[depth]
+            self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+            self._computed = depth + 1
+        return self._masks[depth]
+
+    def masks(self) -> torch.Tensor:
+        """Masks [len(pending) + 1, words] of the speculative run's positions, the last after the whole run."""
+        self.mask()
+        return self._masks[: len(self.pending) + 1]
+
+    def allows(self, token: int) -> bool:
+        if self.ended:
+            return False
+        return _bit(self.mask(), token)
+
+    # -- speculation
+
+    def push(self, token: int) -> bool:
+        """Consumes a draft token speculatively if the grammar allows it here; False (state unchanged) if not."""
+        if not self.allows(token):
+            return False
+        if token in self.eos_ids:
+            self.ended = True  # accepted EOS ends the request, so the matcher needs nothing past it
+            return True
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"grammar engine rejected an allowed token {token}: {self.matcher.get_error()}")
+        self.pending.append(token)
+        return True
+
+    def speculate(self, draft: Sequence[int]) -> int:
+        """Extends the speculative run to cover draft (a prefix may already be pushed: a draft model pushes
+        while it drafts) and returns the length of the longest prefix the grammar allows; stops there."""
+        n = len(self.pending) + (1 if self.ended else 0)
+        for j, token in enumerate(draft):
+            if j < n:
+                if j < len(self.pending) and self.pending[j] != token:
+                    raise ValueError(f"draft token {j} is {token}, but {self.pending[j]} was pushed")
+                continue
+            if not self.push(token):
+                return j
+        return len(draft)
+
+    def forced(self, limit: int) -> list[int]:
+        """The chain of tokens that are each the only one the grammar allows at their position (at most
+        limit), pushed speculatively. A forced EOS ends the chain."""
+        chain: list[int] = []
+        while len(chain) < limit and not self.ended:
+            token = _single(self.mask())
+            if token is None:
+                break
+            self.push(token)
+            chain.append(token)
+        return chain
+
+    def settle(self, accepted: int, next_token: int | None) -> None:
+        """Keeps the first `accepted` speculative tokens, rolls back the rest, then consumes next_token (the
+        target's token after the accepted run; an EOS, or None, consumes nothing)."""
+        extra = len(self.pending) - min(accepted, len(self.pending))
+        if extra and not self.matcher.rollback(extra):
+            raise RuntimeError(f"grammar engine could not roll back {extra} tokens: {self.matcher.get_error()}")
+        self.pending = []
+        self.ended = False
+        self._computed = 0
+        if next_token is not None and next_token not in self.eos_ids:
+            if not self.matcher.consume_token(next_token):
+                raise RuntimeError(f"grammar engine rejected token {next_token}: {self.matcher.get_error()}")
+
+    # -- where the grammar is
+
+    def is_accepting(self) -> bool:
+        """The output so far is complete under the grammar (EOS is allowed)."""
+        return self.matcher.is_accepting()
+
+    def is_finished(self) -> bool:
+        """The grammar is complete and allows nothing but EOS."""
+        return self.matcher.is_stopped()
+
+
+def _bit(mask: torch.Tensor, token: int) -> bool:
+    word = token >> 5
+    if word >= mask.shape[0]:
+        return False
+    return bool((int(mask[word]) >> (token & 31)) & 1)
+
+
+def _single(mask: torch.Tensor) -> int | None:
+    """The token when exactly one is allowed, else None."""
+    words = mask.numpy()
+    nonzero = np.flatnonzero(words)
+    if len(nonzero) != 1:
+        return None
+    w = int(words[nonzero[0]]) & 0xFFFFFFFF
+    if w & (w - 1):
+        return None
+    return int(nonzero[0]) * 32 + w.bit_length() - 1
+
+
+# ---------------------------------------------------------------- masking logits
+
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()  # [256, 8]: bit j of byte b
+
+
+def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Bitmask [..., words] int32 -> allowed [..., vocab] bool; tokens past the bitmask are not allowed."""
+    as_bytes = bits.contiguous().view(torch.uint8)  # little-endian: byte i of a row holds tokens 8i .. 8i + 7
+    table = _BYTE_BITS.to(bits.device)
+    allowed = table[as_bytes.long()].flatten(-2)  # [..., words * 32]
+    have = allowed.shape[-1]
+    if have >= vocab:
+        return allowed[..., :vocab]
+    return torch.nn.functional.pad(allowed, (0, vocab - have), value=False)
+
+
+def apply_bitmask(logits: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """-inf where a token is not allowed, in place. logits [..., V] (any float dtype, CPU or CUDA);
+    bits [..., words] int32 on any device (moved to logits' device). Returns logits."""
+    allowed = unpack_bitmask(bits.to(logits.device, non_blocking=True), logits.shape[-1])
+    return logits.masked_fill_(~allowed, float("-inf"))
+
+
+def stack_masks(states: Sequence[GrammarState | None], width: int, words: int) -> torch.Tensor:
+    """Per-row masks of every verify position, [B, width, words] int32: a row's speculative-run masks, then
+    all-allowed (positions past a row's run are never used, and an all-allowed mask keeps them finite)."""
+    out = torch.full((len(states), width, words), ALL_ALLOWED, dtype=torch.int32)
+    for b, state in enumerate(states):
+        if state is not None:
+            m = state.masks()[:width]
+            out[b, : m.shape[0]] = m
+    return out
+
+
+def mask_logits(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> torch.Tensor:
+    """Masks the rows that have a grammar, in place: position j of row b gets the mask of the j-th position of
+    its speculative run. logits [B, width, V]; rows whose state is None are left as they are. Returns logits."""
+    rows = [b for b, s in enumerate(states) if s is not None]
+    if not rows:
+        return logits
+    words = states[rows[0]].words  # type: ignore[union-attr]
+    bits = stack_masks([states[b] for b in rows], logits.shape[1], words)
+    if len(rows) == len(states):
+        return apply_bitmask(logits, bits)
+    idx = torch.tensor(rows, device=logits.device)
+    logits[idx] = apply_bitmask(logits[idx], bits)
+    return logits

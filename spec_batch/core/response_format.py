@@ -1,0 +1,164 @@
+"""`response_format`: what shape an output must have, parsed from the OpenAI forms and two extensions.
+
+    {"type": "text"}                                   no constraint (parses to None)
+    {"type": "json_object"}                            any JSON object
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}
+    {"type": "regex", "pattern": "..."}                extension: the whole output matches the pattern
+    {"type": "choice", "choices": ["yes", "no"]}       extension: the output is exactly one of the strings
+
+A ResponseFormat is tokenizer-independent; spec_batch.core.grammar compiles it for one tokenizer. The grammar
+text is checked here by the engine (without a tokenizer), so a schema or pattern it cannot compile is an
+InvalidParameterError with the engine's reason as soon as SamplingParams is built (a batch line error, not a
+failure in the middle of a job).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from llguidance import LLMatcher
+
+from ..errors import InvalidParameterError
+
+FormatType = Literal["json_object", "json_schema", "regex", "choice"]
+FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "choice")
+
+# JSON is generated compactly with Python's separators: no free whitespace (the model cannot pad with newlines
+# forever) and every separator is a fixed string, so keys and punctuation become forced tokens.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_FIELDS: dict[str, set[str]] = {"text": set(), "json_object": set(), "json_schema": {"json_schema"}, "regex": {"pattern"}, "choice": {"choices"}}
+_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A parsed, validated response_format. `spec` is canonical text: the schema as compact JSON, the
+    pattern, or the choices as JSON; (type, spec) identifies the grammar (the compile cache's key)."""
+
+    type: FormatType
+    spec: str
+    name: str | None = None  # json_schema's name and description: carried for the round trip only
+    description: str | None = None
+    strict: bool | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.type, self.spec)
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the output validates against (json_object: {"type": "object"}); None otherwise."""
+        if self.type in ("json_object", "json_schema"):
+            return json.loads(self.spec)
+        return None
+
+    def grammar(self) -> str:
+        """The engine's grammar text (tokenizer-independent)."""
+        return _grammar(self.type, self.spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI-shaped dict this was parsed from (normalized): plain JSON for the job store."""
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        if self.type == "regex":
+            return {"type": "regex", "pattern": self.spec}
+        if self.type == "choice":
+            return {"type": "choice", "choices": json.loads(self.spec)}
+        inner: dict[str, Any] = {"name": self.name, "schema": json.loads(self.spec)}
+        if self.description is not None:
+            inner["description"] = self.description
+        if self.strict is not None:
+            inner["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": inner}
+
+
+def parse_response_format(obj: Any) -> ResponseFormat | None:
+    """Validates a response_format object; None means unconstrained text. Errors name the offending field."""
+    if obj is None or isinstance(obj, ResponseFormat):
+        return obj
+    if not isinstance(obj, dict):
+        raise _bad("response_format", f"must be an object like {{\"type\": \"json_object\"}}, got {type(obj).__name__}")
+    kind = obj.get("type")
+    if kind not in FORMAT_TYPES:
+        raise _bad("response_format.type", f"must be one of {list(FORMAT_TYPES)}, got {kind!r}")
+    extra = sorted(set(obj) - {"type"} - _FIELDS[kind])
+    if extra:
+        raise _bad("response_format", f"unknown field(s) {extra} for type {kind!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        fmt = ResponseFormat("json_object", _canonical({"type": "object"}))
+    elif kind == "json_schema":
+        fmt = _parse_json_schema(obj.get("json_schema"))
+    elif kind == "regex":
+        pattern = obj.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise _bad("response_format.pattern", f"must be a non-empty string, got {pattern!r}")
+        fmt = ResponseFormat("regex", pattern)
+    else:
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise _bad("response_format.choices", f"must be a non-empty list of non-empty strings, got {choices!r}")
+        fmt = ResponseFormat("choice", json.dumps(choices, ensure_ascii=False))
+    reason = _engine_error(fmt.type, fmt.spec)
+    if reason:
+        field = {"json_schema": "response_format.json_schema.schema", "regex": "response_format.pattern"}.get(fmt.type, "response_format")
+        raise _bad(field, f"the grammar engine cannot compile it: {reason}")
+    return fmt
+
+
+def _parse_json_schema(inner: Any) -> ResponseFormat:
+    where = "response_format.json_schema"
+    if not isinstance(inner, dict):
+        raise _bad(where, f"must be an object with name and schema, got {type(inner).__name__}")
+    extra = sorted(set(inner) - _SCHEMA_KEYS)
+    if extra:
+        raise _bad(where, f"unknown field(s) {extra}; known: {sorted(_SCHEMA_KEYS)}")
+    name = inner.get("name")
+    if not isinstance(name, str) or not name:
+        raise _bad(f"{where}.name", f"must be a non-empty string, got {name!r}")
+    schema = inner.get("schema")
+    if not isinstance(schema, dict):
+        raise _bad(f"{where}.schema", f"must be a JSON schema object, got {type(schema).__name__}")
+    strict = inner.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise _bad(f"{where}.strict", f"must be true or false, got {strict!r}")
+    description = inner.get("description")
+    if description is not None and not isinstance(description, str):
+        raise _bad(f"{where}.description", f"must be a string, got {type(description).__name__}")
+    try:
+        spec = _canonical(schema)
+    except (TypeError, ValueError) as e:
+        raise _bad(f"{where}.schema", f"is not JSON: {e}") from None
+    return ResponseFormat("json_schema", spec, name=name, description=description, strict=strict)
+
+
+def _canonical(schema: dict) -> str:
+    # keys keep their order: the engine emits properties in the schema's order
+    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+
+
+@lru_cache(maxsize=256)
+def _grammar(kind: str, spec: str) -> str:
+    if kind in ("json_object", "json_schema"):
+        return LLMatcher.grammar_from_json_schema(spec, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    if kind == "regex":
+        return LLMatcher.grammar_from_regex(spec)
+    choices = json.loads(spec)
+    return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
+
+
+@lru_cache(maxsize=1024)
+def _engine_error(kind: str, spec: str) -> str:
+    """The engine's reason a grammar does not compile ("" when it does); cached, so a job of many lines with
+    one schema checks it once."""
+    try:
+        return LLMatcher.validate_grammar(_grammar(kind, spec))
+    except ValueError as e:
+        return str(e)
+
+
+def _bad(field: str, message: str) -> InvalidParameterError:
+    return InvalidParameterError(f"{field} {message}")
