@@ -49,11 +49,6 @@ class FakeTokenizer:
         return {"input_ids": self.encode(text)}
 
 
-def _make_tiny_llama(seed: int, vocab: int, layers: int, lm_head_scale: float) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=layers,
 # 64 tokens, so the tiny models can write JSON, choices and regex matches; several spell the same text
 # ("yes" = yes | ye+s | y+e+s), so grammars see overlapping tokenizations. Id 0 is EOS.
 BYTE_VOCAB: list[bytes] = (
@@ -88,6 +83,11 @@ class ByteTokenizer:
         return {"input_ids": self.encode(text)}
 
 
+def _make_tiny_llama(seed: int, vocab: int, layers: int, lm_head_scale: float) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=64,
@@ -136,13 +136,13 @@ def fake_tokenizer_cls() -> type[FakeTokenizer]:
 
 
 @pytest.fixture(scope="session")
-def tiny_target(tiny_llama) -> LlamaForCausalLM:
-    return tiny_llama(1, vocab=64, layers=2)
+def byte_tokenizer() -> ByteTokenizer:
+    return ByteTokenizer()
 
 
 @pytest.fixture(scope="session")
-def byte_tokenizer() -> ByteTokenizer:
-    return ByteTokenizer()
+def tiny_target(tiny_llama) -> LlamaForCausalLM:
+    return tiny_llama(1, vocab=64, layers=2)
 
 
 @pytest.fixture(scope="session")
