@@ -1,5 +1,7 @@
 """LangChain models on the spec-batch core: SpeculativeLLM (text completion) and ChatSpeculative (chat)."""
-from ._core import GenerationTimeout, clear_decoder_cache
+from spec_batch.loading import clear_cache as clear_decoder_cache
+
+from ._core import GenerationTimeout
 from .chat_models import ChatSpeculative, UnsupportedMessageError
 from .llms import SpeculativeLLM
 

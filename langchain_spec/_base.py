@@ -6,8 +6,9 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from spec_batch import InvalidParameterError, SamplingParams
+from spec_batch.loading import shared_decoder
 
-from ._core import CallOptions, check_decoder, resolve_options, shared_decoder
+from ._core import CallOptions, check_decoder, resolve_options
 
 LS_PROVIDER = "spec_batch"
 
@@ -82,7 +83,9 @@ class SpeculativeParams(BaseModel):
         """The decoder: the one given, or the process-wide one for this configuration (loaded on first use)."""
         if self.decoder is not None:
             return self.decoder
-        return shared_decoder(self.target, self.draft, self.device, self.dtype, self.num_draft_tokens)
+        # None keeps shared_decoder's default, so it shares that decoder with callers that leave it out.
+        more = {} if self.num_draft_tokens is None else {"num_draft_tokens": self.num_draft_tokens}
+        return shared_decoder(self.target, self.draft, device=self.device, dtype=self.dtype, **more)
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:
         return resolve_options(self, stop, kwargs)

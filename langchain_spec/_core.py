@@ -1,4 +1,4 @@
-"""What both LangChain models share: one decoder per configuration, call options, deadlines, metadata.
+"""What both LangChain models share: call options, deadlines, metadata.
 
 Nothing here imports LangChain; `llms.py` and `chat_models.py` turn these results into LangChain objects.
 """
@@ -20,54 +20,9 @@ from spec_batch import (
     SamplingParams,
     SpecBatchError,
     StreamChunk,
-    load_decoder,
 )
 
 Prompt = str | list[int]
-
-# ---------------------------------------------------------------------------------------------------------------
-# One decoder per configuration, shared by every instance in the process.
-# ---------------------------------------------------------------------------------------------------------------
-
-DecoderKey = tuple[str, str, str, str | None, int | None]
-
-_decoders: dict[DecoderKey, Any] = {}
-_loading_locks: dict[DecoderKey, threading.Lock] = {}
-_registry_lock = threading.Lock()
-
-
-def shared_decoder(
-    target: str, draft: str, device: str, dtype: str | None, num_draft_tokens: int | None
-) -> Any:
-    """The decoder for this configuration, loaded on first use and then shared.
-
-    Two threads asking for the same configuration at once load it once; different configurations load in
-    parallel. A failed load is not cached: the next call tries again and raises again.
-    """
-    key: DecoderKey = (target, draft, device, dtype, num_draft_tokens)
-    with _registry_lock:
-        decoder = _decoders.get(key)
-        if decoder is not None:
-            return decoder
-        loading = _loading_locks.setdefault(key, threading.Lock())
-    with loading:
-        with _registry_lock:
-            decoder = _decoders.get(key)
-        if decoder is None:
-            kwargs: dict[str, Any] = {"target": target, "draft": draft, "device": device, "dtype": dtype}
-            if num_draft_tokens is not None:
-                kwargs["num_draft_tokens"] = num_draft_tokens
-            decoder = load_decoder(**kwargs)
-            with _registry_lock:
-                _decoders[key] = decoder
-    return decoder
-
-
-def clear_decoder_cache() -> None:
-    """Forgets the shared decoders (instances load again on their next call). Frees memory once unreferenced."""
-    with _registry_lock:
-        _decoders.clear()
-        _loading_locks.clear()
 
 
 def check_decoder(value: Any) -> Any:

@@ -28,7 +28,8 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict
 
-from spec_batch import ChatTemplateError, GenerationResult, SpecBatchError
+from spec_batch import GenerationResult, SpecBatchError
+from spec_batch.loading import MessageError, validate_messages
 
 from ._base import SpeculativeParams
 from ._core import (
@@ -44,17 +45,17 @@ from ._core import (
 )
 
 
-class UnsupportedMessageError(ChatTemplateError, ValueError):
-    """A message ChatSpeculative cannot put into the chat template (images, tool calls, unknown types)."""
+class UnsupportedMessageError(MessageError):
+    """A message ChatSpeculative cannot put into the chat template (images, tool calls, unknown roles or types)."""
 
 
-def messages_to_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages -> the {"role", "content"} dicts of a chat template.
+def messages_to_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages -> chat messages, checked by spec-batch's one chat-message validator.
 
-    system -> "system", human -> "user", ai -> "assistant", tool -> "tool", ChatMessage -> its own role.
-    Content must be text (a string, or text blocks, which are joined); a `name` on a message is ignored.
+    system -> "system", human -> "user", ai -> "assistant", tool -> "tool", ChatMessage -> its own role (which
+    must be a chat role). Content must be text (a string, or text blocks, which are joined); a `name` is ignored.
     """
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if isinstance(message, ChatMessage):
             role = message.role
@@ -66,35 +67,36 @@ def messages_to_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
             role = "assistant"
             if message.tool_calls or message.invalid_tool_calls:
                 raise UnsupportedMessageError(
-                    f"message {i} (AIMessage) has tool calls; spec-batch models do not support tool calling"
+                    f"messages[{i}]", "is an AIMessage with tool calls; ChatSpeculative does not support tool calling"
                 )
         elif isinstance(message, ToolMessage):
             role = "tool"
         else:
             raise UnsupportedMessageError(
-                f"message {i} is a {type(message).__name__}; ChatSpeculative accepts system, human, AI, "
-                "tool and chat messages"
+                f"messages[{i}]",
+                f"is a {type(message).__name__}; ChatSpeculative accepts system, human, AI, tool and chat messages",
             )
-        out.append({"role": role, "content": _text_content(message.content, i)})
-    return out
+        out.append({"role": role, "content": _as_parts(message.content)})
+    try:
+        return validate_messages(out)
+    except MessageError as exc:
+        raise UnsupportedMessageError(exc.param, exc.problem, unsupported_field=exc.unsupported_field) from None
 
 
-def _text_content(content: str | list[Any], index: int) -> str:
+def _as_parts(content: str | list[Any]) -> str | list[Any]:
+    """LangChain content in OpenAI's form: bare strings become text parts, and text blocks lose LangChain's own
+    keys (id, index, annotations); other blocks pass unchanged, for the validator to name."""
     if isinstance(content, str):
         return content
-    parts: list[str] = []
+    parts: list[Any] = []
     for block in content:
         if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
-            parts.append(block["text"])
+            parts.append({"type": "text", "text": block})
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append({"type": "text", "text": block.get("text")})
         else:
-            kind = block.get("type", "?") if isinstance(block, dict) else type(block).__name__
-            raise UnsupportedMessageError(
-                f"message {index} has a {kind!r} content block; spec-batch models take text only "
-                "(no images, audio, files or tool blocks)"
-            )
-    return "".join(parts)
+            parts.append(block)
+    return parts
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -183,8 +185,16 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Exact prompt length: the token ids of the target's chat template (with the generation prompt)."""
         if tools:
-            raise UnsupportedMessageError("spec-batch models do not support tool calling (tools=...)")
+            raise UnsupportedMessageError("tools", "ChatSpeculative does not support tool calling")
         return len(self._prompt_ids(self._get_decoder(), messages))
+
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Any:
+        """Not supported: the model returns text only (no tool calls); named here rather than left unexplained."""
+        raise NotImplementedError(
+            "ChatSpeculative does not support tool calling: bind_tools(), tool_choice and with_structured_output() "
+            "(which relies on tools) are not available; the model returns text only. Describe the tools in the "
+            "prompt and parse the text, or use another chat model for tool calls."
+        )
 
     # --- prompt and results ---
 

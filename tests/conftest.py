@@ -10,15 +10,20 @@ Keep this file to fixtures that are generally useful; test-specific helpers live
 - ``tiny_decoder(draft, **kw)``: a Decoder over ``tiny_target`` (draft: "ngram" | "none" | a model).
 - ``hf_greedy(model, ids, n, eos_token_id=None)``: Hugging Face ``generate`` greedy continuation (the oracle).
 - ``default_decoder``: ``load_decoder("default", "ngram")``, session-scoped (tests using it are ``slow``).
+- ``fake_decoder`` / ``fake_decoder_cls``: the Decoder interface without a model (tests of what wraps the core).
 """
 from __future__ import annotations
 
 import os
+import threading
+import time
+from typing import Any
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from spec_batch import GenerationResult, PromptTooLongError, RequestStats, SamplingParams, StreamChunk
 from spec_batch.loading import build_decoder
 
 CPU = torch.device("cpu")
@@ -197,3 +202,143 @@ def default_decoder():
     from spec_batch import load_decoder
 
     return load_decoder("default", "ngram")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A fake decoder: the Decoder interface without a model, for tests of what wraps the core.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class FakeDecoder:
+    """Answers every prompt with REPLY, STEP characters per step (characters are its tokens; the end of REPLY is
+    EOS), cut by max_new_tokens and stop strings; a prompt containing TOO_LONG does not fit the context.
+
+    Like the real decoder it runs one decode at a time (`max_active` records the most at once) and honours
+    `should_stop` after every step (rows not finished end "cancelled"). It records its calls (generate_calls,
+    stream_calls, templates) and steps (steps_run); `step_delay` seconds per step make time-outs testable.
+    """
+
+    REPLY = "Hello there, general. You are a bold one."
+    TOO_LONG = "TOO LONG"
+    STEP = 3  # tokens accepted per step (2 accepted draft tokens + 1 bonus)
+    FULL_STEPS = -(-len(REPLY) // STEP)  # steps of a decode that runs to its end
+
+    target_name = "fake-target"
+    draft_name = "ngram"
+    device = "cpu"
+    max_context = 4096
+
+    def __init__(self, step_delay: float = 0.0) -> None:
+        self.tokenizer = FakeTokenizer()  # for token counting only; the prompts' token ids are characters
+        self.step_delay = step_delay
+        self.generate_calls: list[tuple[list[Any], Any]] = []
+        self.stream_calls: list[tuple[Any, SamplingParams]] = []
+        self.templates: list[list[dict]] = []
+        self.steps_run = 0
+        self.active = 0
+        self.max_active = 0
+        self._lock = threading.Lock()
+
+    # --- the "model" ---
+    @staticmethod
+    def _prompt_text(prompt: str | list[int]) -> str:
+        return prompt if isinstance(prompt, str) else "".join(chr(i) for i in prompt)
+
+    def _decode(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
+        text = self._prompt_text(prompt)
+        if self.TOO_LONG in text:
+            raise PromptTooLongError(f"prompt of {len(text)} tokens does not fit")
+        out, reason = self.REPLY, "stop"
+        if len(out) > params.max_new_tokens:
+            out, reason = out[: params.max_new_tokens], "length"
+        cuts = [out.find(s) for s in params.stop if s in out]
+        if cuts:
+            out, reason = out[: min(cuts)], "stop"
+        steps = max(1, -(-len(out) // self.STEP))
+        stats = RequestStats(
+            prompt_tokens=len(text),
+            output_tokens=len(out),
+            draft_tokens=4 * steps,
+            accepted_tokens=len(out) - steps,
+            target_forwards=steps,
+        )
+        return GenerationResult(text=out, token_ids=[ord(c) for c in out], finish_reason=reason, stats=stats)
+
+    def _enter(self) -> None:
+        self._lock.acquire()
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+
+    def _exit(self) -> None:
+        self.active -= 1
+        self._lock.release()
+
+    def _step(self) -> None:
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        self.steps_run += 1
+
+    # --- the core's interface ---
+    def generate(self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None, should_stop=None):
+        prompts = list(prompts)
+        self.generate_calls.append((prompts, params))
+        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        if not return_errors:
+            for p in prompts:
+                if self.TOO_LONG in self._prompt_text(p):
+                    raise PromptTooLongError("a prompt does not fit")
+        self._enter()
+        try:
+            results = []
+            for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
+                try:
+                    result = self._decode(prompt, p)
+                except PromptTooLongError as exc:
+                    result = GenerationResult("", [], "error", RequestStats(), error=str(exc))
+                for step in range(result.stats.target_forwards):
+                    if should_stop is not None and should_stop():
+                        text = result.text[: step * self.STEP]
+                        result = GenerationResult(text, [ord(c) for c in text], "cancelled", RequestStats())
+                        break
+                    self._step()
+                results.append(result)
+                if on_result is not None:
+                    on_result(i, result)
+            return results
+        finally:
+            self._exit()
+
+    def stream(self, prompt, params=None):
+        params = params or SamplingParams()
+        self.stream_calls.append((prompt, params))
+        result = self._decode(prompt, params)
+        self._enter()
+        try:
+            pieces = [result.text[i : i + self.STEP] for i in range(0, len(result.text), self.STEP)] or [""]
+            for i, piece in enumerate(pieces):
+                self._step()
+                last = i == len(pieces) - 1
+                yield StreamChunk(
+                    text=piece,
+                    token_ids=[ord(c) for c in piece],
+                    finish_reason=result.finish_reason if last else None,
+                    stats=result.stats if last else None,
+                )
+        finally:
+            self._exit()
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        self.templates.append(messages)
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        return [ord(c) for c in text]
+
+
+@pytest.fixture
+def fake_decoder() -> FakeDecoder:
+    return FakeDecoder()
+
+
+@pytest.fixture(scope="session")
+def fake_decoder_cls() -> type[FakeDecoder]:
+    """The class, for a slow one (``fake_decoder_cls(step_delay=0.05)``) and its constants (REPLY, STEP, ...)."""
+    return FakeDecoder

@@ -1,4 +1,4 @@
-"""The LangChain adapters' own logic, against a small fake decoder (fast; no model).
+"""The LangChain adapters' own logic, against the fake decoder of tests/conftest.py (fast; no model).
 
 The real core on the default model is exercised in test_langchain_real.py and the standard suites.
 """
@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+import torch
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.messages import (
     AIMessage,
@@ -24,144 +25,9 @@ from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from pydantic import ValidationError
 
 import langchain_spec
-from langchain_spec import (
-    ChatSpeculative,
-    GenerationTimeout,
-    SpeculativeLLM,
-    UnsupportedMessageError,
-    _core,
-)
-from spec_batch import (
-    GenerationResult,
-    InvalidParameterError,
-    PromptTooLongError,
-    RequestStats,
-    SamplingParams,
-    StreamChunk,
-)
-
-# ---------------------------------------------------------------------------------------------------------------
-# A fake decoder with the core's interface: characters are tokens, the "model" always says REPLY.
-# ---------------------------------------------------------------------------------------------------------------
-
-REPLY = "Hello there, general. You are a bold one."
-TOO_LONG = "TOO LONG"
-STEP = 3  # tokens accepted per step (2 accepted draft tokens + 1 bonus)
-FULL_STEPS = -(-len(REPLY) // STEP)  # steps of a decode that runs to its end
-
-
-class FakeTokenizer:
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
-
-
-class FakeDecoder:
-    target_name = "fake-target"
-    draft_name = "ngram"
-    device = "cpu"
-    max_context = 4096
-
-    def __init__(self, step_delay: float = 0.0) -> None:
-        self.tokenizer = FakeTokenizer()
-        self.step_delay = step_delay
-        self.generate_calls: list[tuple[list[Any], Any]] = []
-        self.stream_calls: list[tuple[Any, SamplingParams]] = []
-        self.templates: list[list[dict]] = []
-        self.steps_run = 0
-        self.active = 0
-        self.max_active = 0
-        self._lock = threading.Lock()
-
-    # --- the "model" ---
-    def _prompt_text(self, prompt: str | list[int]) -> str:
-        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
-
-    def _decode(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
-        text = self._prompt_text(prompt)
-        if TOO_LONG in text:
-            raise PromptTooLongError(f"prompt of {len(text)} tokens does not fit")
-        out, reason = REPLY, "stop"  # the end of REPLY is EOS
-        if len(out) > params.max_new_tokens:
-            out, reason = out[: params.max_new_tokens], "length"
-        cuts = [out.find(s) for s in params.stop if s in out]
-        if cuts:
-            out, reason = out[: min(cuts)], "stop"
-        steps = max(1, -(-len(out) // STEP))
-        stats = RequestStats(
-            prompt_tokens=len(text),
-            output_tokens=len(out),
-            draft_tokens=4 * steps,
-            accepted_tokens=len(out) - steps,
-            target_forwards=steps,
-        )
-        return GenerationResult(text=out, token_ids=[ord(c) for c in out], finish_reason=reason, stats=stats)
-
-    def _enter(self) -> None:
-        self._lock.acquire()
-        self.active += 1
-        self.max_active = max(self.max_active, self.active)
-
-    def _exit(self) -> None:
-        self.active -= 1
-        self._lock.release()
-
-    def _step(self) -> None:
-        if self.step_delay:
-            time.sleep(self.step_delay)
-        self.steps_run += 1
-
-    # --- the core's interface ---
-    def generate(self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None):
-        prompts = list(prompts)
-        self.generate_calls.append((prompts, params))
-        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
-        if not return_errors:
-            for p in prompts:
-                if TOO_LONG in self._prompt_text(p):
-                    raise PromptTooLongError("a prompt does not fit")
-        self._enter()
-        try:
-            results = []
-            for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
-                try:
-                    result = self._decode(prompt, p)
-                except PromptTooLongError as exc:
-                    result = GenerationResult("", [], "error", RequestStats(), error=str(exc))
-                for _ in range(result.stats.target_forwards):
-                    self._step()
-                results.append(result)
-                if on_result is not None:
-                    on_result(i, result)
-            return results
-        finally:
-            self._exit()
-
-    def stream(self, prompt, params=None):
-        params = params or SamplingParams()
-        self.stream_calls.append((prompt, params))
-        result = self._decode(prompt, params)
-        self._enter()
-        try:
-            pieces = [result.text[i : i + STEP] for i in range(0, len(result.text), STEP)] or [""]
-            for i, piece in enumerate(pieces):
-                self._step()
-                last = i == len(pieces) - 1
-                yield StreamChunk(
-                    text=piece,
-                    token_ids=[ord(c) for c in piece],
-                    finish_reason=result.finish_reason if last else None,
-                    stats=result.stats if last else None,
-                )
-        finally:
-            self._exit()
-
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        self.templates.append(messages)
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-        return self.tokenizer.encode(text)
+from langchain_spec import ChatSpeculative, GenerationTimeout, SpeculativeLLM, UnsupportedMessageError
+from spec_batch import ChatTemplateError, InvalidParameterError, PromptTooLongError, SamplingParams, loading
+from spec_batch.loading import factory
 
 
 def wait_until(condition, seconds: float = 5.0) -> bool:
@@ -194,11 +60,6 @@ class Tokens(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:
         self.errors.append(error)
-
-
-@pytest.fixture
-def fake() -> FakeDecoder:
-    return FakeDecoder()
 
 
 @pytest.fixture(autouse=True)
@@ -241,39 +102,57 @@ def test_unknown_or_invalid_parameters_are_errors(cls, bad):
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_decoder_excludes_model_arguments(cls, fake):
+def test_decoder_excludes_model_arguments(cls, fake_decoder):
     with pytest.raises(ValidationError, match="either decoder= or"):
-        cls(decoder=fake, target="HuggingFaceTB/SmolLM2-360M-Instruct")
+        cls(decoder=fake_decoder, target="HuggingFaceTB/SmolLM2-360M-Instruct")
     with pytest.raises(ValidationError, match="either decoder= or"):
-        cls(decoder=fake, draft="none")
+        cls(decoder=fake_decoder, draft="none")
     with pytest.raises(ValidationError, match="spec_batch Decoder"):
         cls(decoder=object())
-    model = cls(decoder=fake)
+    model = cls(decoder=fake_decoder)
     assert model._identifying_params["target"] == "fake-target"
     assert model._identifying_params["draft"] == "ngram"
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_standard_parameters_accepted(cls):
-    model = cls(temperature=0, max_tokens=100, timeout=60, stop=[], streaming=True)
-    assert model.timeout == 60 and model.streaming is True
+def test_standard_parameters_reach_the_decoder(cls, fake_decoder_cls):
+    """LangChain's standard fields do what they say: sampling fields become the core's SamplingParams, streaming
+    sends invoke's tokens to the callbacks, timeout stops a decode that runs longer."""
+    fake_decoder = fake_decoder_cls(step_delay=0.01)
+    fields = dict(temperature=0.5, max_tokens=100, top_p=0.9, top_k=7, seed=11, stop=["bold"], timeout=60)
+    expected = SamplingParams(max_new_tokens=100, temperature=0.5, top_p=0.9, top_k=7, seed=11, stop=["bold"])
+    text = lambda m: m if isinstance(m, str) else m.content  # noqa: E731
+
+    handler = Tokens()
+    out = cls(decoder=fake_decoder, streaming=True, **fields).invoke("x", config={"callbacks": [handler]})
+    assert text(out) == "Hello there, general. You are a "
+    assert fake_decoder.stream_calls[-1][1] == expected
+    assert "".join(handler.tokens) == text(out) and len(handler.tokens) > 1
+    handler = Tokens()
+    cls(decoder=fake_decoder, streaming=False, **fields).invoke("x", config={"callbacks": [handler]})
+    assert handler.tokens == []  # not streaming: callbacks get the result only
+    cls(decoder=fake_decoder, **fields).batch(["a", "b"])
+    assert fake_decoder.generate_calls[-1][1] == expected
+
+    with pytest.raises(GenerationTimeout, match="timeout=0.05"):
+        cls(decoder=fake_decoder, **{**fields, "timeout": 0.05}).invoke("x")
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_langchain_copies_and_configurable_fields(cls, fake):
+def test_langchain_copies_and_configurable_fields(cls, fake_decoder):
     from langchain_core.runnables import ConfigurableField
 
-    model = cls(decoder=fake, max_tokens=5).configurable_fields(max_tokens=ConfigurableField(id="max_tokens"))
+    model = cls(decoder=fake_decoder, max_tokens=5).configurable_fields(max_tokens=ConfigurableField(id="max_tokens"))
     out = model.with_config(configurable={"max_tokens": 2}).invoke("x")
     assert (out if isinstance(out, str) else out.content) == "He"
     assert cls(max_tokens=3).model_copy(update={"max_tokens": 4}).max_tokens == 4
-    out = cls(decoder=fake, max_tokens=3).with_retry().with_fallbacks([cls(decoder=fake)]).invoke("x")
+    out = cls(decoder=fake_decoder, max_tokens=3).with_retry().with_fallbacks([cls(decoder=fake_decoder)]).invoke("x")
     assert (out if isinstance(out, str) else out.content) == "Hel"
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_unknown_call_parameters_are_errors(cls, fake):
-    model = cls(decoder=fake)
+def test_unknown_call_parameters_are_errors(cls, fake_decoder):
+    model = cls(decoder=fake_decoder)
     with pytest.raises(InvalidParameterError, match="frequency_penalty"):
         model.invoke("hi", frequency_penalty=1.0)
     with pytest.raises(InvalidParameterError, match="target is fixed"):
@@ -284,19 +163,19 @@ def test_unknown_call_parameters_are_errors(cls, fake):
         model.invoke("hi", top_p=2.0)
     with pytest.raises(InvalidParameterError, match="timeout"):
         model.invoke("hi", timeout=-1)
-    assert fake.generate_calls == [] and fake.stream_calls == []
+    assert fake_decoder.generate_calls == [] and fake_decoder.stream_calls == []
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_construction_does_not_load_and_config_shares_one_decoder(cls, monkeypatch):
-    loads: list[dict] = []
+def test_construction_does_not_load_and_config_shares_one_decoder(cls, fake_decoder_cls, monkeypatch):
+    loads: list[tuple[tuple, dict]] = []
 
-    def fake_load(**kwargs):
-        loads.append(kwargs)
+    def fake_load(*args: Any, **kwargs: Any) -> Any:
+        loads.append((args, kwargs))
         time.sleep(0.05)  # wide window for a race
-        return FakeDecoder()
+        return fake_decoder_cls()
 
-    monkeypatch.setattr(_core, "load_decoder", fake_load)
+    monkeypatch.setattr(factory, "load_decoder", fake_load)
     a, b = cls(max_tokens=5), cls(max_tokens=7, temperature=0.5)  # sampling differs, models do not
     c = cls(draft="none")
     assert loads == []
@@ -307,24 +186,31 @@ def test_construction_does_not_load_and_config_shares_one_decoder(cls, monkeypat
     for t in threads:
         t.join()
     assert len(loads) == 1 and len({id(d) for d in results}) == 1
-    assert loads[0] == {"target": "default", "draft": "ngram", "device": "cpu", "dtype": None}
+    assert loads[0] == (
+        ("default", "ngram", torch.device("cpu"), torch.float32),
+        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None},
+    )
     assert c._get_decoder() is not a._get_decoder()
-    assert len(loads) == 2 and loads[1]["draft"] == "none"
-    # The LLM and the chat model of one configuration share it too.
+    assert len(loads) == 2 and loads[1][0][1] == "none"
+    # The LLM and the chat model of one configuration share it, and so does every other user of the process cache.
     other = (SpeculativeLLM if cls is ChatSpeculative else ChatSpeculative)()
-    assert other._get_decoder() is a._get_decoder()
+    assert other._get_decoder() is a._get_decoder() is loading.shared_decoder()
     cls(num_draft_tokens=4)._get_decoder()
-    assert loads[-1]["num_draft_tokens"] == 4
+    assert loads[-1][1]["num_draft_tokens"] == 4
+    # clear_decoder_cache (public) empties that one cache: the next call loads again.
+    n = len(loads)
+    langchain_spec.clear_decoder_cache()
+    assert a._get_decoder() is not results[0] and len(loads) == n + 1
 
 
 def test_failed_load_is_not_cached(monkeypatch):
     calls = []
 
-    def failing(**kwargs):
-        calls.append(kwargs)
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
         raise RuntimeError("no such model")
 
-    monkeypatch.setattr(_core, "load_decoder", failing)
+    monkeypatch.setattr(factory, "load_decoder", failing)
     llm = SpeculativeLLM(target="nope")
     for _ in range(2):
         with pytest.raises(RuntimeError, match="no such model"):
@@ -333,7 +219,7 @@ def test_failed_load_is_not_cached(monkeypatch):
 
 
 @pytest.mark.parametrize("cls,kind", [(SpeculativeLLM, "llm"), (ChatSpeculative, "chat")])
-def test_ls_params_and_identifying_params(cls, kind, fake):
+def test_ls_params_and_identifying_params(cls, kind, fake_decoder):
     model = cls(max_tokens=10, temperature=0.3, stop=["x"])
     ls = model._get_ls_params()
     assert ls["ls_provider"] == "spec_batch"
@@ -351,7 +237,7 @@ def test_ls_params_and_identifying_params(cls, kind, fake):
         "temperature": 0.3,
         "stop": ["x"],
     }
-    assert cls(decoder=fake)._get_ls_params()["ls_model_name"] == "fake-target"
+    assert cls(decoder=fake_decoder)._get_ls_params()["ls_model_name"] == "fake-target"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -359,10 +245,10 @@ def test_ls_params_and_identifying_params(cls, kind, fake):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_llm_invoke_and_metadata(fake):
-    llm = SpeculativeLLM(decoder=fake, max_tokens=12, temperature=0.7, top_p=0.9, top_k=5, seed=3)
-    assert llm.invoke("Say hi") == REPLY[:12]
-    (prompt, params) = fake.stream_calls[-1]
+def test_llm_invoke_and_metadata(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder, max_tokens=12, temperature=0.7, top_p=0.9, top_k=5, seed=3)
+    assert llm.invoke("Say hi") == fake_decoder.REPLY[:12]
+    (prompt, params) = fake_decoder.stream_calls[-1]
     assert prompt == "Say hi"  # a text prompt is used as given
     assert params == SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=[])
     result = llm.generate(["Say hi"])
@@ -379,34 +265,34 @@ def test_llm_invoke_and_metadata(fake):
     }
 
 
-def test_llm_per_call_overrides(fake):
-    llm = SpeculativeLLM(decoder=fake, max_tokens=12)
-    assert llm.invoke("x", max_tokens=4) == REPLY[:4]
-    assert fake.stream_calls[-1][1].max_new_tokens == 4
+def test_llm_per_call_overrides(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder, max_tokens=12)
+    assert llm.invoke("x", max_tokens=4) == fake_decoder.REPLY[:4]
+    assert fake_decoder.stream_calls[-1][1].max_new_tokens == 4
     llm.invoke("x", temperature=0.5, seed=9, top_k=2, top_p=0.5)
-    p = fake.stream_calls[-1][1]
+    p = fake_decoder.stream_calls[-1][1]
     assert (p.temperature, p.seed, p.top_k, p.top_p, p.max_new_tokens) == (0.5, 9, 2, 0.5, 12)
-    assert llm.bind(max_tokens=5).invoke("x") == REPLY[:5]
+    assert llm.bind(max_tokens=5).invoke("x") == fake_decoder.REPLY[:5]
 
 
-def test_llm_stop_sequences(fake):
-    llm = SpeculativeLLM(decoder=fake, stop=["general"])
+def test_llm_stop_sequences(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder, stop=["general"])
     assert llm.invoke("x") == "Hello there, "
-    assert fake.stream_calls[-1][1].stop == ["general"]
+    assert fake_decoder.stream_calls[-1][1].stop == ["general"]
     # A per-call stop replaces the instance's.
     assert llm.invoke("x", stop=["bold", "You"]) == "Hello there, general. "
-    assert fake.stream_calls[-1][1].stop == ["bold", "You"]
+    assert fake_decoder.stream_calls[-1][1].stop == ["bold", "You"]
     info = llm.generate(["x"]).generations[0][0].generation_info
     assert info["finish_reason"] == "stop"
 
 
-def test_llm_batch_is_one_core_call(fake):
-    llm = SpeculativeLLM(decoder=fake, max_tokens=8, batch_size=3)
+def test_llm_batch_is_one_core_call(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder, max_tokens=8, batch_size=3)
     handler = Tokens()
     out = llm.batch(["a", "bb", "ccc", "dddd"], config={"callbacks": [handler]})
-    assert out == [REPLY[:8]] * 4
-    assert len(fake.generate_calls) == 1 and fake.stream_calls == []
-    prompts, params = fake.generate_calls[0]
+    assert out == [fake_decoder.REPLY[:8]] * 4
+    assert len(fake_decoder.generate_calls) == 1 and fake_decoder.stream_calls == []
+    prompts, params = fake_decoder.generate_calls[0]
     assert prompts == ["a", "bb", "ccc", "dddd"]
     assert params.max_new_tokens == 8
     assert handler.starts == 4 and handler.ends == 4
@@ -414,14 +300,14 @@ def test_llm_batch_is_one_core_call(fake):
     assert result.llm_output["token_usage"] == {"prompt_tokens": 3, "completion_tokens": 16, "total_tokens": 19}
 
 
-def test_llm_stream_and_callbacks(fake):
-    llm = SpeculativeLLM(decoder=fake, max_tokens=10)
+def test_llm_stream_and_callbacks(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder, max_tokens=10)
     handler = Tokens()
     chunks = list(llm.stream("x", config={"callbacks": [handler]}))
     assert chunks == ["Hel", "lo ", "the", "r"]
     assert handler.tokens == chunks
     # streaming=True: invoke streams through the callbacks too, with the same text.
-    streaming = SpeculativeLLM(decoder=fake, max_tokens=10, streaming=True)
+    streaming = SpeculativeLLM(decoder=fake_decoder, max_tokens=10, streaming=True)
     handler = Tokens()
     assert streaming.invoke("x", config={"callbacks": [handler]}) == "Hello ther"
     assert handler.tokens == ["Hel", "lo ", "the", "r"]
@@ -433,29 +319,29 @@ def test_llm_stream_and_callbacks(fake):
     assert len(handler.tokens) == 4
 
 
-def test_llm_chain(fake):
-    chain = PromptTemplate.from_template("Q: {q}\nA:") | SpeculativeLLM(decoder=fake, max_tokens=5) | StrOutputParser()
+def test_llm_chain(fake_decoder):
+    chain = PromptTemplate.from_template("Q: {q}\nA:") | SpeculativeLLM(decoder=fake_decoder, max_tokens=5) | StrOutputParser()
     assert chain.invoke({"q": "why?"}) == "Hello"
-    assert fake.stream_calls[-1][0] == "Q: why?\nA:"
+    assert fake_decoder.stream_calls[-1][0] == "Q: why?\nA:"
     assert chain.batch([{"q": "1"}, {"q": "2"}]) == ["Hello", "Hello"]
-    assert len(fake.generate_calls) == 1
+    assert len(fake_decoder.generate_calls) == 1
 
 
-async def test_llm_async(fake):
-    llm = SpeculativeLLM(decoder=fake, max_tokens=6)
+async def test_llm_async(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder, max_tokens=6)
     assert await llm.ainvoke("x") == "Hello "
     assert await llm.abatch(["x", "y", "z"]) == ["Hello "] * 3
-    assert len(fake.generate_calls) == 1
+    assert len(fake_decoder.generate_calls) == 1
     handler = Tokens()
     chunks = [c async for c in llm.astream("x", config={"callbacks": [handler]})]
     assert "".join(chunks) == "Hello " and handler.tokens == chunks
 
 
-def test_llm_batch_error_and_return_exceptions(fake):
-    llm = SpeculativeLLM(decoder=fake)
+def test_llm_batch_error_and_return_exceptions(fake_decoder):
+    llm = SpeculativeLLM(decoder=fake_decoder)
     with pytest.raises(PromptTooLongError):
-        llm.batch(["ok", TOO_LONG])
-    out = llm.batch(["ok", TOO_LONG], return_exceptions=True)
+        llm.batch(["ok", fake_decoder.TOO_LONG])
+    out = llm.batch(["ok", fake_decoder.TOO_LONG], return_exceptions=True)
     assert all(isinstance(o, PromptTooLongError) for o in out)
 
 
@@ -465,16 +351,16 @@ def test_llm_batch_error_and_return_exceptions(fake):
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_timeout_raises_and_stops_the_decode(cls):
-    fake = FakeDecoder(step_delay=0.05)
-    model = cls(decoder=fake, timeout=0.12)
+def test_timeout_raises_and_stops_the_decode(cls, fake_decoder_cls):
+    fake_decoder = fake_decoder_cls(step_delay=0.05)
+    model = cls(decoder=fake_decoder, timeout=0.12)
     t0 = time.monotonic()
     with pytest.raises(GenerationTimeout, match="timeout=0.12"):
         model.invoke("x")
-    assert time.monotonic() - t0 < 0.5 * FULL_STEPS * 0.05  # well before the decode would end
-    time.sleep(FULL_STEPS * 0.05)  # by now an unstopped decode would have run all its steps
-    assert fake.steps_run < FULL_STEPS  # stopped after the step in progress
-    assert wait_until(lambda: fake.active == 0)  # the decoder is free again
+    assert time.monotonic() - t0 < 0.5 * fake_decoder.FULL_STEPS * 0.05  # well before the decode would end
+    time.sleep(fake_decoder.FULL_STEPS * 0.05)  # by now an unstopped decode would have run all its steps
+    assert fake_decoder.steps_run < fake_decoder.FULL_STEPS  # stopped after the step in progress
+    assert wait_until(lambda: fake_decoder.active == 0)  # the decoder is free again
     assert isinstance(GenerationTimeout("x"), TimeoutError)
     # A per-call timeout overrides; long enough, the call succeeds.
     out = model.invoke("x", timeout=5, max_tokens=3)
@@ -482,56 +368,56 @@ def test_timeout_raises_and_stops_the_decode(cls):
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_timeout_while_streaming(cls):
-    fake = FakeDecoder(step_delay=0.05)
-    model = cls(decoder=fake, timeout=0.12)
+def test_timeout_while_streaming(cls, fake_decoder_cls):
+    fake_decoder = fake_decoder_cls(step_delay=0.05)
+    model = cls(decoder=fake_decoder, timeout=0.12)
     got: list[Any] = []
     with pytest.raises(TimeoutError):
         for chunk in model.stream("x"):
             got.append(chunk)
-    assert 0 < len(got) < FULL_STEPS
-    assert wait_until(lambda: fake.active == 0)  # the decode stopped and let go of the decoder
+    assert 0 < len(got) < fake_decoder.FULL_STEPS
+    assert wait_until(lambda: fake_decoder.active == 0)  # the decode stopped and let go of the decoder
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_timeout_of_a_batch(cls):
-    fake = FakeDecoder(step_delay=0.02)
-    model = cls(decoder=fake, timeout=0.1)
+def test_timeout_of_a_batch(cls, fake_decoder_cls):
+    fake_decoder = fake_decoder_cls(step_delay=0.02)
+    model = cls(decoder=fake_decoder, timeout=0.1)
     with pytest.raises(TimeoutError):
         model.batch(["a", "b", "c"])
     out = model.batch(["a", "b", "c"], return_exceptions=True)
     assert all(isinstance(o, TimeoutError) for o in out)
-    assert len(fake.generate_calls) == 2  # the batch was not re-run per input
-    assert wait_until(lambda: fake.active == 0)
+    assert len(fake_decoder.generate_calls) == 2  # the batch was not re-run per input
+    assert wait_until(lambda: fake_decoder.active == 0)
 
 
-def test_closing_a_stream_stops_the_decode():
-    fake = FakeDecoder(step_delay=0.02)
-    stream = SpeculativeLLM(decoder=fake).stream("x")
+def test_closing_a_stream_stops_the_decode(fake_decoder_cls):
+    fake_decoder = fake_decoder_cls(step_delay=0.02)
+    stream = SpeculativeLLM(decoder=fake_decoder).stream("x")
     next(stream)
     stream.close()
-    time.sleep(FULL_STEPS * 0.02)
-    assert fake.steps_run < FULL_STEPS and fake.active == 0
+    time.sleep(fake_decoder.FULL_STEPS * 0.02)
+    assert fake_decoder.steps_run < fake_decoder.FULL_STEPS and fake_decoder.active == 0
 
 
-async def test_cancelling_an_async_call_stops_the_decode():
-    fake = FakeDecoder(step_delay=0.02)
-    chat = ChatSpeculative(decoder=fake)
+async def test_cancelling_an_async_call_stops_the_decode(fake_decoder_cls):
+    fake_decoder = fake_decoder_cls(step_delay=0.02)
+    chat = ChatSpeculative(decoder=fake_decoder)
     task = asyncio.create_task(chat.ainvoke("x"))
     await asyncio.sleep(0.07)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(FULL_STEPS * 0.02)
-    assert fake.steps_run < FULL_STEPS and fake.active == 0
+    await asyncio.sleep(fake_decoder.FULL_STEPS * 0.02)
+    assert fake_decoder.steps_run < fake_decoder.FULL_STEPS and fake_decoder.active == 0
     with pytest.raises(TimeoutError):
-        await ChatSpeculative(decoder=fake, timeout=0.05).ainvoke("x")
+        await ChatSpeculative(decoder=fake_decoder, timeout=0.05).ainvoke("x")
 
 
 @pytest.mark.parametrize("cls", MODELS)
-def test_many_threads_one_instance(cls):
-    fake = FakeDecoder(step_delay=0.001)
-    model = cls(decoder=fake, max_tokens=9)
+def test_many_threads_one_instance(cls, fake_decoder_cls):
+    fake_decoder = fake_decoder_cls(step_delay=0.001)
+    model = cls(decoder=fake_decoder, max_tokens=9)
     out: list[Any] = [None] * 8
     errors: list[BaseException] = []
 
@@ -553,10 +439,10 @@ def test_many_threads_one_instance(cls):
     text = lambda m: m if isinstance(m, str) else m.content  # noqa: E731
     for i, o in enumerate(out):
         if i % 2:
-            assert text(o) == REPLY[:9]
+            assert text(o) == fake_decoder.REPLY[:9]
         else:
-            assert [text(m) for m in o] == [REPLY[:9]] * 2
-    assert fake.max_active == 1  # the decoder ran one decode at a time
+            assert [text(m) for m in o] == [fake_decoder.REPLY[:9]] * 2
+    assert fake_decoder.max_active == 1  # the decoder ran one decode at a time
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -564,78 +450,87 @@ def test_many_threads_one_instance(cls):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_messages_to_chat_template(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+def test_messages_to_chat_template(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5)
     msg = chat.invoke(
         [
             SystemMessage("be brief"),
             HumanMessage("hi", name="ann"),
             AIMessage("hello"),
-            HumanMessage([{"type": "text", "text": "two "}, "parts"]),
+            HumanMessage([{"type": "text", "text": "two ", "index": 0}, "parts"]),  # LangChain's keys are dropped
             ToolMessage("42", tool_call_id="1"),
-            ChatMessage(role="critic", content="meh"),
+            ChatMessage(role="developer", content="meh"),
         ]
     )
-    assert fake.templates[-1] == [
+    assert fake_decoder.templates[-1] == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "two parts"},
         {"role": "tool", "content": "42"},
-        {"role": "critic", "content": "meh"},
+        {"role": "system", "content": "meh"},  # developer is the system role
     ]
     assert isinstance(msg, AIMessage) and msg.content == "Hello"
     # The prompt reaches the core as the template's token ids, not as text.
-    prompt = fake.stream_calls[-1][0]
-    assert isinstance(prompt, list) and prompt == fake.apply_chat_template(fake.templates[-1])
+    prompt = fake_decoder.stream_calls[-1][0]
+    assert isinstance(prompt, list) and prompt == fake_decoder.apply_chat_template(fake_decoder.templates[-1])
     # A plain string is one user turn.
     chat.invoke("hey")
-    assert fake.templates[-1] == [{"role": "user", "content": "hey"}]
+    assert fake_decoder.templates[-1] == [{"role": "user", "content": "hey"}]
 
 
 @pytest.mark.parametrize(
     "messages,match",
     [
-        ([HumanMessage([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])], "'image_url' content block"),
-        ([HumanMessage([{"type": "image", "base64": "AAAA", "mime_type": "image/png"}])], "'image' content block"),
-        ([AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1"}]), HumanMessage("x")], "tool calls"),
-        ([FunctionMessage(name="f", content="1")], "FunctionMessage"),
+        ([HumanMessage([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])],
+         r"messages\[0\]\.content\[0\]: content parts of type 'image_url' are not supported"),
+        ([HumanMessage("a"), HumanMessage(["b", {"type": "image", "base64": "AAAA", "mime_type": "image/png"}])],
+         r"messages\[1\]\.content\[1\]: content parts of type 'image' are not supported"),
+        ([SystemMessage("s"), ChatMessage(role="critic", content="meh")], r"messages\[1\]\.role: .*got 'critic'"),
+        ([AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1"}]), HumanMessage("x")],
+         r"messages\[0\]: is an AIMessage with tool calls"),
+        ([FunctionMessage(name="f", content="1")], r"messages\[0\]: is a FunctionMessage"),
     ],
 )
-def test_unsupported_messages_are_errors(fake, messages, match):
+def test_unsupported_messages_are_errors(fake_decoder, messages, match):
     with pytest.raises(UnsupportedMessageError, match=match):
-        ChatSpeculative(decoder=fake).invoke(messages)
-    assert issubclass(UnsupportedMessageError, ValueError)
+        ChatSpeculative(decoder=fake_decoder).invoke(messages)
+    assert issubclass(UnsupportedMessageError, ValueError) and issubclass(UnsupportedMessageError, ChatTemplateError)
+    assert fake_decoder.templates == [] and fake_decoder.stream_calls == []  # refused before the core
 
 
-def test_chat_tools_and_structured_output_are_not_offered(fake):
-    chat = ChatSpeculative(decoder=fake)
-    with pytest.raises(NotImplementedError):
+def test_chat_tools_and_structured_output_are_not_offered(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder)
+    with pytest.raises(NotImplementedError, match=r"does not support tool calling: bind_tools\(\), tool_choice"):
         chat.bind_tools([])
+    with pytest.raises(NotImplementedError, match=r"with_structured_output\(\)"):
+        chat.with_structured_output({"title": "answer", "type": "object", "properties": {}})
+    with pytest.raises(UnsupportedMessageError, match="tools: ChatSpeculative does not support tool calling"):
+        chat.get_num_tokens_from_messages([HumanMessage("x")], tools=[{"type": "function"}])
     with pytest.raises(InvalidParameterError, match="tool calling"):
         chat.invoke("x", tools=[{"type": "function"}])
 
 
-def test_chat_metadata(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=50)
+def test_chat_metadata(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=50)
     msg = chat.invoke("hi")
-    prompt_len = len(fake.apply_chat_template([{"role": "user", "content": "hi"}]))
-    assert msg.content == REPLY
+    prompt_len = len(fake_decoder.apply_chat_template([{"role": "user", "content": "hi"}]))
+    assert msg.content == fake_decoder.REPLY
     assert msg.usage_metadata == {
         "input_tokens": prompt_len,
-        "output_tokens": len(REPLY),
-        "total_tokens": prompt_len + len(REPLY),
+        "output_tokens": len(fake_decoder.REPLY),
+        "total_tokens": prompt_len + len(fake_decoder.REPLY),
     }
     md = msg.response_metadata
     assert md["model_name"] == "fake-target" and md["finish_reason"] == "stop" and md["draft_name"] == "ngram"
     stats = md["speculative_stats"]
     assert set(stats) >= {"draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_step", "target_forwards"}
     assert chat.get_num_tokens_from_messages([HumanMessage("hi")]) == prompt_len
-    assert chat.get_num_tokens("abc") == 3  # the target's tokenizer, not GPT-2's
+    assert chat.get_num_tokens("123456789 987654321") == 2  # the target's tokenizer (ids as numbers), not GPT-2's
 
 
-def test_chat_stream(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=7)
+def test_chat_stream(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=7)
     handler = Tokens()
     chunks = list(chat.stream("hi", config={"callbacks": [handler]}))
     assert [c.content for c in chunks] == ["Hel", "lo ", "t"]
@@ -649,26 +544,26 @@ def test_chat_stream(fake):
     assert full.response_metadata["finish_reason"] == "length"
     # streaming=True: invoke goes through the stream and the callbacks see each chunk.
     handler = Tokens()
-    msg = ChatSpeculative(decoder=fake, max_tokens=7, streaming=True).invoke("hi", config={"callbacks": [handler]})
+    msg = ChatSpeculative(decoder=fake_decoder, max_tokens=7, streaming=True).invoke("hi", config={"callbacks": [handler]})
     assert msg.content == "Hello t" and handler.tokens[:3] == ["Hel", "lo ", "t"]
     assert msg.response_metadata["speculative_stats"]["output_tokens"] == 7
 
 
-def test_chat_stop(fake):
-    chat = ChatSpeculative(decoder=fake, stop=["there"])
+def test_chat_stop(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, stop=["there"])
     assert chat.invoke("hi").content == "Hello "
     assert chat.invoke("hi", stop=["."]).content == "Hello there, general"
     assert "".join(c.content for c in chat.stream("hi", stop=["."])) == "Hello there, general"
 
 
-def test_chat_batch_is_one_core_call_with_per_input_callbacks(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+def test_chat_batch_is_one_core_call_with_per_input_callbacks(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5)
     handler = Tokens()
     inputs = ["one", [HumanMessage("two")], [SystemMessage("s"), HumanMessage("three")]]
     out = chat.batch(inputs, config={"callbacks": [handler]})
     assert [m.content for m in out] == ["Hello"] * 3
-    assert len(fake.generate_calls) == 1 and fake.stream_calls == []
-    prompts, params = fake.generate_calls[0]
+    assert len(fake_decoder.generate_calls) == 1 and fake_decoder.stream_calls == []
+    prompts, params = fake_decoder.generate_calls[0]
     assert len(prompts) == 3 and all(isinstance(p, list) for p in prompts)
     assert params.max_new_tokens == 5
     assert handler.starts == 3 and handler.ends == 3
@@ -677,65 +572,65 @@ def test_chat_batch_is_one_core_call_with_per_input_callbacks(fake):
     # Per-call kwargs and stop reach the batched call.
     out = chat.batch(["a", "b"], stop=["l"], max_tokens=9)
     assert [m.content for m in out] == ["He", "He"]
-    assert fake.generate_calls[-1][1].stop == ["l"] and fake.generate_calls[-1][1].max_new_tokens == 9
+    assert fake_decoder.generate_calls[-1][1].stop == ["l"] and fake_decoder.generate_calls[-1][1].max_new_tokens == 9
     # generate() with many message lists is one call too.
     result = chat.generate([[HumanMessage("a")], [HumanMessage("b")]])
-    assert len(fake.generate_calls) == 3 and len(result.generations) == 2
+    assert len(fake_decoder.generate_calls) == 3 and len(result.generations) == 2
     # Duplicate prompts each get their own result.
     assert [m.content for m in chat.batch(["same", "same", "same"])] == ["Hello"] * 3
-    assert len(fake.generate_calls) == 4 and fake.stream_calls == []
+    assert len(fake_decoder.generate_calls) == 4 and fake_decoder.stream_calls == []
 
 
-def test_chat_batch_errors_stay_per_input(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+def test_chat_batch_errors_stay_per_input(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5)
     image = [HumanMessage([{"type": "image", "url": "u"}])]
-    out = chat.batch(["fine", TOO_LONG, image, "also fine"], return_exceptions=True)
+    out = chat.batch(["fine", fake_decoder.TOO_LONG, image, "also fine"], return_exceptions=True)
     assert out[0].content == "Hello" and out[3].content == "Hello"
     assert isinstance(out[1], PromptTooLongError)
     assert isinstance(out[2], UnsupportedMessageError)
-    assert len(fake.generate_calls) == 1  # the good prompts were still decoded together
+    assert len(fake_decoder.generate_calls) == 1  # the good prompts were still decoded together
     with pytest.raises(PromptTooLongError):
-        chat.batch(["fine", TOO_LONG])
+        chat.batch(["fine", fake_decoder.TOO_LONG])
     out = chat.batch(["a", "b"], top_p=5.0, return_exceptions=True)
     assert all(isinstance(o, InvalidParameterError) for o in out)
 
 
-def test_chat_batch_with_streaming_true_is_still_one_call(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=5, streaming=True)
+def test_chat_batch_with_streaming_true_is_still_one_call(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5, streaming=True)
     handler = Tokens()
     out = chat.batch(["a", "b", "c"], config={"callbacks": [handler]})
     assert [m.content for m in out] == ["Hello"] * 3
-    assert len(fake.generate_calls) == 1 and fake.stream_calls == []
+    assert len(fake_decoder.generate_calls) == 1 and fake_decoder.stream_calls == []
     assert handler.tokens == ["Hello"] * 3  # each result reaches the callbacks as one chunk
 
 
-def test_chat_batch_with_cache_uses_the_cache(fake):
+def test_chat_batch_with_cache_uses_the_cache(fake_decoder):
     from langchain_core.caches import InMemoryCache
 
-    chat = ChatSpeculative(decoder=fake, max_tokens=5, cache=InMemoryCache())
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5, cache=InMemoryCache())
     assert [m.content for m in chat.batch(["a", "b"])] == ["Hello", "Hello"]
     assert [m.content for m in chat.batch(["a", "b"])] == ["Hello", "Hello"]
-    assert len(fake.stream_calls) == 2 and fake.generate_calls == []  # second batch answered by the cache
+    assert len(fake_decoder.stream_calls) == 2 and fake_decoder.generate_calls == []  # second batch answered by the cache
 
 
-def test_chat_chain(fake):
+def test_chat_chain(fake_decoder):
     prompt = ChatPromptTemplate.from_messages([("system", "You are terse."), ("human", "{q}")])
-    chain = prompt | ChatSpeculative(decoder=fake, max_tokens=5) | StrOutputParser()
+    chain = prompt | ChatSpeculative(decoder=fake_decoder, max_tokens=5) | StrOutputParser()
     assert chain.invoke({"q": "hi"}) == "Hello"
-    assert fake.templates[-1] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    assert fake_decoder.templates[-1] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
     assert chain.batch([{"q": "a"}, {"q": "b"}]) == ["Hello", "Hello"]
-    assert len(fake.generate_calls) == 1
+    assert len(fake_decoder.generate_calls) == 1
     assert "".join(chain.stream({"q": "hi"})) == "Hello"
 
 
-async def test_chat_async(fake):
-    chat = ChatSpeculative(decoder=fake, max_tokens=5)
+async def test_chat_async(fake_decoder):
+    chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5)
     msg = await chat.ainvoke("hi")
     assert msg.content == "Hello" and msg.usage_metadata["output_tokens"] == 5
     out = await chat.abatch(["a", "b", "c"])
-    assert [m.content for m in out] == ["Hello"] * 3 and len(fake.generate_calls) == 1
+    assert [m.content for m in out] == ["Hello"] * 3 and len(fake_decoder.generate_calls) == 1
     out = await chat.agenerate([[HumanMessage("a")], [HumanMessage("b")]])
-    assert len(fake.generate_calls) == 2 and len(out.generations) == 2
+    assert len(fake_decoder.generate_calls) == 2 and len(out.generations) == 2
 
     class AsyncTokens(AsyncCallbackHandler):
         tokens: list[str] = []
