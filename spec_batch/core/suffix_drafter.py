@@ -1,0 +1,169 @@
+"""Suffix drafting (SuffixDecoding, arXiv 2411.04975): each row's own prompt + output, and the outputs of the
+other requests of its job, indexed by `SuffixIndex`; a row is offered the most frequent continuation of the
+longest suffix of its tokens that occurred before, with a count-based confidence per draft token.
+
+In a bulk job the requests are independent: the job memory only changes what is drafted, never an output.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+from .drafters import Draft, DraftRow
+from .suffix_index import SuffixDraft, SuffixIndex
+
+DEFAULT_MAX_DEPTH = 48  # trie depth: match length + draft length fit in it
+
+
+class JobMemory:
+    """A job's outputs, finished and in flight, in one index; the oldest outputs are dropped whole once the
+    index holds more than max_tokens. Safe to share between threads; one per job, dropped when the job ends."""
+
+    def __init__(self, max_tokens: int = 50_000, max_depth: int = DEFAULT_MAX_DEPTH):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.index = SuffixIndex(max_depth)
+        self._order: OrderedDict[int, None] = OrderedDict()  # sequence ids, oldest first
+        self._next_id = 0
+        self._lock = threading.Lock()
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """A finished output (for example one of the job's stored outputs, to warm the memory)."""
+        key = self.open()
+        self.extend(key, tokens)
+        self.close(key)
+
+    def open(self) -> int:
+        """A new output in flight; returns its key for extend and close."""
+        with self._lock:
+            key = self._next_id
+            self._next_id += 1
+            self._order[key] = None
+            return key
+
+    def extend(self, key: int, tokens: Sequence[int]) -> None:
+        """Appends an output's new tokens (ignored once the output was evicted)."""
+        if not tokens:
+            return
+        with self._lock:
+            if key not in self._order:
+                return
+            self.index.extend(key, tokens)
+            while self.index.num_tokens > self.max_tokens and len(self._order) > 1:
+                oldest = next(iter(self._order))
+                if oldest == key:  # never the output being written; the next oldest goes instead
+                    oldest = list(self._order)[1]
+                del self._order[oldest]
+                self.index.remove(oldest)
+
+    def close(self, key: int) -> None:
+        with self._lock:
+            self.index.close(key)
+
+    def draft(self, context: Sequence[int], max_tokens: int, **kwargs) -> SuffixDraft:
+        with self._lock:
+            return self.index.draft(context, max_tokens=max_tokens, **kwargs)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.index.num_tokens
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+@dataclass
+class _RowState:
+    row: DraftRow  # kept to read the row's final tokens when it leaves the batch
+    index: SuffixIndex  # this row's prompt + output
+    seen: int  # tokens of row.tokens in `index`
+    prompt_len: int
+    memory_key: int | None  # this row's output in the job memory
+
+
+class SuffixDrafter:
+    """Proposes, per row, the better of two continuations (higher expected accepted length, then the longer
+    match): one from the row's own prompt + output, one from the job memory. No model forward: it is free."""
+
+    name = "suffix"
+    has_probs = False
+    free = True
+    # like the n-gram drafter: every step checks the proposal for free, so a row starts skeptical and earns
+    # long drafts by matching
+    initial_acceptance = (0.2, 2.0)
+
+    def __init__(
+        self,
+        memory: JobMemory | None = None,
+        *,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+    ):
+        if memory is not None and memory.index.max_depth != max_depth:
+            raise ValueError(f"the job memory's depth {memory.index.max_depth} differs from max_depth={max_depth}")
+        self.memory = memory
+        self.max_depth = max_depth
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self._rows: list[_RowState] = []
+        self._cached: list[SuffixDraft] = []
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        for row in rows:
+            prompt_len = len(row.tokens) - row.n_generated
+            key = self.memory.open() if self.memory is not None else None
+            self._rows.append(_RowState(row, SuffixIndex(self.max_depth), 0, prompt_len, key))
+        self._cached = []
+
+    def _sync(self, state: _RowState) -> None:
+        tokens = state.row.tokens
+        if state.seen < len(tokens):
+            state.index.extend(0, tokens[state.seen :])
+            if state.memory_key is not None:
+                self.memory.extend(state.memory_key, tokens[max(state.seen, state.prompt_len) :])  # type: ignore[union-attr]
+            state.seen = len(tokens)
+
+    def _draft(self, state: _RowState, max_tokens: int) -> SuffixDraft:
+        if max_tokens <= 0:
+            return SuffixDraft()
+        self._sync(state)
+        options = dict(
+            max_match=max(1, self.max_depth - max_tokens),
+            max_spec_factor=self.max_spec_factor,
+            min_token_prob=self.min_token_prob,
+        )
+        context = state.row.tokens[-self.max_depth :]
+        best = state.index.draft(context, max_tokens=max_tokens, **options)
+        if self.memory is not None:
+            shared = self.memory.draft(context, max_tokens, **options)
+            if (shared.score, shared.match_len) > (best.score, best.match_len):
+                best = shared
+        return best
+
+    def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
+        self._cached = [self._draft(state, k_max) for state in self._rows]
+        return [len(d.tokens) for d in self._cached]
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        if len(self._cached) != len(rows):
+            self.available(rows, max(k, default=0))
+        return Draft(
+            tokens=[d.tokens[:kb] for d, kb in zip(self._cached, k)],
+            confidence=[d.probs[:kb] for d, kb in zip(self._cached, k)],
+        )
+
+    def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
+        self._cached = []
+
+    def keep_rows(self, keep: list[int]) -> None:
+        kept = set(keep)
+        for b, state in enumerate(self._rows):
+            if b not in kept and state.memory_key is not None:
+                self._sync(state)  # the last step's tokens, EOS included, go into the job memory too
+                self.memory.close(state.memory_key)  # type: ignore[union-attr]
+        self._rows = [self._rows[i] for i in keep]
+        self._cached = []
