@@ -169,14 +169,88 @@ FREE = [
     "What is the water cycle? Explain it simply.",
 ]
 
-SETS: dict[str, list[str]] = {"edits": EDITS, "json": JSON, "code": CODE, "free": FREE}
+# ---------------------------------------------------------------- templated reports (one bulk job)
+
+# A bulk job fills the same instructions with different fields: the outputs share structure and phrasing across
+# requests, which a job-wide memory of outputs can draft from. Run as one job, in this order (templates mixed).
+_STATUS = (
+    "Write a weekly status report for the {team} team using exactly these sections: Summary, Completed this "
+    "week, Planned for next week, Risks. Keep it factual and under 150 words.\n"
+    "Completed: {done}\nPlanned: {planned}\nRisks: {risks}"
+)
+_PRODUCT = (
+    "Write a product description for our online shop. Start with the product name as a heading, then one "
+    "sentence on who it is for, then a bullet list of the key features, then one line with the price.\n"
+    "Product: {name}\nFor: {audience}\nFeatures: {features}\nPrice: {price}"
+)
+_SUPPORT = (
+    "Write a reply to a customer support ticket. Greet the customer by name, apologize for the problem, "
+    "explain the next steps in a numbered list, and end with our standard sign-off: "
+    "\"Kind regards, the Brightline Support Team\".\n"
+    "Customer: {customer}\nProblem: {problem}\nNext steps: {steps}"
+)
+
+_STATUS_FIELDS = [
+    ("Payments", "migrated the invoice service to the new database; fixed the duplicate refund bug",
+     "load test the checkout flow; start the currency conversion work", "the bank API sandbox is unstable"),
+    ("Mobile", "released version 4.2 to the app stores; added dark mode to the settings screen",
+     "fix crash reports from older Android phones; review the onboarding design", "one developer is on leave"),
+    ("Data Platform", "moved the nightly jobs to the new scheduler; cut storage costs by 15 percent",
+     "document the new pipelines; add alerts for late jobs", "the old cluster must be shut down by the 30th"),
+    ("Search", "improved ranking for product names; reduced query latency to 120 ms",
+     "add spelling suggestions; run an A/B test on the new ranking", "the test traffic may be too low"),
+    ("Security", "rotated all service credentials; finished the phishing training for new hires",
+     "review third-party access; update the incident response plan", "two audits fall in the same week"),
+    ("Customer Success", "onboarded five new enterprise customers; closed 140 tickets",
+     "prepare the quarterly business reviews; update the help center articles", "ticket volume is rising"),
+    ("Infrastructure", "upgraded the load balancers; removed unused virtual machines",
+     "test the disaster recovery plan; patch the database servers", "the patch window is short"),
+    ("Marketing", "launched the spring campaign; published two customer case studies",
+     "plan the webinar series; refresh the pricing page", "the agency contract ends next month"),
+]
+_PRODUCT_FIELDS = [
+    ("TrailLite 2 Tent", "hikers who want a light shelter", "weighs 1.2 kg; sets up in five minutes; two doors", "189 EUR"),
+    ("AquaPure Bottle", "commuters and gym goers", "filters tap water; keeps drinks cold for 24 hours; 750 ml", "35 EUR"),
+    ("QuietDesk Fan", "people working from home", "almost silent; three speeds; USB powered", "29 EUR"),
+    ("ChefPro Knife Set", "home cooks", "five stainless steel knives; wooden block; dishwasher safe", "120 EUR"),
+    ("SleepWell Pillow", "side sleepers", "memory foam; washable cover; keeps its shape", "59 EUR"),
+    ("PixelFrame", "families who share photos", "10 inch screen; Wi-Fi photo sharing; motion sensor", "99 EUR"),
+    ("RunTrack Watch", "runners training for a race", "GPS tracking; heart rate monitor; 7-day battery", "149 EUR"),
+    ("BrewMate Kettle", "tea lovers", "five temperature settings; keep-warm mode; 1.7 litres", "69 EUR"),
+]
+_SUPPORT_FIELDS = [
+    ("Anna Berg", "she was charged twice for her March subscription",
+     "we refund the second charge; the refund appears within 5 days; we add a free month"),
+    ("David Kim", "his order arrived with a broken screen",
+     "he sends a photo of the damage; we ship a replacement; he returns the broken unit with our label"),
+    ("Maria Lopez", "she cannot log in after changing her email address",
+     "we reset her login; she confirms the new address; she sets a new password"),
+    ("Tom Fischer", "the app crashes when he uploads a photo",
+     "he updates the app to the latest version; he sends us the crash report; we follow up within 2 days"),
+    ("Priya Shah", "her delivery is a week late",
+     "we contact the carrier; we send her the new delivery date; we refund the shipping cost"),
+    ("Lukas Meyer", "he received the wrong size of shoes",
+     "he returns the shoes with our label; we send the right size; the exchange is free"),
+    ("Sofia Rossi", "her discount code was not applied at checkout",
+     "we apply the discount as a refund; she receives a confirmation email; the code stays valid"),
+    ("James Carter", "he wants to cancel his subscription but cannot find the button",
+     "we cancel it for him; he receives a confirmation; his data is kept for 30 days"),
+]
+
+_STATUS_PROMPTS = [_STATUS.format(team=t, done=d, planned=p, risks=r) for t, d, p, r in _STATUS_FIELDS]
+_PRODUCT_PROMPTS = [_PRODUCT.format(name=n, audience=a, features=f, price=p) for n, a, f, p in _PRODUCT_FIELDS]
+_SUPPORT_PROMPTS = [_SUPPORT.format(customer=c, problem=p, steps=s) for c, p, s in _SUPPORT_FIELDS]
+TEMPLATED = [p for group in zip(_STATUS_PROMPTS, _PRODUCT_PROMPTS, _SUPPORT_PROMPTS) for p in group]
+
+SETS: dict[str, list[str]] = {"edits": EDITS, "json": JSON, "code": CODE, "free": FREE, "templated": TEMPLATED}
 
 # max_new_tokens per set: long enough that copying dominates where the answer copies the prompt
-MAX_NEW_TOKENS: dict[str, int] = {"edits": 160, "json": 160, "code": 128, "free": 64}
+MAX_NEW_TOKENS: dict[str, int] = {"edits": 160, "json": 160, "code": 128, "free": 64, "templated": 160}
 
 DESCRIPTIONS: dict[str, str] = {
     "edits": "edits/rewrites of a supplied paragraph, email, list or code (the answer copies the input)",
     "json": "JSON/templated output filled from supplied fields, tables, CSV, YAML",
     "code": "complete or modify a supplied function",
     "free": "free-form questions and short essays (nothing to copy)",
+    "templated": "one bulk job of 24 templated reports (status reports, product descriptions, support replies)",
 }
