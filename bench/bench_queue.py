@@ -37,7 +37,7 @@ from datetime import timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "workers"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from prompts import SETS  # noqa: E402

@@ -5,8 +5,10 @@ The decoding core never reads the environment; only the CLI, the runner's caller
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from platformdirs import user_cache_dir
 
@@ -35,6 +37,7 @@ class Settings:
     chunk_size: int = DEFAULT_CHUNK_SIZE  # requests per task (spec-batch submit --chunk-size)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # a request whose worker was lost this many times fails
     torch_threads: int | None = None  # per worker process; None: all cores / concurrency
+    device: str | None = None  # workers' device (cpu, cuda, cuda:1); None: cuda when available, else cpu
     # Decoder options of queue workers (load_decoder's num_draft_tokens / adaptive).
     num_draft_tokens: int = 8
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
@@ -79,6 +82,61 @@ def get_settings() -> Settings:
         chunk_size=_int_env("SPEC_BATCH_CHUNK_SIZE", DEFAULT_CHUNK_SIZE),
         max_attempts=_int_env("SPEC_BATCH_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS),
         torch_threads=_int_env("SPEC_BATCH_TORCH_THREADS", 0) or None,
+        device=os.environ.get("SPEC_BATCH_DEVICE") or None,
         num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 8),
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
     )
+
+
+# Query parameters whose value is a secret (libpq's password=, redis' ?password=, tokens): masked when shown.
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
+MASK = "***"
+_MIN_FREE_TEXT_SECRET = 3  # shorter "secrets" are not masked inside free text (they would garble it)
+
+
+def _is_secret(name: str) -> bool:
+    return bool(_SECRET_PARAM.search(name))
+
+
+def shown_url(url: str) -> str:
+    """A URL as it may be printed: the password of ``user:pw@`` and secret query parameters masked."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK
+    shown = url
+    if parts.password is not None:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        shown = shown.replace(parts.netloc, f"{userinfo.partition(':')[0]}:{MASK}@{host}", 1)
+    if parts.query:
+        query = "&".join(
+            f"{k}={MASK}" if sep and _is_secret(k) else f"{k}{sep}{v}"
+            for k, sep, v in (p.partition("=") for p in parts.query.split("&"))
+        )
+        head, _, _ = shown.partition("?")
+        shown = f"{head}?{query}" + (f"#{parts.fragment}" if parts.fragment else "")
+    return shown
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets written in a URL (the password of ``user:pw@``, the values of secret query parameters),
+    raw and percent-decoded, longest first."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [parts.password] if parts.password else []
+    found += [v for k, _, v in (p.partition("=") for p in parts.query.split("&")) if _is_secret(k) and v]
+    found += [unquote(s) for s in found]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact(text: str, *urls: str | None) -> str:
+    """`text` with each of `urls` shown masked (shown_url) and their secrets masked wherever else they appear
+    (a driver's error may quote a password): for any message that may name the database or the broker."""
+    for url in filter(None, urls):
+        text = text.replace(url, shown_url(url))
+        for secret in url_secrets(url):
+            if len(secret) >= _MIN_FREE_TEXT_SECRET:
+                text = text.replace(secret, MASK)
+    return text

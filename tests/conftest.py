@@ -11,6 +11,7 @@ Keep this file to fixtures that are generally useful; test-specific helpers live
 - ``hf_greedy(model, ids, n, eos_token_id=None)``: Hugging Face ``generate`` greedy continuation (the oracle).
 - ``default_decoder``: ``load_decoder("default", "ngram")``, session-scoped (tests using it are ``slow``).
 - ``fake_decoder`` / ``fake_decoder_cls``: the Decoder interface without a model (tests of what wraps the core).
+- Database fixtures (``db_url``, ``empty_db_url``, ``pg_admin``, ``pg_url``): tests/db_fixtures.py.
 """
 from __future__ import annotations
 
@@ -23,8 +24,18 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_batch import GenerationResult, PromptTooLongError, RequestStats, SamplingParams, StreamChunk
+from spec_batch import (
+    ChatTemplateError,
+    GenerationResult,
+    PromptTooLongError,
+    RequestStats,
+    SamplingParams,
+    StreamChunk,
+)
 from spec_batch.loading import build_decoder
+
+# Database fixtures (SQLite and PostgreSQL) for the jobs, store, CLI and worker tests.
+pytest_plugins = ["db_fixtures"]
 
 CPU = torch.device("cpu")
 
@@ -216,10 +227,14 @@ class FakeDecoder:
     Like the real decoder it runs one decode at a time (`max_active` records the most at once) and honours
     `should_stop` after every step (rows not finished end "cancelled"). It records its calls (generate_calls,
     stream_calls, templates) and steps (steps_run); `step_delay` seconds per step make time-outs testable.
+    For the job tests: messages containing BAD_TEMPLATE make the chat template fail; `interrupt_after=n` raises
+    KeyboardInterrupt (a Ctrl-C) after n results; `without_speculation()` is the same fake with the "none"
+    drafter (the same text, one token per step, nothing drafted).
     """
 
     REPLY = "Hello there, general. You are a bold one."
     TOO_LONG = "TOO LONG"
+    BAD_TEMPLATE = "BAD TEMPLATE"
     STEP = 3  # tokens accepted per step (2 accepted draft tokens + 1 bonus)
     FULL_STEPS = -(-len(REPLY) // STEP)  # steps of a decode that runs to its end
 
@@ -228,9 +243,12 @@ class FakeDecoder:
     device = "cpu"
     max_context = 4096
 
-    def __init__(self, step_delay: float = 0.0) -> None:
+    def __init__(self, step_delay: float = 0.0, *, draft_name: str = "ngram", interrupt_after: int | None = None) -> None:
         self.tokenizer = FakeTokenizer()  # for token counting only; the prompts' token ids are characters
         self.step_delay = step_delay
+        self.draft_name = draft_name
+        self.interrupt_after = interrupt_after
+        self.results_given = 0
         self.generate_calls: list[tuple[list[Any], Any]] = []
         self.stream_calls: list[tuple[Any, SamplingParams]] = []
         self.templates: list[list[dict]] = []
@@ -254,6 +272,10 @@ class FakeDecoder:
         cuts = [out.find(s) for s in params.stop if s in out]
         if cuts:
             out, reason = out[: min(cuts)], "stop"
+        if self.draft_name == "none":  # no speculation: one token per step
+            steps = max(1, len(out))
+            stats = RequestStats(prompt_tokens=len(text), output_tokens=len(out), target_forwards=steps)
+            return GenerationResult(text=out, token_ids=[ord(c) for c in out], finish_reason=reason, stats=stats)
         steps = max(1, -(-len(out) // self.STEP))
         stats = RequestStats(
             prompt_tokens=len(text),
@@ -291,6 +313,8 @@ class FakeDecoder:
         try:
             results = []
             for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
+                if self.interrupt_after is not None and self.results_given >= self.interrupt_after:
+                    raise KeyboardInterrupt
                 try:
                     result = self._decode(prompt, p)
                 except PromptTooLongError as exc:
@@ -302,6 +326,7 @@ class FakeDecoder:
                         break
                     self._step()
                 results.append(result)
+                self.results_given += 1
                 if on_result is not None:
                     on_result(i, result)
             return results
@@ -330,7 +355,12 @@ class FakeDecoder:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         self.templates.append(messages)
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        if self.BAD_TEMPLATE in text:
+            raise ChatTemplateError(f"the fake chat template rejects {self.BAD_TEMPLATE!r}")
         return [ord(c) for c in text]
+
+    def without_speculation(self) -> "FakeDecoder":
+        return type(self)(self.step_delay, draft_name="none")
 
 
 @pytest.fixture

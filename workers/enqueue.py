@@ -1,6 +1,6 @@
 """Submitting jobs to the queue and re-enqueueing them (``spec-batch submit``, ``spec-batch resume`` of a queue job).
 
-Order of operations (DESIGN.md: enqueue only after the job rows are committed):
+Order of operations (docs/architecture.md: enqueue only after the job rows are committed):
 
 1. the broker is checked first: Redis down -> :class:`BrokerUnavailableError` and no job is created;
 2. the file is validated and the job and its requests are stored (``spec_batch.jobs.create_job_from_file``),
@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, exists, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.errors import SpecBatchError
-from spec_batch.settings import get_settings
-from spec_batch.store import queries
+from spec_batch.jobs import create_job_from_file
+from spec_batch.settings import get_settings, shown_url
 from spec_batch.store import chunks as qstore
-from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING, Job, utcnow
+from spec_batch.store import queries
+from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING
 
 from .lease import broker_epoch
+from .publish import publish_chunk
 from .routing import queue_name
 
 log = logging.getLogger("spec_batch.workers.enqueue")
@@ -47,15 +47,6 @@ class PartialEnqueueError(SpecBatchError):
         self.total = total
 
 
-def _shown(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
-
-
 def check_broker(broker_url: str | None = None) -> str:
     """The broker's epoch; a clear error when it cannot be reached."""
     broker_url = broker_url or get_settings().broker_url
@@ -63,7 +54,7 @@ def check_broker(broker_url: str | None = None) -> str:
         return broker_epoch(broker_url)
     except Exception as exc:
         raise BrokerUnavailableError(
-            f"cannot reach the broker at {_shown(broker_url)} ({exc.__class__.__name__}: {exc}); start Redis "
+            f"cannot reach the broker at {shown_url(broker_url)} ({exc.__class__.__name__}: {exc}); start Redis "
             f"or point SPEC_BATCH_BROKER_URL at it"
         ) from exc
 
@@ -84,8 +75,6 @@ class SubmitResult:
 def _publish(
     chunks: list[tuple[str, str]], factory: sessionmaker[Session], epoch: str, broker_url: str | None = None
 ) -> tuple[int, Exception | None]:
-    from .tasks import publish_chunk
-
     done: list[str] = []
     error: Exception | None = None
     for chunk_id, queue in chunks:
@@ -117,8 +106,6 @@ def submit_file(
     broker_url: str | None = None,
 ) -> SubmitResult:
     """Validates and stores the job, then publishes its chunks. See the module docstring."""
-    from spec_batch.jobs import create_job_from_file
-
     settings = get_settings()
     chunk_size = chunk_size or settings.chunk_size
     if chunk_size < 1:
@@ -158,33 +145,13 @@ def submit_file(
 
 
 def _delete_unpublished_job(factory: sessionmaker[Session], job_id: str) -> bool:
-    """Deletes a job none of whose chunks was ever published or started (one conditional DELETE)."""
-    touched = exists().where(
-        qstore.QueueChunk.job_id == job_id,
-        or_(qstore.QueueChunk.epoch.is_not(None), qstore.QueueChunk.state != qstore.CHUNK_QUEUED),
-    )
+    """Deletes a job none of whose chunks was ever published or started."""
     try:
         with factory.begin() as s:
-            res = s.execute(
-                delete(Job).where(Job.id == job_id, ~touched).execution_options(synchronize_session=False)
-            )
-            return res.rowcount == 1
+            return qstore.delete_unpublished_job(s, job_id)
     except Exception as exc:  # pragma: no cover - the database went away too
         log.warning("could not delete the unpublished job %s: %s", job_id, exc)
         return False
-
-
-def orphan_request_ids(session: Session, job_id: str) -> list[int]:
-    """Open requests of the job that no live (queued or running) chunk covers."""
-    covered: set[int] = set()
-    for ids in session.scalars(
-        select(qstore.QueueChunk.request_ids).where(
-            qstore.QueueChunk.job_id == job_id,
-            qstore.QueueChunk.state.in_((qstore.CHUNK_QUEUED, qstore.CHUNK_RUNNING)),
-        )
-    ):
-        covered.update(int(i) for i in ids)
-    return [i for i in queries.open_request_ids(session, job_id) if i not in covered]
 
 
 @dataclass
@@ -214,26 +181,20 @@ def enqueue_job(
         if job.status in JOB_TERMINAL:
             return EnqueueReport(job_id, job.status)
         queue = job.queue or queue_name(job.target, job.drafter)
-        if job.queue is None:
-            job.queue = queue
         size = chunk_size or job.chunk_size or settings.chunk_size
-        if job.chunk_size is None:
-            job.chunk_size = size
-        if job.status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
+        qstore.set_job_queue(s, job_id, queue, size)
+        status = job.status
+        if status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
             queries.set_job_status(s, job_id, JOB_IN_PROGRESS)
-        orphans = orphan_request_ids(s, job_id)
-        top = s.scalar(select(qstore.QueueChunk.seq).where(qstore.QueueChunk.job_id == job_id)
-                       .order_by(qstore.QueueChunk.seq.desc()).limit(1))
-        needs_baseline = job.baseline_sample > 0 and job.baseline_wall_s is None and not s.scalar(
-            select(exists().where(qstore.QueueChunk.job_id == job_id, qstore.QueueChunk.measure_baseline.is_(True),
-                                  qstore.QueueChunk.state.in_((qstore.CHUNK_QUEUED, qstore.CHUNK_RUNNING))))
+            status = JOB_IN_PROGRESS
+        needs_baseline = (
+            job.baseline_sample > 0 and job.baseline_wall_s is None and not qstore.baseline_chunk_pending(s, job_id)
         )
-        new = qstore.add_chunks(s, job_id, queue, orphans, size, measure_baseline=needs_baseline,
-                                first_seq=(top + 1) if top is not None else 0)
+        new = qstore.add_chunks(s, job_id, queue, qstore.orphan_request_ids(s, job_id), size,
+                                measure_baseline=needs_baseline)
         new_ids = {c.id for c in new}
         todo = [(c.id, c.queue) for c in qstore.job_chunks(s, job_id, [qstore.CHUNK_QUEUED])
                 if republish_queued or c.id in new_ids]
-        status = job.status
     published, error = _publish(todo, factory, epoch, broker_url)
     if error is not None:
         raise BrokerUnavailableError(
@@ -241,40 +202,6 @@ def enqueue_job(
             f"({error.__class__.__name__}: {error}); the workers publish the rest once Redis is back"
         ) from error
     return EnqueueReport(job_id, status, new_chunks=len(new), republished=published - len(new))
-
-
-def adopt_orphans(factory: sessionmaker[Session], *, grace_s: float, publish, epoch: str, limit: int = 20) -> int:
-    """Reaper step: chunks for open requests of in-progress queue jobs that no live chunk covers (a submit that
-    died between storing the job and storing its chunks). Returns the number of chunks created."""
-    cutoff = utcnow() - timedelta(seconds=grace_s)
-    created = 0
-    with factory() as s:
-        jobs = list(s.scalars(
-            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, Job.created_at < cutoff)
-            .order_by(Job.created_at).limit(limit)
-        ))
-    for job_id in jobs:
-        with factory.begin() as s:
-            orphans = orphan_request_ids(s, job_id)
-            if not orphans:
-                continue
-            job = s.get(Job, job_id)
-            if job is None or job.status != JOB_IN_PROGRESS:
-                continue
-            # Two reapers racing here may both adopt the same requests: the second chunk then only finds
-            # them claimed or done and does nothing (claims are conditional), so this needs no lock.
-            top = s.scalar(select(qstore.QueueChunk.seq).where(qstore.QueueChunk.job_id == job_id)
-                           .order_by(qstore.QueueChunk.seq.desc()).limit(1))
-            new = qstore.add_chunks(
-                s, job_id, job.queue, orphans, job.chunk_size or get_settings().chunk_size,
-                first_seq=(top + 1) if top is not None else 0,
-            )
-            for c in new:
-                c.epoch = epoch
-                c.published_at = utcnow()
-                publish(c)
-            created += len(new)
-    return created
 
 
 __all__ = [
@@ -285,7 +212,5 @@ __all__ = [
     "check_broker",
     "submit_file",
     "enqueue_job",
-    "orphan_request_ids",
-    "adopt_orphans",
 ]
 

@@ -41,21 +41,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import exists, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
-from spec_batch.store.models import (
-    JOB_CANCELLING,
-    JOB_FINALIZING,
-    JOB_IN_PROGRESS,
-    REQ_RUNNING,
-    REQUEST_OPEN,
-    Job,
-    Request,
-    utcnow,
-)
+from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
 
 log = logging.getLogger("spec_batch.workers.lease")
 
@@ -197,7 +187,7 @@ def _recover_chunk(
         chunk = qstore.get_chunk(s, chunk_id)
         if chunk is None or chunk.state != qstore.CHUNK_RUNNING or chunk.worker != holder:
             return  # someone else got there first
-        job = s.get(Job, chunk.job_id)
+        job = queries.find_job(s, chunk.job_id)
         job_id = chunk.job_id
         open_ids = qstore.open_ids_of(s, chunk.request_ids)
         if job is None or job.status not in qstore.JOB_ACTIVE or job.status == JOB_CANCELLING:
@@ -210,7 +200,7 @@ def _recover_chunk(
             return
         over = set(qstore.requests_over_attempts(s, open_ids, max_attempts))
         for rid in over:
-            attempts = s.scalar(select(Request.attempts).where(Request.id == rid)) or max_attempts
+            attempts = queries.request_attempts(s, rid) or max_attempts
             if queries.save_failure(s, rid, WORKER_LOST, _give_up_message(attempts)):
                 report.failed_requests += 1
         open_ids = [i for i in open_ids if i not in over]
@@ -253,12 +243,7 @@ def reap(
     with factory.begin() as s:
         lost = [(c.id, c.worker) for c in qstore.expired_chunks(s, now=now)]
         lost += [(c.id, c.worker) for c in qstore.running_chunks_of(s, node_prefix()) if holder_is_dead(c.worker)]
-        lost += [
-            (c.id, c.worker)
-            for c in s.scalars(select(qstore.QueueChunk).where(
-                qstore.QueueChunk.state == qstore.CHUNK_RUNNING, qstore.QueueChunk.worker.in_(list(_abandoned))
-            ))
-        ] if _abandoned else []
+        lost += [(c.id, c.worker) for c in qstore.running_chunks_held_by(s, _abandoned)]
     seen: set[str] = set()
     for chunk_id, holder in lost:
         if chunk_id in seen or holder is None:
@@ -285,21 +270,10 @@ def reap(
             report.errors.append(f"republish {chunk_id}: {brief(exc)}")
 
     # 3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running
-    open_req = exists().where(Request.job_id == Job.id, Request.status.in_(REQUEST_OPEN))
-    running_req = exists().where(Request.job_id == Job.id, Request.status == REQ_RUNNING)
     with factory.begin() as s:
-        to_finalize = list(s.scalars(
-            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, ~open_req).limit(50)
-        ))
-        to_cancel = list(s.scalars(
-            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_CANCELLING, ~running_req).limit(50)
-        ))
-        stuck = list(s.scalars(
-            select(Job.id).where(
-                Job.queue.is_not(None), Job.status == JOB_FINALIZING,
-                Job.finalizing_at < now - timedelta(seconds=lease_seconds),
-            ).limit(50)
-        ))
+        to_finalize = qstore.queue_jobs_to_finalize(s)
+        to_cancel = qstore.queue_jobs_to_cancel(s)
+        stuck = qstore.queue_jobs_stuck_finalizing(s, since_before=now - timedelta(seconds=lease_seconds))
     for job_id in stuck:  # the worker finalizing it died between its two steps
         try:
             with factory.begin() as s:
@@ -321,6 +295,30 @@ def reap(
         except Exception as exc:
             report.errors.append(f"cancel {job_id}: {brief(exc)}")
     return report
+
+
+def adopt_orphans(
+    factory: sessionmaker[Session], *, grace_s: float, publish: Publisher, epoch: str, chunk_size: int,
+    limit: int = 20,
+) -> int:
+    """Reaper step: chunks for open requests of in-progress queue jobs that no live chunk covers (a submit that
+    died between storing the job and storing its chunks). Returns the number of chunks created."""
+    with factory() as s:
+        jobs = qstore.jobs_to_adopt(s, created_before=utcnow() - timedelta(seconds=grace_s), limit=limit)
+    created = 0
+    for job_id in jobs:
+        with factory.begin() as s:
+            job = queries.get_job(s, job_id)
+            orphans = qstore.orphan_request_ids(s, job_id)
+            if not orphans or job.status != JOB_IN_PROGRESS or job.queue is None:
+                continue
+            # Two reapers racing here may both adopt the same requests: the second chunk then only finds
+            # them claimed or done and does nothing (claims are conditional), so this needs no lock.
+            new = qstore.add_chunks(s, job_id, job.queue, orphans, job.chunk_size or chunk_size, epoch=epoch)
+            for c in new:
+                publish(c)  # before the commit: a reaper that dies in between leaves the job to the next one
+            created += len(new)
+    return created
 
 
 # ---------------------------------------------------------------- heartbeat
@@ -441,6 +439,7 @@ __all__ = [
     "Holding",
     "ReapReport",
     "abandon",
+    "adopt_orphans",
     "brief",
     "broker_epoch",
     "holder_is_dead",

@@ -31,19 +31,28 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 
 from spec_batch.errors import SpecBatchError
+from spec_batch.jobs import measure_baseline
+from spec_batch.jobs.runner import finalize_job, run_requests
+from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
-from spec_batch.store import queries
 from spec_batch.store import chunks as qstore
+from spec_batch.store import open_store, queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL
 
 from . import lease
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
+from .publish import publish_chunk
 
 log = logging.getLogger("spec_batch.workers")
 
 MAX_RETRIES = 10
 RETRY_BACKOFF_MAX_S = 60
 CANCEL_CHECK_S = 1.0  # how often (at most) a running chunk looks at its job's status between results
+
+
+def retry_delay(retries: int) -> float:
+    """Exponential backoff with jitter: about 2**retries seconds (at most RETRY_BACKOFF_MAX_S), 50-100% of it."""
+    return min(RETRY_BACKOFF_MAX_S, 2**retries) * (0.5 + random.random() / 2)
 
 
 class StopChunk(Exception):
@@ -86,15 +95,12 @@ class Runtime:
     solo and threads pools)."""
 
     def __init__(self) -> None:
-        from spec_batch.store import open_store
-
         self.pid = os.getpid()
         self.settings = get_settings()
         logging.getLogger("alembic").setLevel(logging.WARNING)  # SQLite migrating itself on open: not news
         self.factory = open_store(self.settings.database_url)
-        self._decoders: dict[tuple[str, str], Any] = {}
-        self._load_lock = threading.Lock()
-        self.device = os.environ.get("SPEC_BATCH_DEVICE") or None
+        self.device = self.settings.device or _default_device()
+        self._loaded: set[tuple[str, str]] = set()
         self._last_adopt = 0.0
         self.heartbeat = lease.Heartbeat(
             self.factory, lease_seconds=self.settings.lease_seconds, reap_fn=self.reap
@@ -105,8 +111,6 @@ class Runtime:
         publish_chunk(chunk.id, chunk.queue)
 
     def finalize(self, job_id: str) -> None:
-        from spec_batch.jobs.runner import finalize_job
-
         finalize_job(self.factory, job_id)
 
     def reap(self) -> lease.ReapReport:
@@ -121,39 +125,33 @@ class Runtime:
         now = time.monotonic()
         if not rep.errors and now - self._last_adopt >= self.settings.lease_seconds:
             self._last_adopt = now
-            from .enqueue import adopt_orphans
-
             try:
                 epoch = lease.broker_epoch(self.settings.broker_url)
-                rep.requeued += adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
-                                              publish=self.publish, epoch=epoch)
+                rep.requeued += lease.adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
+                                                    publish=self.publish, epoch=epoch,
+                                                    chunk_size=self.settings.chunk_size)
             except Exception as exc:
                 rep.errors.append(f"orphans: {lease.brief(exc)}")
         return rep
 
     def decoder(self, target: str, drafter: str) -> Any:
+        """The process's decoder for the pair: loaded on first use (spec_batch.loading's one cache), then kept."""
         key = (target, drafter)
-        with self._load_lock:
-            dec = self._decoders.get(key)
-            if dec is None:
-                from spec_batch import load_decoder
+        t0 = time.perf_counter()
+        if key not in self._loaded:
+            try:  # a progress bar per load, in every worker's log, says nothing
+                from transformers.utils import logging as hf_logging
 
-                try:  # a progress bar per load, in every worker's log, says nothing
-                    from transformers.utils import logging as hf_logging
-
-                    hf_logging.disable_progress_bar()
-                except Exception:  # pragma: no cover
-                    pass
-                t0 = time.perf_counter()
-                device = self.device or _default_device()
-                dec = load_decoder(target=target, draft=drafter, device=device,
-                                   cache_dir=str(self.settings.cache_dir),
-                                   num_draft_tokens=self.settings.num_draft_tokens,
-                                   adaptive=self.settings.adaptive)
-                self._decoders[key] = dec
-                log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, device,
-                            time.perf_counter() - t0, os.getpid())
-            return dec
+                hf_logging.disable_progress_bar()
+            except Exception:  # pragma: no cover
+                pass
+        dec = shared_decoder(target, drafter, device=self.device, cache_dir=self.settings.cache_dir,
+                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive)
+        if key not in self._loaded:
+            self._loaded.add(key)
+            log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, self.device,
+                        time.perf_counter() - t0, os.getpid())
+        return dec
 
 
 def _default_device() -> str:
@@ -180,27 +178,28 @@ def runtime() -> Runtime:
 
 
 def _apply_torch_threads() -> None:
-    raw = os.environ.get("SPEC_BATCH_TORCH_THREADS")
-    if not raw:
+    threads = get_settings().torch_threads
+    if not threads:
         return
     try:
         import torch
 
-        torch.set_num_threads(max(1, int(raw)))
+        torch.set_num_threads(threads)
         try:
             torch.set_num_interop_threads(1)
         except RuntimeError:
             pass
     except Exception as exc:  # pragma: no cover
-        log.warning("could not set torch threads to %s: %s", raw, exc)
+        log.warning("could not set torch threads to %s: %s", threads, exc)
 
 
 @worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     """Main worker process, before the pool forks: pick torch threads per process when several share a
     machine (SPEC_BATCH_TORCH_THREADS, or cores / concurrency). No database or model is touched here, so
-    nothing is shared across the fork."""
-    if not os.environ.get("SPEC_BATCH_TORCH_THREADS"):
+    nothing is shared across the fork. The choice goes through the environment, which the pool children inherit
+    and read through Settings like every other setting."""
+    if get_settings().torch_threads is None:
         concurrency = int(getattr(sender, "concurrency", 1) or 1)
         if concurrency > 1:
             os.environ["SPEC_BATCH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
@@ -235,41 +234,6 @@ def _on_process_shutdown(**_: Any) -> None:
         _runtime.heartbeat.stop()
 
 
-# ---------------------------------------------------------------- publishing
-
-
-def _declare(channel: Any, queue: str) -> None:
-    """Declares the queue and its binding on every publish, never from a cache: after a Redis restart without
-    persistence the bindings are gone, and a message published to an unbound exchange would be dropped."""
-    from kombu import Exchange, Queue
-
-    Queue(queue, Exchange(queue, type="direct"), routing_key=queue)(channel).declare()
-
-
-def publish_chunk(chunk_id: str, queue: str, *, broker_url: str | None = None) -> None:
-    """Publishes the message of a chunk (task id = chunk id) to its queue, on the app's broker or on
-    `broker_url`. Raises (kombu.exceptions.OperationalError) when the broker cannot be reached."""
-    options = dict(
-        args=[chunk_id],
-        task_id=chunk_id,
-        queue=queue,
-        routing_key=queue,
-        retry=True,
-        retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
-    )
-    if broker_url and broker_url != app.conf.broker_url:
-        with app.connection_for_write(broker_url) as conn:
-            conn.ensure_connection(max_retries=2)
-            producer = app.amqp.Producer(conn, auto_declare=False)
-            _declare(producer.channel, queue)
-            process_chunk.apply_async(producer=producer, **options)
-        return
-    with app.producer_or_acquire() as producer:
-        with producer.connection._reraise_as_library_errors():
-            _declare(producer.channel, queue)
-        process_chunk.apply_async(producer=producer, **options)
-
-
 # ---------------------------------------------------------------- the task
 
 
@@ -280,7 +244,7 @@ def process_chunk(self, chunk_id: str) -> dict[str, Any]:
     try:
         rt = runtime()
     except Exception as exc:  # the database is down or not migrated yet: the environment, not the input
-        delay = min(RETRY_BACKOFF_MAX_S, 2 ** self.request.retries) * (0.5 + random.random() / 2)
+        delay = retry_delay(self.request.retries)
         log.error("chunk %s: this worker cannot open the job database (%s); retry %d in %.1fs", chunk_id,
                   lease.brief(exc), self.request.retries + 1, delay)
         raise self.retry(exc=exc, countdown=delay)
@@ -293,7 +257,7 @@ def process_chunk(self, chunk_id: str) -> dict[str, Any]:
     except Exception as exc:
         if is_transient(exc):
             _give_back(chunk_id, token)
-            delay = min(RETRY_BACKOFF_MAX_S, 2 ** self.request.retries) * (0.5 + random.random() / 2)
+            delay = retry_delay(self.request.retries)
             log.warning("chunk %s: transient failure (%s); retry %d in %.1fs", chunk_id, lease.brief(exc),
                         self.request.retries + 1, delay)
             raise self.retry(exc=exc, countdown=delay)
@@ -320,9 +284,6 @@ def _give_back(chunk_id: str, token: str) -> None:
 
 
 def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
-    from spec_batch.jobs import measure_baseline
-    from spec_batch.jobs.runner import finalize_job, run_requests
-
     factory = rt.factory
     out: dict[str, Any] = {"chunk": chunk_id, "worker": token}
     with factory.begin() as s:
@@ -422,4 +383,4 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         rt.heartbeat.drop(token)
 
 
-__all__ = ["process_chunk", "publish_chunk", "runtime", "is_transient", "Runtime", "StopChunk"]
+__all__ = ["process_chunk", "retry_delay", "runtime", "is_transient", "Runtime", "StopChunk"]

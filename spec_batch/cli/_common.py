@@ -1,27 +1,71 @@
-"""Helpers shared by the `spec-batch` command modules: opening the store, naming a job, --metadata."""
+"""Helpers shared by the `spec-batch` command modules: the model options, opening the store, naming a job,
+--metadata, and the exit codes."""
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def open_store_or_exit():
-    """The session factory for the configured database, or a clean CLI error naming it."""
+# Exit codes of commands that run or follow a job (README.md, "Exit codes").
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1  # the job failed, or the command stopped before it could run it
+EXIT_CANCELLED = 2
+EXIT_TIMEOUT = 3  # `spec-batch wait --timeout`
+
+
+def target_option(f: F) -> F:
+    return click.option(
+        "--target", default=None,
+        help='Target model: "default", a hub id, a local dir or a .gguf file (default: $SPEC_BATCH_DEFAULT_TARGET '
+             'or "default").',
+    )(f)
+
+
+def draft_option(f: F) -> F:
+    return click.option(
+        "--draft", default=None,
+        help='Drafter: "ngram", "none", or a draft model (hub id, dir, .gguf) (default: $SPEC_BATCH_DEFAULT_DRAFT '
+             'or "ngram").',
+    )(f)
+
+
+def device_option(f: F) -> F:
+    return click.option(
+        "--device", default=None,
+        help="cpu, cuda, cuda:1, ... (default: $SPEC_BATCH_DEVICE, else cpu; a worker: else cuda when available).",
+    )(f)
+
+
+def max_tokens_option(f: F) -> F:
+    return click.option(
+        "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+        help="For lines without max_tokens.",
+    )(f)
+
+
+def model_options(f: F) -> F:
+    """--target and --draft (the job's models) and --device."""
+    return target_option(draft_option(device_option(f)))
+
+
+def open_store_or_exit(*, must_exist: bool = False):
+    """The session factory for the configured database, or a clean CLI error naming it (password masked).
+
+    must_exist: a read-only command on a SQLite file that does not exist says so instead of creating it."""
     from ..errors import SpecBatchError
-    from ..settings import get_settings
+    from ..settings import get_settings, redact, shown_url
     from ..store import open_store
 
+    url = get_settings().database_url
     try:
-        return open_store()
+        return open_store(url, create=not must_exist)
     except SpecBatchError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(redact(str(exc), url)) from exc
     except Exception as exc:  # noqa: BLE001  (a server that cannot be reached, a bad URL)
-        from sqlalchemy.engine import make_url
-
-        try:
-            shown = make_url(get_settings().database_url).render_as_string(hide_password=True)
-        except Exception:  # noqa: BLE001
-            shown = "SPEC_BATCH_DATABASE_URL"
-        raise click.ClickException(f"cannot open the database {shown}: {exc}") from exc
+        raise click.ClickException(f"cannot open the database {shown_url(url)}: {redact(str(exc), url)}") from exc
 
 
 def resolve_job(factory, ref: str) -> str:

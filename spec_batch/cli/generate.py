@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ._common import model_options
 from ._group import main
 
 
@@ -24,9 +25,7 @@ def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
 @click.argument("prompts", nargs=-1)
 @click.option("--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin).")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template (each prompt is one user message).")
-@click.option("--target", default=None, help='Target model: "default", a hub id, a local dir or a .gguf file.')
-@click.option("--draft", default=None, help='Drafter: "ngram", "none", or a draft model (hub id, dir, .gguf).')
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
@@ -44,7 +43,7 @@ def generate(
     chat: bool,
     target: str | None,
     draft: str | None,
-    device: str,
+    device: str | None,
     dtype: str | None,
     max_new_tokens: int,
     temperature: float,
@@ -75,7 +74,7 @@ def generate(
         dec = load_decoder(
             target=target or settings.default_target,
             draft=draft or settings.default_draft,
-            device=device,
+            device=device or settings.device or "cpu",
             dtype=dtype,
             num_draft_tokens=num_draft_tokens,
             adaptive=not no_adaptive,

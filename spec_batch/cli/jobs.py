@@ -11,17 +11,27 @@ from typing import Any
 
 import click
 
-from ._common import open_store_or_exit, parse_metadata, resolve_job
+from ..store.models import (
+    JOB_CANCELLED,
+    JOB_CANCELLING,
+    JOB_COMPLETED,
+    JOB_FAILED,
+    JOB_FINALIZING,
+    JOB_IN_PROGRESS,
+    JOB_STATUSES,
+    JOB_VALIDATING,
+)
+from ._common import max_tokens_option, model_options, open_store_or_exit, parse_metadata, resolve_job
 from ._group import main
 
 STATUS_STYLE = {
-    "completed": "green",
-    "in_progress": "yellow",
-    "validating": "yellow",
-    "finalizing": "yellow",
-    "failed": "red",
-    "cancelling": "magenta",
-    "cancelled": "magenta",
+    JOB_COMPLETED: "green",
+    JOB_IN_PROGRESS: "yellow",
+    JOB_VALIDATING: "yellow",
+    JOB_FINALIZING: "yellow",
+    JOB_FAILED: "red",
+    JOB_CANCELLING: "magenta",
+    JOB_CANCELLED: "magenta",
 }
 
 
@@ -50,10 +60,11 @@ def _status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def _load_decoder(target: str, draft: str, device: str, dtype: str | None):
+def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None):
     from .. import SpecBatchError, load_decoder
     from ..settings import get_settings
 
+    device = device or get_settings().device or "cpu"
     console = _console(stderr=True)
     try:
         with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
@@ -122,61 +133,79 @@ def _print_summary(factory, job_id: str, *, title: str = "Job summary") -> dict:
     return row
 
 
-def _run_with_progress(factory, job_id: str, decoder, *, resume: bool) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+class _RunDisplay:
+    """The progress of a run on stderr: baseline messages, then a bar (requests done, tokens/s, acceptance)."""
 
-    from ..jobs import resume_job, run_job
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
-    console = _console(stderr=True)
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("requests"),
-        TextColumn("{task.fields[tps]} tok/s"),
-        TextColumn("acceptance {task.fields[acc]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    state: dict[str, Any] = {"task": None, "t0": None}
+        self.console = _console(stderr=True)
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("requests"), TextColumn("{task.fields[tps]} tok/s"), TextColumn("acceptance {task.fields[acc]}"),
+            TimeElapsedColumn(), console=self.console, transient=False,
+        )
+        self.task = None
+        self.t0 = 0.0
 
-    def on_phase(name: str, info: Any) -> None:
+    def on_phase(self, name: str, info: Any) -> None:
         if name == "baseline":
-            console.print(
+            self.console.print(
                 f"measuring the baseline: {info} request(s) decoded with and without speculation "
                 f"(--baseline-sample 0 skips it)"
             )
         elif name == "baseline_done" and info is not None:
-            console.print(
+            self.console.print(
                 f"baseline: {_fmt(info.baseline_tokens_per_s, '.1f')} tok/s without speculation, "
                 f"{_fmt(info.sample_tokens_per_s, '.1f')} with it: speedup {_fmt(info.speedup, '.2f', 'x')}"
             )
         elif name == "run":
-            state["task"] = progress.add_task("decoding", total=info, tps="—", acc="—")
-            state["t0"] = time.perf_counter()
+            self.progress.start()
+            self.task = self.progress.add_task("decoding", total=info, tps="—", acc="—")
+            self.t0 = time.perf_counter()
 
-    def on_progress(report) -> None:
-        if state["task"] is None:
+    def on_progress(self, report) -> None:
+        if self.task is None:
             return
-        elapsed = time.perf_counter() - state["t0"]
+        elapsed = time.perf_counter() - self.t0
         tps = report.output_tokens / elapsed if elapsed > 0 else None
-        progress.update(
-            state["task"], completed=report.done, tps=_fmt(tps, ".1f"), acc=_fmt(report.acceptance_rate, ".0%")
+        self.progress.update(
+            self.task, completed=report.done, tps=_fmt(tps, ".1f"), acc=_fmt(report.acceptance_rate, ".0%")
         )
 
-    fn = resume_job if resume else run_job
-    with progress, _sigterm_as_interrupt():
-        try:
-            fn(factory, job_id, decoder, on_progress=on_progress, on_phase=on_phase)
-        except KeyboardInterrupt:
-            progress.stop()
-            console.print(
-                f"[yellow]interrupted.[/] Finished requests are stored; continue with "
-                f"[bold]spec-batch resume {job_id}[/]"
-            )
-            sys.exit(130)
+    def hooks(self) -> dict[str, Any]:
+        return {"on_phase": self.on_phase, "on_progress": self.on_progress}
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+@contextmanager
+def _running(job_id: str):
+    """A run's display; Ctrl-C or SIGTERM stop the run (claimed requests go back at once) and exit 130."""
+    display = _RunDisplay()
+    try:
+        with _sigterm_as_interrupt():
+            yield display
+    except KeyboardInterrupt:
+        display.close()
+        _interrupted(job_id)
+    finally:
+        display.close()
+
+
+def _interrupted(job_id: str) -> None:
+    _console(stderr=True).print(
+        f"[yellow]interrupted.[/] Finished requests are stored; continue with [bold]spec-batch resume {job_id}[/]"
+    )
+    sys.exit(130)
 
 
 @main.command("run")
@@ -184,15 +213,12 @@ def _run_with_progress(factory, job_id: str, decoder, *, resume: bool) -> None:
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
                    "Invalid lines and failed requests go to OUT.errors.jsonl beside it.")
-@click.option("--target", default=None, help='Target model: "default", a hub id, a local dir or a .gguf file.')
-@click.option("--draft", default=None, help='Drafter: "ngram", "none", or a draft model (hub id, dir, .gguf).')
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the core's choice for the device).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-              help="For lines without max_tokens.")
+@max_tokens_option
 @click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
               help="For lines without temperature (0 = greedy).")
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
@@ -201,7 +227,7 @@ def run_command(
     output: Path | None,
     target: str | None,
     draft: str | None,
-    device: str,
+    device: str | None,
     dtype: str | None,
     batch_size: int,
     baseline_sample: int,
@@ -246,7 +272,10 @@ def run_command(
     if len(parsed.errors) > 5:
         console.print(f"  ... and {len(parsed.errors) - 5} more in the errors file")
     if parsed.requests:
-        _run_with_progress(factory, job_id, decoder, resume=False)
+        from ..jobs import run_job
+
+        with _running(job_id) as display:
+            run_job(factory, job_id, decoder, **display.hooks())
     else:
         from ..jobs import write_results
 
@@ -256,51 +285,41 @@ def run_command(
 
 @main.command("resume")
 @click.argument("job")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--device", default=None, help="cpu, cuda, cuda:1, ... (default: $SPEC_BATCH_DEVICE, else cpu).")
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16.")
-def resume_command(job: str, device: str, dtype: str | None) -> None:
-    """Continue the interrupted job JOB (an id, a unique prefix, or "latest") with its target and drafter."""
-    from ..jobs import write_results
-    from ..store import JOB_COMPLETED, queries
+def resume_command(job: str, device: str | None, dtype: str | None) -> None:
+    """Continue the interrupted job JOB (an id, a unique prefix, or "latest") with its target and drafter.
+
+    A job submitted to the queue goes back to its workers; a local one continues in this process."""
+    from ..jobs import JobStateError, resume
+    from workers.enqueue import BrokerUnavailableError, enqueue_job
 
     factory = open_store_or_exit()
     job_id = resolve_job(factory, job)
-    with factory() as s:
-        j = queries.get_job(s, job_id)
-        status, target, drafter, output, queue = j.status, j.target, j.drafter, j.output_file, j.queue
-    if status == JOB_COMPLETED:
-        if output and not Path(output).exists():
-            write_results(factory, job_id, output)
+    try:
+        with _running(job_id) as display:
+            outcome = resume(
+                factory, job_id,
+                decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype),
+                enqueue=enqueue_job,
+                **display.hooks(),
+            )
+    except (JobStateError, BrokerUnavailableError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if outcome.action == "completed":
         _console(stderr=True).print(f"job {job_id} is already completed")
-    elif status in ("failed", "cancelled", "cancelling"):
-        raise click.ClickException(f"job {job_id} is {status}; there is nothing to resume")
-    elif queue is not None:
-        # a queued job goes back to its workers, not into this process
-        from workers.enqueue import BrokerUnavailableError, enqueue_job
-
-        try:
-            rep = enqueue_job(factory, job_id)
-        except BrokerUnavailableError as exc:
-            raise click.ClickException(str(exc)) from exc
+    elif outcome.action == "enqueued":
+        rep = outcome.enqueued
         _console(stderr=True).print(
-            f"job {job_id}: {rep.new_chunks} new chunk(s), {rep.republished} re-published on {queue}; "
+            f"job {job_id}: {rep.new_chunks} new chunk(s), {rep.republished} re-published on {outcome.info.queue}; "
             f"follow it with spec-batch wait {job_id}"
         )
-    else:
-        decoder = _load_decoder(target, drafter, device, dtype)
-        from ..jobs import JobStateError
-
-        try:
-            _run_with_progress(factory, job_id, decoder, resume=True)
-        except JobStateError as exc:
-            raise click.ClickException(str(exc)) from exc
     _print_summary(factory, job_id)
 
 
 @main.command("jobs")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--status", type=click.Choice(
-    ["validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled"]), default=None)
+@click.option("--status", type=click.Choice(JOB_STATUSES), default=None)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job (the job_summary columns).")
 def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
     """Job history, newest first (from the job_summary view)."""
@@ -344,9 +363,8 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
 def show_command(job: str, n_errors: int) -> None:
     """Everything about one job: summary, settings, request counts, baseline and its first errors."""
     from rich.table import Table
-    from sqlalchemy import select
 
-    from ..store import REQ_FAILED, Request, queries
+    from ..store import queries
 
     factory = open_store_or_exit()
     job_id = resolve_job(factory, job)
@@ -354,12 +372,7 @@ def show_command(job: str, n_errors: int) -> None:
     with factory() as s:
         j = queries.get_job(s, job_id)
         counts = queries.job_counts(s, job_id)
-        failed = s.execute(
-            select(Request.line_number, Request.custom_id, Request.error_code, Request.error)
-            .where(Request.job_id == job_id, Request.status == REQ_FAILED)
-            .order_by(Request.line_number)
-            .limit(n_errors)
-        ).all()
+        failed = queries.failed_requests(s, job_id, n_errors)
     t = Table(show_header=False, title="Settings", title_justify="left")
     t.add_column(style="bold")
     t.add_column()
@@ -419,11 +432,10 @@ def stats_command(as_json: bool) -> None:
     """Speedup and acceptance by target and drafter, over every job in the database."""
     from rich.table import Table
 
-    from ..store import queries
+    from ..jobs.stats import stats_by_model
 
     factory = open_store_or_exit()
-    with factory() as s:
-        rows = queries.stats_by_model(s)
+    rows = stats_by_model(factory)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, default=str))

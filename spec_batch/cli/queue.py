@@ -8,14 +8,35 @@ from pathlib import Path
 
 import click
 
-from ._common import open_store_or_exit, parse_metadata, resolve_job
+from ..store.models import (
+    JOB_CANCELLED,
+    JOB_CANCELLING,
+    JOB_COMPLETED,
+    JOB_FAILED,
+    JOB_TERMINAL,
+    REQ_CANCELLED,
+    REQ_COMPLETED,
+    REQ_FAILED,
+    REQ_PENDING,
+    REQ_RUNNING,
+    REQUEST_DONE,
+)
+from ._common import (
+    EXIT_CANCELLED,
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_TIMEOUT,
+    device_option,
+    draft_option,
+    max_tokens_option,
+    open_store_or_exit,
+    parse_metadata,
+    resolve_job,
+    target_option,
+)
 from ._group import main
 
-# `spec-batch wait` exit codes
-EXIT_COMPLETED = 0
-EXIT_FAILED = 1
-EXIT_CANCELLED = 2
-EXIT_TIMEOUT = 3
+JOB_EXIT_CODES = {JOB_COMPLETED: EXIT_COMPLETED, JOB_FAILED: EXIT_FAILED, JOB_CANCELLED: EXIT_CANCELLED}
 
 
 def _err(msg: str) -> None:
@@ -42,8 +63,8 @@ def _check_model(spec: str, what: str) -> None:
 
 @main.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--target", default=None, help='Target model (default: $SPEC_BATCH_DEFAULT_TARGET or "default").')
-@click.option("--draft", default=None, help='Drafter: "ngram", "none" or a draft model (default: "ngram").')
+@target_option
+@draft_option
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
               help="Decoding batch size on the worker.")
 @click.option("--chunk-size", type=click.IntRange(min=1), default=None,
@@ -51,8 +72,7 @@ def _check_model(spec: str, what: str) -> None:
                    "workers; larger costs less per request.")
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-              help="For lines without max_tokens.")
+@max_tokens_option
 @click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
               help="For lines without temperature (0 = greedy).")
 @click.option("--queue", "queue", default=None,
@@ -111,16 +131,16 @@ def submit_command(
         f"{res.n_chunks} chunk(s) on queue {res.queue}"
     )
     for e in errors[:5]:
-        _err(f"  line {e.line_number}: {e.message}")
+        _err(f"  {e.message}")  # the message names its line
     if len(errors) > 5:
         _err(f"  ... and {len(errors) - 5} more (`spec-batch show {res.job_id}`)")
-    if res.status == "failed":
+    if res.status == JOB_FAILED:
         _err(f"job {res.job_id} failed: no valid request")
     click.echo(res.job_id)
-    if wait_after and res.status != "failed":
+    if wait_after and res.status != JOB_FAILED:
         sys.exit(_wait(factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
-    if res.status == "failed":
-        sys.exit(1)
+    if res.status == JOB_FAILED:
+        sys.exit(EXIT_FAILED)
 
 
 # ---------------------------------------------------------------- worker
@@ -134,8 +154,7 @@ def submit_command(
               help="Queue names to serve instead of / besides --model (comma-separated or repeated).")
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.")
-@click.option("--device", envvar="SPEC_BATCH_DEVICE", default=None,
-              help="cpu, cuda, cuda:1 ... (default: $SPEC_BATCH_DEVICE, else cuda when available, else cpu).")
+@device_option
 @click.option("--torch-threads", type=click.IntRange(min=1), envvar="SPEC_BATCH_TORCH_THREADS", default=None,
               help="torch threads per worker process (default: all cores, or cores / concurrency).")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default="prefork", show_default=True)
@@ -153,8 +172,11 @@ def worker_command(
     loglevel: str,
     celery_args: tuple[str, ...],
 ) -> None:
-    """Start a Celery worker that runs the chunks of the queues it serves (extra arguments go to celery)."""
-    from ..settings import get_settings
+    """Start a Celery worker that runs the chunks of the queues it serves (extra arguments go to celery).
+
+    --device and --torch-threads reach the worker processes as SPEC_BATCH_DEVICE and SPEC_BATCH_TORCH_THREADS
+    (they read them through spec_batch.settings, as every other setting)."""
+    from ..settings import get_settings, shown_url
     from workers.routing import parse_model_pair, queue_name
 
     settings = get_settings()
@@ -175,11 +197,9 @@ def worker_command(
         os.environ["SPEC_BATCH_DEVICE"] = device
     if torch_threads:
         os.environ["SPEC_BATCH_TORCH_THREADS"] = str(torch_threads)
-    elif concurrency > 1 and not os.environ.get("SPEC_BATCH_TORCH_THREADS"):
-        os.environ["SPEC_BATCH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
     _check_database()
     _err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
-         f"lease {settings.lease_seconds}s; broker {_shown(settings.broker_url)}")
+         f"lease {settings.lease_seconds}s; broker {shown_url(settings.broker_url)}")
     from workers.celery_app import app
 
     argv = ["worker", f"--loglevel={loglevel}", "-Q", ",".join(names), f"--concurrency={concurrency}",
@@ -191,27 +211,19 @@ def _check_database() -> None:
     """A database that is not migrated is a configuration error: say so now, not on every chunk. One that
     cannot be reached may come back: warn and start (the tasks retry). The engine is disposed before the
     worker forks its pool, so no connection is shared across the fork."""
-    from ..settings import get_settings
+    from ..settings import get_settings, redact, shown_url
     from ..store import DatabaseNotMigratedError, open_store
 
+    url = get_settings().database_url
     try:
-        factory = open_store()
+        factory = open_store(url)
     except DatabaseNotMigratedError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(redact(str(exc), url)) from exc
     except Exception as exc:  # noqa: BLE001
-        _err(f"warning: cannot open the database {_shown(get_settings().database_url)} now ({exc}); "
+        _err(f"warning: cannot open the database {shown_url(url)} now ({redact(str(exc), url)}); "
              f"starting anyway, chunks are retried until it is back")
         return
     factory.kw["bind"].dispose()
-
-
-def _shown(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001
-        return url
 
 
 # ---------------------------------------------------------------- cancel
@@ -226,41 +238,33 @@ def cancel_command(job: str, wait_after: bool) -> None:
     The job is `cancelling` until no request runs any more, then `cancelled`; requests that never ran are
     `cancelled` (they are in the errors file of `spec-batch results`).
     """
-    from ..store import JOB_CANCELLED, JOB_CANCELLING, queries
-    from ..store import chunks as qstore
+    from ..jobs import JobStateError, cancel_job
 
     factory = open_store_or_exit()
     job_id = resolve_job(factory, job)
-    with factory.begin() as s:
-        status = queries.get_job(s, job_id).status
-        changed = queries.request_cancel(s, job_id)
-        if changed:
-            qstore.cancel_queued_chunks(s, job_id)
-    if not changed and status not in (JOB_CANCELLING, JOB_CANCELLED):
-        raise click.ClickException(f"job {job_id} is {status}; it cannot be cancelled")
-    with factory.begin() as s:
-        queries.try_finish_cancel(s, job_id)
-        status = queries.get_job(s, job_id).status
-        counts = queries.job_counts(s, job_id)
-    _err(f"job {job_id}: {status} ({counts['running']} request(s) still running stop between decoding batches)"
-         if status == JOB_CANCELLING else f"job {job_id}: {status}")
-    click.echo(status)
-    if wait_after and status == JOB_CANCELLING:
+    try:
+        outcome = cancel_job(factory, job_id)
+    except JobStateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop between decoding "
+         f"batches)" if outcome.status == JOB_CANCELLING else f"job {job_id}: {outcome.status}")
+    click.echo(outcome.status)
+    if wait_after and outcome.status == JOB_CANCELLING:
         code = _wait(factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
-        sys.exit(0 if code == EXIT_CANCELLED else code)
+        sys.exit(EXIT_COMPLETED if code == EXIT_CANCELLED else code)
 
 
 # ---------------------------------------------------------------- wait
 
 
 def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int, rate: float | None) -> str:
-    done = counts["completed"] + counts["failed"] + counts["cancelled"]
-    parts = [f"job {job_id} {status}: {done}/{total} done", f"{counts['completed']} completed"]
-    if counts["failed"]:
-        parts.append(f"{counts['failed']} failed")
-    if counts["cancelled"]:
-        parts.append(f"{counts['cancelled']} cancelled")
-    parts.append(f"{counts['running']} running, {counts['pending']} pending")
+    done = sum(counts[s] for s in REQUEST_DONE)
+    parts = [f"job {job_id} {status}: {done}/{total} done", f"{counts[REQ_COMPLETED]} completed"]
+    if counts[REQ_FAILED]:
+        parts.append(f"{counts[REQ_FAILED]} failed")
+    if counts[REQ_CANCELLED]:
+        parts.append(f"{counts[REQ_CANCELLED]} cancelled")
+    parts.append(f"{counts[REQ_RUNNING]} running, {counts[REQ_PENDING]} pending")
     if rate:
         parts.append(f"{rate:.2f} req/s")
     return ", ".join(parts)
@@ -268,7 +272,7 @@ def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int,
 
 def _wait(factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
           quiet: bool) -> int:
-    from ..store import JOB_TERMINAL, queries
+    from ..store import queries
 
     t0 = time.monotonic()
     last_line = None
@@ -279,7 +283,7 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
             job = queries.get_job(s, job_id)
             status, total = job.status, job.n_requests
             counts = queries.job_counts(s, job_id)
-        done = counts["completed"] + counts["failed"] + counts["cancelled"]
+        done = sum(counts[s] for s in REQUEST_DONE)
         elapsed = time.monotonic() - t0
         if first_done is None:
             first_done = done
@@ -314,14 +318,14 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
             _err("  " + ", ".join(stats))
         if error:
             _err(f"  error: {error}")
-    if output is not None and status != "failed":
+    if output is not None and status != JOB_FAILED:
         from ..jobs import write_results
 
         rep = write_results(factory, job_id, output)
         _err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
              + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
     click.echo(status)
-    return {"completed": EXIT_COMPLETED, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}.get(status, EXIT_FAILED)
+    return JOB_EXIT_CODES.get(status, EXIT_FAILED)
 
 
 @main.command("wait")

@@ -73,15 +73,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import ChatTemplateError, SpecBatchError
+from ..core.outputs import RequestStats
 from ..core.sampling import SamplingParams
+from ..errors import ChatTemplateError, SpecBatchError
+from ..settings import get_settings
 from ..store import queries
-from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, Job, Request
+from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL
+from .export import write_results
+from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
+STOPPED_BY_CALLER = "should_stop"
+STOPPED_CANCELLED = "cancelled"  # the job is being cancelled
 
 
 def default_worker_name() -> str:
@@ -100,7 +105,7 @@ class RunReport:
     accepted_tokens: int = 0
     target_forwards: int = 0
     decode_wall_s: float = 0.0
-    stopped: str | None = None  # None | "should_stop" | "cancelled"
+    stopped: str | None = None  # None | STOPPED_BY_CALLER | STOPPED_CANCELLED
     finalized: bool = False
 
     @property
@@ -108,12 +113,20 @@ class RunReport:
         return self.completed + self.failed
 
     @property
+    def stats(self) -> RequestStats:
+        """The pooled statistics of the results this call stored (wall time: its decode time)."""
+        return pooled(
+            output_tokens=self.output_tokens, draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens,
+            target_forwards=self.target_forwards, wall_s=self.decode_wall_s,
+        )
+
+    @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        return self.stats.acceptance_rate
 
     @property
     def tokens_per_s(self) -> float | None:
-        return self.output_tokens / self.decode_wall_s if self.decode_wall_s > 0 else None
+        return self.stats.tokens_per_s
 
     def add_result(self, result: Any) -> None:
         stats = result.stats
@@ -143,13 +156,6 @@ def prompt_error_code(exc: BaseException) -> str:
     return "internal_error"
 
 
-def _load_rows(session: Session, ids: Sequence[int]) -> dict[int, tuple[str, Any, dict]]:
-    rows = session.execute(
-        select(Request.id, Request.endpoint, Request.prompt, Request.params).where(Request.id.in_(list(ids)))
-    ).all()
-    return {r.id: (r.endpoint, r.prompt, r.params) for r in rows}
-
-
 def _job_state(session: Session, job_id: str) -> tuple[str, int]:
     job = queries.get_job(session, job_id)
     return job.status, job.batch_size
@@ -172,8 +178,6 @@ def run_requests(
 
     See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
     """
-    from ..settings import get_settings
-
     report = RunReport(job_id=job_id)
     worker = worker or default_worker_name()
     if lease_seconds is None:
@@ -189,7 +193,7 @@ def run_requests(
     if request_ids is not None:
         report.skipped += len(set(request_ids)) - len(todo)
     if status in JOB_TERMINAL or status == JOB_CANCELLING:
-        report.stopped = "cancelled" if status in (JOB_CANCELLING, JOB_CANCELLED) else None
+        report.stopped = STOPPED_CANCELLED if status in (JOB_CANCELLING, JOB_CANCELLED) else None
         report.skipped += len(todo)
         todo = []
 
@@ -197,20 +201,20 @@ def run_requests(
     for start in range(0, len(todo), group):
         if start > 0:
             if should_stop is not None and should_stop():
-                report.stopped = "should_stop"
+                report.stopped = STOPPED_BY_CALLER
                 break
             with session_factory.begin() as s:
                 status, _ = _job_state(s, job_id)
             if status in (JOB_CANCELLING, JOB_CANCELLED):
-                report.stopped = "cancelled"
+                report.stopped = STOPPED_CANCELLED
                 break
         elif should_stop is not None and should_stop():
-            report.stopped = "should_stop"
+            report.stopped = STOPPED_BY_CALLER
             break
         _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
                    lease_seconds, report, on_progress)
 
-    if report.stopped == "cancelled":
+    if report.stopped == STOPPED_CANCELLED:
         with session_factory.begin() as s:
             queries.try_finish_cancel(s, job_id)
     elif finalize and report.stopped is None:
@@ -231,7 +235,7 @@ def _run_group(
 ) -> None:
     with session_factory.begin() as s:
         claimed = queries.claim_requests(s, job_id, ids, worker=worker, lease_seconds=lease_seconds)
-        rows = _load_rows(s, claimed)
+        rows = queries.request_inputs(s, claimed)
     report.skipped += len(ids) - len(claimed)
     report.claimed += len(claimed)
     if not claimed:
@@ -243,10 +247,10 @@ def _run_group(
     order: list[int] = []
     try:
         for rid in claimed:
-            endpoint, prompt, p = rows[rid]
+            row = rows[rid]
             try:
-                built = build_prompt(decoder, endpoint, prompt)
-                sp = SamplingParams.from_dict(p)
+                built = build_prompt(decoder, row.endpoint, row.prompt)
+                sp = SamplingParams.from_dict(row.params)
             except Exception as e:  # this request alone fails; the others go on
                 with session_factory.begin() as s:
                     stored = queries.save_failure(s, rid, prompt_error_code(e), str(e), worker=worker)
@@ -301,11 +305,9 @@ def finalize_job(session_factory: sessionmaker[Session], job_id: str, *, write_o
     with session_factory.begin() as s:
         if not queries.begin_finalize(s, job_id):
             return False
-        output_file = s.scalar(select(Job.output_file).where(Job.id == job_id))
+        output_file = queries.get_job(s, job_id).output_file
     error = None
     if write_output and output_file:
-        from .service import write_results
-
         try:
             write_results(session_factory, job_id, output_file)
         except OSError as e:

@@ -1,11 +1,11 @@
-"""The job service: create a job from a batch file, measure its baseline, run it, export its results.
+"""The job service: create a job from a batch file, measure its baseline, run, resume and cancel it.
 
-Used by the CLI (``spec-batch run / resume / results``); the queue reuses create_job_from_file,
-measure_baseline and write_results, and runs requests with ``spec_batch.jobs.runner.run_requests``.
+Used by the CLI (``spec-batch run / resume / cancel``) and by the queue (workers/), which reuses
+create_job_from_file and measure_baseline and runs requests with ``spec_batch.jobs.runner.run_requests``.
+The service never talks to the broker: a caller that resumes a queued job passes the queue's enqueue function.
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -13,39 +13,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from .batchfile import (
-    DEFAULT_SAMPLING,
-    BatchRequest,
-    ParseReport,
-    error_line,
-    errors_path_for,
-    output_line,
-    read_batch_file,
-)
-from ..errors import SpecBatchError
-from .runner import RunReport, build_prompt, default_worker_name, run_requests
+from ..core.outputs import RequestStats
 from ..core.sampling import SamplingParams
+from ..errors import SpecBatchError
+from ..store import chunks as qstore
 from ..store import queries
 from ..store.models import (
     JOB_CANCELLED,
     JOB_CANCELLING,
+    JOB_COMPLETED,
     JOB_FAILED,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
     JOB_TERMINAL,
     JOB_VALIDATING,
-    REQ_COMPLETED,
     REQ_FAILED,
     REQ_PENDING,
-    Job,
-    Request,
+    REQ_RUNNING,
     utcnow,
 )
-
-INSERT_CHUNK = 1000
+from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
+from .export import write_results
+from .runner import RunReport, build_prompt, default_worker_name, run_requests
 
 
 class JobStateError(SpecBatchError):
@@ -86,24 +77,23 @@ def create_job_from_file(
     job_id = job_id or new_job_id()
     now = utcnow()
     with session_factory.begin() as s:
-        s.add(
-            Job(
-                id=job_id,
-                status=JOB_VALIDATING,
-                target=target,
-                drafter=drafter,
-                input_file=str(Path(path).resolve()),
-                output_file=str(Path(output_file).resolve()) if output_file else None,
-                sampling_defaults=defaults,
-                user_metadata=metadata,
-                batch_size=batch_size,
-                baseline_sample=baseline_sample,
-                chunk_size=chunk_size,
-                queue=queue,
-                n_requests=report.n_lines,
-                n_invalid=len(report.errors),
-                created_at=now,
-            )
+        queries.insert_job(
+            s,
+            id=job_id,
+            status=JOB_VALIDATING,
+            target=target,
+            drafter=drafter,
+            input_file=str(Path(path).resolve()),
+            output_file=str(Path(output_file).resolve()) if output_file else None,
+            sampling_defaults=defaults,
+            user_metadata=metadata,
+            batch_size=batch_size,
+            baseline_sample=baseline_sample,
+            chunk_size=chunk_size,
+            queue=queue,
+            n_requests=report.n_lines,
+            n_invalid=len(report.errors),
+            created_at=now,
         )
     with session_factory.begin() as s:
         rows = []
@@ -141,8 +131,7 @@ def create_job_from_file(
                         "completed_at": now,
                     }
                 )
-        for i in range(0, len(rows), INSERT_CHUNK):
-            s.execute(insert(Request), rows[i : i + INSERT_CHUNK])
+        queries.insert_requests(s, rows)
         if report.requests:
             queries.set_job_status(s, job_id, JOB_IN_PROGRESS, now=now)
         else:
@@ -169,11 +158,11 @@ class Baseline:
 
     @property
     def baseline_tokens_per_s(self) -> float | None:
-        return self.baseline_output_tokens / self.baseline_wall_s if self.baseline_wall_s > 0 else None
+        return RequestStats(output_tokens=self.baseline_output_tokens, wall_s=self.baseline_wall_s).tokens_per_s
 
     @property
     def sample_tokens_per_s(self) -> float | None:
-        return self.sample_output_tokens / self.sample_wall_s if self.sample_wall_s > 0 else None
+        return RequestStats(output_tokens=self.sample_output_tokens, wall_s=self.sample_wall_s).tokens_per_s
 
     @property
     def speedup(self) -> float | None:
@@ -211,20 +200,8 @@ def measure_baseline(
         if k <= 0 or job.baseline_wall_s is not None:
             return None
         batch_size = job.batch_size
-        valid = list(
-            s.scalars(
-                select(Request.id)
-                .where(Request.job_id == job_id, Request.endpoint.is_not(None))
-                .order_by(Request.line_number)
-            )
-        )
-        sample = choose_sample(valid, k)
-        rows = {
-            r.id: r
-            for r in s.execute(
-                select(Request.id, Request.endpoint, Request.prompt, Request.params).where(Request.id.in_(sample))
-            )
-        }
+        sample = choose_sample(queries.valid_request_ids(s, job_id), k)
+        rows = queries.request_inputs(s, sample)
     prompts, params, ids = [], [], []
     for rid in sample:
         r = rows[rid]
@@ -333,50 +310,87 @@ def resume_job(
     return run_job(session_factory, job_id, decoder, **kwargs)
 
 
-# ---------------------------------------------------------------- results
+@dataclass
+class JobInfo:
+    """What a caller needs to decide how to continue a job."""
+
+    job_id: str
+    status: str
+    target: str
+    drafter: str
+    output_file: str | None
+    queue: str | None
+
+
+def job_info(session_factory: sessionmaker[Session], job_id: str) -> JobInfo:
+    with session_factory() as s:
+        j = queries.get_job(s, job_id)
+        return JobInfo(j.id, j.status, j.target, j.drafter, j.output_file, j.queue)
 
 
 @dataclass
-class ResultsReport:
-    output_path: Path
-    errors_path: Path | None
-    n_output: int
-    n_errors: int
-    n_open: int  # requests not finished yet (not in either file)
+class ResumeOutcome:
+    """What resume did: "completed" (nothing to do; a missing output file was written again), "enqueued"
+    (a queued job went back to its workers: `enqueued` is the enqueue function's report) or "ran" (decoded here:
+    `report`)."""
+
+    action: str
+    info: JobInfo
+    report: RunReport | None = None
+    enqueued: Any = None
 
 
-def write_results(
-    session_factory: sessionmaker[Session], job_id: str, out_path: str | Path
-) -> ResultsReport:
-    """Writes the job's completed requests to out_path (OpenAI output lines, in input order) and its failed or
-    cancelled ones, invalid lines included, to OUT.errors.jsonl (removed when there are none). Atomic per file."""
-    out_path = Path(out_path)
-    err_path = errors_path_for(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out_path.with_name(f".{out_path.name}.tmp")
-    tmp_err = err_path.with_name(f".{err_path.name}.tmp")
-    n_out = n_err = n_open = 0
-    with session_factory() as s:
-        job = queries.get_job(s, job_id)
-        model, drafter = job.target, job.drafter
-        rows = s.scalars(
-            select(Request).where(Request.job_id == job_id).order_by(Request.line_number).execution_options(yield_per=500)
-        )
-        with open(tmp_out, "w", encoding="utf-8") as fo, open(tmp_err, "w", encoding="utf-8") as fe:
-            for r in rows:
-                if r.status == REQ_COMPLETED:
-                    fo.write(json.dumps(output_line(r, model=model, drafter=drafter), ensure_ascii=False) + "\n")
-                    n_out += 1
-                elif r.status in (REQ_FAILED, "cancelled"):
-                    fe.write(json.dumps(error_line(r), ensure_ascii=False) + "\n")
-                    n_err += 1
-                else:
-                    n_open += 1
-    tmp_out.replace(out_path)
-    if n_err:
-        tmp_err.replace(err_path)
-    else:
-        tmp_err.unlink()
-        if err_path.exists():
-            err_path.unlink()  # a stale errors file of an earlier export to the same path
-    return ResultsReport(out_path, err_path if n_err else None, n_out, n_err, n_open)
+def resume(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    *,
+    decoder_for: Callable[[str, str], Any],
+    enqueue: Callable[[sessionmaker[Session], str], Any] | None = None,
+    **run_kwargs: Any,
+) -> ResumeOutcome:
+    """Continues a job the way it was started: a queued job goes back to its workers (`enqueue`, e.g.
+    workers.enqueue.enqueue_job: the jobs layer never talks to the broker), a local one is decoded in this process
+    with `decoder_for(target, drafter)`. A completed job only gets its output file back if it is missing.
+
+    Raises JobStateError for a failed, cancelled or cancelling job."""
+    info = job_info(session_factory, job_id)
+    if info.status == JOB_COMPLETED:
+        if info.output_file and not Path(info.output_file).exists():
+            write_results(session_factory, job_id, info.output_file)
+        return ResumeOutcome("completed", info)
+    if info.status in (JOB_FAILED, JOB_CANCELLED, JOB_CANCELLING):
+        raise JobStateError(f"job {job_id} is {info.status}; there is nothing to resume")
+    if info.queue is not None:
+        if enqueue is None:
+            raise JobStateError(f"job {job_id} runs on the queue {info.queue}: resume it where the queue is reachable")
+        return ResumeOutcome("enqueued", info, enqueued=enqueue(session_factory, job_id))
+    decoder = decoder_for(info.target, info.drafter)
+    return ResumeOutcome("ran", info, report=resume_job(session_factory, job_id, decoder, **run_kwargs))
+
+
+# ---------------------------------------------------------------- cancel
+
+
+@dataclass
+class CancelOutcome:
+    job_id: str
+    status: str  # the job's status afterwards: cancelling (requests still running) or cancelled
+    running: int  # requests still running (they stop between decoding batches)
+
+
+def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOutcome:
+    """validating/in_progress -> cancelling: queued chunks are dropped, pending requests are cancelled, and the
+    job is cancelled as soon as nothing runs. Cancelling a cancelled job again is a no-op; any other status
+    raises JobStateError."""
+    with session_factory.begin() as s:
+        status = queries.get_job(s, job_id).status
+        changed = queries.request_cancel(s, job_id)
+        if changed:
+            qstore.cancel_queued_chunks(s, job_id)
+    if not changed and status not in (JOB_CANCELLING, JOB_CANCELLED):
+        raise JobStateError(f"job {job_id} is {status}; it cannot be cancelled")
+    with session_factory.begin() as s:
+        queries.try_finish_cancel(s, job_id)
+        status = queries.get_job(s, job_id).status
+        running = queries.job_counts(s, job_id)[REQ_RUNNING]
+    return CancelOutcome(job_id, status, running)

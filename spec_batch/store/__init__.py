@@ -1,6 +1,7 @@
 """The SQL store of bulk jobs: tables, engines/sessions/migrations and queries (see spec_batch.jobs.runner's docstring)."""
 from . import queries
 from .db import (
+    DatabaseMissingError,
     DatabaseNotMigratedError,
     current_revision,
     downgrade,
@@ -41,6 +42,7 @@ from . import baselines  # noqa: E402,F401  (registers the baseline_samples tabl
 
 __all__ = [
     "queries",
+    "DatabaseMissingError",
     "DatabaseNotMigratedError",
     "current_revision",
     "downgrade",

@@ -19,11 +19,28 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, String, and_, false, func, or_, select, update
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    and_,
+    delete,
+    exists,
+    false,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from .models import (
     JOB_CANCELLING,
+    JOB_FINALIZING,
     JOB_IN_PROGRESS,
     JOB_VALIDATING,
     REQ_PENDING,
@@ -42,6 +59,7 @@ CHUNK_RUNNING = "running"
 CHUNK_DONE = "done"
 CHUNK_SPLIT = "split"
 CHUNK_STATES = (CHUNK_QUEUED, CHUNK_RUNNING, CHUNK_DONE, CHUNK_SPLIT)
+CHUNK_LIVE = (CHUNK_QUEUED, CHUNK_RUNNING)  # a message exists or a worker holds it
 # Jobs whose chunks still need running (a cancelling job's chunks run only to cancel their requests).
 JOB_ACTIVE = (JOB_VALIDATING, JOB_IN_PROGRESS, JOB_CANCELLING)
 
@@ -91,13 +109,16 @@ def add_chunks(
     chunk_size: int,
     *,
     measure_baseline: bool = False,
-    first_seq: int = 0,
+    epoch: str | None = None,
+    attempts: int = 0,
 ) -> list[QueueChunk]:
-    """Splits `ids` (in order) into chunks of `chunk_size`; the first one measures the job's baseline."""
+    """Splits `ids` (in order) into chunks of `chunk_size`, numbered after the job's existing chunks; the first
+    one measures the job's baseline. `epoch`: the chunks are published in it by the caller before it commits."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     chunks = []
     now = utcnow()
+    first_seq = next_seq(session, job_id)
     for n, start in enumerate(range(0, len(ids), chunk_size)):
         chunk = QueueChunk(
             id=new_chunk_id(),
@@ -108,11 +129,20 @@ def add_chunks(
             measure_baseline=measure_baseline and n == 0,
             state=CHUNK_QUEUED,
             created_at=now,
+            epoch=epoch,
+            published_at=now if epoch is not None else None,
+            attempts=attempts,
         )
         session.add(chunk)
         chunks.append(chunk)
     session.flush()
     return chunks
+
+
+def next_seq(session: Session, job_id: str) -> int:
+    """The seq of the job's next chunk (0 for its first)."""
+    top = session.scalar(select(func.max(QueueChunk.seq)).where(QueueChunk.job_id == job_id))
+    return 0 if top is None else top + 1
 
 
 def get_chunk(session: Session, chunk_id: str) -> QueueChunk | None:
@@ -278,16 +308,10 @@ def split_chunk(
         return []
     if expected_worker is not None:
         release_worker_requests(session, expected_worker)
-    top = session.scalar(select(QueueChunk.seq).where(QueueChunk.job_id == chunk.job_id).order_by(QueueChunk.seq.desc()).limit(1))
-    pieces = add_chunks(session, chunk.job_id, chunk.queue, list(open_ids), 1, first_seq=(top or 0) + 1)
-    for piece in pieces:
-        piece.epoch = epoch
-        piece.published_at = now
-        piece.attempts = chunk.attempts
-    if chunk.measure_baseline and pieces:
-        pieces[0].measure_baseline = True
-    session.flush()
-    return pieces
+    return add_chunks(
+        session, chunk.job_id, chunk.queue, list(open_ids), 1,
+        measure_baseline=chunk.measure_baseline, epoch=epoch, attempts=chunk.attempts,
+    )
 
 
 def expired_chunks(session: Session, *, now: datetime | None = None, limit: int = 100) -> list[QueueChunk]:
@@ -383,6 +407,103 @@ def chunk_counts(session: Session, job_id: str) -> dict[str, int]:
     return counts
 
 
+def orphan_request_ids(session: Session, job_id: str) -> list[int]:
+    """Open requests of the job that no live (queued or running) chunk covers, in line order."""
+    covered: set[int] = set()
+    for ids in session.scalars(
+        select(QueueChunk.request_ids).where(QueueChunk.job_id == job_id, QueueChunk.state.in_(CHUNK_LIVE))
+    ):
+        covered.update(int(i) for i in ids)
+    open_ids = session.scalars(
+        select(Request.id)
+        .where(Request.job_id == job_id, Request.status.in_(REQUEST_OPEN))
+        .order_by(Request.line_number)
+    )
+    return [i for i in open_ids if i not in covered]
+
+
+def baseline_chunk_pending(session: Session, job_id: str) -> bool:
+    """True when a live chunk of the job will measure its baseline."""
+    return bool(session.scalar(select(exists().where(
+        QueueChunk.job_id == job_id, QueueChunk.measure_baseline.is_(True), QueueChunk.state.in_(CHUNK_LIVE)
+    ))))
+
+
+def set_job_queue(session: Session, job_id: str, queue: str, chunk_size: int) -> None:
+    """Gives a job that has none its queue and chunk size (a local job resumed on the queue keeps them)."""
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.queue.is_(None)).values(queue=queue)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.chunk_size.is_(None)).values(chunk_size=chunk_size)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def delete_unpublished_job(session: Session, job_id: str) -> bool:
+    """Deletes a job none of whose chunks was ever published or started (one conditional DELETE)."""
+    touched = exists().where(
+        QueueChunk.job_id == job_id, or_(QueueChunk.epoch.is_not(None), QueueChunk.state != CHUNK_QUEUED)
+    )
+    res = session.execute(delete(Job).where(Job.id == job_id, ~touched).execution_options(synchronize_session=False))
+    return res.rowcount == 1
+
+
+def jobs_to_adopt(session: Session, *, created_before: datetime, limit: int) -> list[str]:
+    """In-progress queue jobs older than `created_before` (a submit may have died before storing chunks)."""
+    return list(session.scalars(
+        select(Job.id)
+        .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, Job.created_at < created_before)
+        .order_by(Job.created_at)
+        .limit(limit)
+    ))
+
+
+def running_chunks_held_by(session: Session, holders: Iterable[str]) -> list[QueueChunk]:
+    holders = list(holders)
+    if not holders:
+        return []
+    return list(session.scalars(
+        select(QueueChunk).where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker.in_(holders))
+    ))
+
+
+def queue_jobs_to_finalize(session: Session, limit: int = 50) -> list[str]:
+    """In-progress queue jobs with nothing open any more (their last worker died before finalizing)."""
+    open_req = exists().where(Request.job_id == Job.id, Request.status.in_(REQUEST_OPEN))
+    return list(session.scalars(
+        select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, ~open_req).limit(limit)
+    ))
+
+
+def queue_jobs_to_cancel(session: Session, limit: int = 50) -> list[str]:
+    """Cancelling queue jobs with no request running any more."""
+    running_req = exists().where(Request.job_id == Job.id, Request.status == REQ_RUNNING)
+    return list(session.scalars(
+        select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_CANCELLING, ~running_req).limit(limit)
+    ))
+
+
+def queue_jobs_stuck_finalizing(session: Session, *, since_before: datetime, limit: int = 50) -> list[str]:
+    """Queue jobs finalizing since before `since_before` (the worker finalizing them died in between)."""
+    return list(session.scalars(
+        select(Job.id).where(
+            Job.queue.is_not(None), Job.status == JOB_FINALIZING, Job.finalizing_at < since_before
+        ).limit(limit)
+    ))
+
+
+def running_chunk_holders(session: Session, job_id: str) -> list[tuple[str, datetime | None]]:
+    """(worker, lease_expires_at) of the job's running chunks."""
+    return [
+        (w, t) for w, t in session.execute(
+            select(QueueChunk.worker, QueueChunk.lease_expires_at)
+            .where(QueueChunk.job_id == job_id, QueueChunk.state == CHUNK_RUNNING)
+        ).all()
+    ]
+
+
 def cancel_queued_chunks(session: Session, job_id: str) -> int:
     """A cancelled job's queued chunks -> done (their messages, if delivered, then do nothing)."""
     return session.execute(
@@ -400,6 +521,18 @@ __all__ = [
     "CHUNK_RUNNING",
     "CHUNK_DONE",
     "CHUNK_SPLIT",
+    "CHUNK_LIVE",
+    "next_seq",
+    "orphan_request_ids",
+    "baseline_chunk_pending",
+    "set_job_queue",
+    "delete_unpublished_job",
+    "jobs_to_adopt",
+    "running_chunks_held_by",
+    "queue_jobs_to_finalize",
+    "queue_jobs_to_cancel",
+    "queue_jobs_stuck_finalizing",
+    "running_chunk_holders",
     "JOB_ACTIVE",
     "new_chunk_id",
     "add_chunks",

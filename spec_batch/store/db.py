@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import SpecBatchError
-from ..settings import get_settings
+from ..settings import get_settings, shown_url
 
 # The repository's migrations/ (spec-batch is installed editable: see scripts/setup.sh).
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
@@ -24,6 +24,19 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 class DatabaseNotMigratedError(SpecBatchError):
     """A server database whose schema is not at the migrations' head."""
+
+
+class DatabaseMissingError(SpecBatchError):
+    """A SQLite file that does not exist, opened by a command that only reads."""
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for another backend or an in-memory database)."""
+    url = normalize_url(url)
+    if not url.startswith("sqlite"):
+        return None
+    path = make_url(url).database
+    return Path(path).expanduser() if path and path != ":memory:" else None
 
 
 def normalize_url(url: str) -> str:
@@ -44,12 +57,19 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cur.close()
 
 
-def make_engine(url: str | None = None, **kwargs) -> Engine:
+def make_engine(url: str | None = None, *, create: bool = True, **kwargs) -> Engine:
+    """An engine for `url`. create=False: a SQLite file that does not exist raises DatabaseMissingError (nothing
+    is created); create=True makes its folder."""
     url = normalize_url(url or get_settings().database_url)
+    path = sqlite_path(url)
+    if path is not None:
+        if not create and not path.exists():
+            raise DatabaseMissingError(
+                f"the database {path} does not exist (no job has been run with this database yet; "
+                f"`spec-batch run FILE.jsonl` creates it, SPEC_BATCH_DATABASE_URL names another one)"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
     if url.startswith("sqlite"):
-        path = make_url(url).database
-        if path and path != ":memory:":
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
         kwargs.setdefault("connect_args", {"timeout": 30})
     else:
         kwargs.setdefault("pool_pre_ping", True)
@@ -132,12 +152,15 @@ def downgrade(url_or_engine: Engine | str | None, revision: str) -> None:
     _run(engine, "downgrade", revision)
 
 
-def open_store(url: str | None = None, *, migrate: bool | None = None) -> sessionmaker[Session]:
+def open_store(
+    url: str | None = None, *, migrate: bool | None = None, create: bool = True
+) -> sessionmaker[Session]:
     """A session factory for `url` (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db).
 
     migrate=None: SQLite migrates itself; a server must already be at head (clear error otherwise).
+    create=False: a missing SQLite file is an error (DatabaseMissingError), not a new empty database.
     """
-    engine = make_engine(url)
+    engine = make_engine(url, create=create)
     if migrate is None:
         migrate = engine.dialect.name == "sqlite"
     if migrate:
@@ -145,7 +168,7 @@ def open_store(url: str | None = None, *, migrate: bool | None = None) -> sessio
     else:
         cur, head = current_revision(engine), head_revision()
         if cur != head:
-            shown = engine.url.render_as_string(hide_password=True)
+            shown = shown_url(engine.url.render_as_string(hide_password=False))
             raise DatabaseNotMigratedError(
                 f"database {shown} is at revision {cur or '(empty)'}, the code needs {head}: "
                 f"run `spec-batch db upgrade` (or `alembic upgrade head`) with SPEC_BATCH_DATABASE_URL set"
@@ -154,7 +177,9 @@ def open_store(url: str | None = None, *, migrate: bool | None = None) -> sessio
 
 
 __all__ = [
+    "DatabaseMissingError",
     "DatabaseNotMigratedError",
+    "sqlite_path",
     "make_engine",
     "make_session_factory",
     "migrate_to_head",

@@ -7,11 +7,11 @@ is completed exactly once.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Float, and_, case, cast, exists, func, or_, select, update
+from sqlalchemy import and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import SpecBatchError
@@ -42,6 +42,24 @@ class JobNotFoundError(SpecBatchError, LookupError):
 
 
 # ---------------------------------------------------------------- jobs
+
+INSERT_BATCH = 1000  # request rows per INSERT statement
+
+
+def insert_job(session: Session, **values: Any) -> None:
+    """Adds a job row (`values`: Job columns by attribute name)."""
+    session.add(Job(**values))
+    session.flush()
+
+
+def insert_requests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Adds request rows (dicts of Request columns), in batches of INSERT_BATCH."""
+    for i in range(0, len(rows), INSERT_BATCH):
+        session.execute(insert(Request), list(rows[i : i + INSERT_BATCH]))
+
+
+def find_job(session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id)
 
 
 def get_job(session: Session, job_id: str) -> Job:
@@ -200,6 +218,60 @@ def request_ids(
             raise ValueError(f"unknown request status(es) {sorted(unknown)}; known: {REQUEST_STATUSES}")
         q = q.where(Request.status.in_(statuses))
     return list(session.scalars(q.order_by(Request.line_number)))
+
+
+class RequestInput(NamedTuple):
+    """What decoding a stored request needs, and what names it in messages (its line and custom_id)."""
+
+    id: int
+    line_number: int
+    custom_id: str | None
+    endpoint: str
+    prompt: Any
+    params: dict[str, Any]
+
+
+def request_inputs(session: Session, ids: Iterable[int]) -> dict[int, RequestInput]:
+    """The inputs of the requests `ids`, by id."""
+    rows = session.execute(
+        select(Request.id, Request.line_number, Request.custom_id, Request.endpoint, Request.prompt, Request.params)
+        .where(Request.id.in_(list(ids)))
+    ).all()
+    return {r.id: RequestInput(*r) for r in rows}
+
+
+def valid_request_ids(session: Session, job_id: str) -> list[int]:
+    """The job's requests that passed validation (invalid lines have no endpoint), in line order."""
+    return list(
+        session.scalars(
+            select(Request.id)
+            .where(Request.job_id == job_id, Request.endpoint.is_not(None))
+            .order_by(Request.line_number)
+        )
+    )
+
+
+def iter_requests(session: Session, job_id: str) -> Iterator[Request]:
+    """Every request row of the job in line order, streamed (for exports of large jobs)."""
+    yield from session.scalars(
+        select(Request).where(Request.job_id == job_id).order_by(Request.line_number).execution_options(yield_per=500)
+    )
+
+
+def failed_requests(session: Session, job_id: str, limit: int) -> list[Any]:
+    """The job's first `limit` failed requests: (line_number, custom_id, error_code, error) in line order."""
+    return list(
+        session.execute(
+            select(Request.line_number, Request.custom_id, Request.error_code, Request.error)
+            .where(Request.job_id == job_id, Request.status == REQ_FAILED)
+            .order_by(Request.line_number)
+            .limit(limit)
+        ).all()
+    )
+
+
+def request_attempts(session: Session, request_id: int) -> int | None:
+    return session.scalar(select(Request.attempts).where(Request.id == request_id))
 
 
 def open_request_ids(session: Session, job_id: str, among: Iterable[int] | None = None) -> list[int]:
@@ -386,9 +458,10 @@ def list_job_summaries(
     return [dict(r) for r in session.execute(q).mappings()]
 
 
-def stats_by_model(session: Session) -> list[dict[str, Any]]:
-    """Per (target, drafter): jobs, requests, output tokens, pooled acceptance rate and tokens per step over
-    all their requests, and the mean and range of the jobs' measured speedups."""
+def model_totals(session: Session) -> list[dict[str, Any]]:
+    """Per (target, drafter), over every job: jobs, requests by outcome and the sums of the requests'
+    statistics (rates are computed from these sums by spec_batch.jobs.stats, with the one definition of each),
+    plus the mean and range of the jobs' measured speedups and their mean tokens/s (from job_summary)."""
     per_req = (
         select(
             Job.target,
@@ -398,12 +471,9 @@ def stats_by_model(session: Session) -> list[dict[str, Any]]:
             func.sum(case((Request.status == REQ_COMPLETED, 1), else_=0)).label("n_completed"),
             func.sum(case((Request.status == REQ_FAILED, 1), else_=0)).label("n_failed"),
             func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
-            (cast(func.sum(Request.accepted_tokens), Float) / func.nullif(func.sum(Request.draft_tokens), 0)).label(
-                "acceptance_rate"
-            ),
-            (cast(func.sum(Request.output_tokens), Float) / func.nullif(func.sum(Request.target_forwards), 0)).label(
-                "tokens_per_step"
-            ),
+            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
+            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
+            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
         )
         .select_from(Job)
         .join(Request, Request.job_id == Job.id, isouter=True)
@@ -436,15 +506,31 @@ def stats_by_model(session: Session) -> list[dict[str, Any]]:
     out = []
     for r in session.execute(q).mappings():
         d = dict(r)
-        for k in ("speedup", "min_speedup", "max_speedup", "tokens_per_s", "acceptance_rate", "tokens_per_step"):
+        for k in ("speedup", "min_speedup", "max_speedup", "tokens_per_s"):
             if d.get(k) is not None:
                 d[k] = float(d[k])
+        for k in ("n_completed", "n_failed", "output_tokens", "draft_tokens", "accepted_tokens", "target_forwards"):
+            d[k] = int(d[k] or 0)
         out.append(d)
     return out
 
 
+def job_request_totals(session: Session, job_id: str) -> dict[str, int]:
+    """Sums of the job's request statistics (the inputs of job_summary's rates)."""
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
+            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
+            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
+            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
+        ).where(Request.job_id == job_id)
+    ).mappings().one()
+    return {k: int(v) for k, v in row.items()}
+
+
 __all__ = [
     "JobNotFoundError",
+    "find_job",
     "get_job",
     "resolve_job_id",
     "set_job_status",
@@ -466,5 +552,14 @@ __all__ = [
     "job_counts",
     "job_summary_row",
     "list_job_summaries",
-    "stats_by_model",
+    "model_totals",
+    "job_request_totals",
+    "RequestInput",
+    "insert_job",
+    "insert_requests",
+    "request_inputs",
+    "valid_request_ids",
+    "iter_requests",
+    "failed_requests",
+    "request_attempts",
 ]

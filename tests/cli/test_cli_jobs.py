@@ -19,17 +19,8 @@ from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import Request, current_revision, head_revision, make_engine, make_session_factory, queries
 
-from jobs_testlib import (  # noqa: F401  (fixtures)
-    FakeDecoder,
-    chat_line,
-    completion_line,
-    create_pg_database,
-    db_url,
-    drop_pg_database,
-    pg_admin,
-    pg_url,
-    write_batch,
-)
+from batch_lines import chat_line, completion_line, write_batch
+from db_fixtures import create_pg_database, drop_pg_database
 
 SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
 
@@ -39,13 +30,13 @@ def _invoke(url: str, *args: str):
     return result
 
 
-def test_history_commands(db_url, tmp_path):
+def test_history_commands(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     path = write_batch(tmp_path / "in.jsonl", [completion_line(f"c{i}", f"p{i}", max_tokens=3) for i in range(4)]
                        + ["{bad json"])
     job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=2,
                                      metadata={"team": "docs"})
-    run_job(factory, job_id, FakeDecoder())
+    run_job(factory, job_id, fake_decoder_cls())
 
     r = _invoke(db_url, "jobs", "--limit", "100")
     assert r.exit_code == 0 and job_id in r.output and "completed" in r.output

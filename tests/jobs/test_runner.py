@@ -1,5 +1,5 @@
 """The runner and the job service: a full job, idempotent re-runs, interruption and resume, overlapping
-runners, cancellation, the measured baseline. Fast tests use FakeDecoder; the full job uses the real model."""
+runners, cancellation, the measured baseline. Fast tests use the fake decoder; the full job uses the real model."""
 from __future__ import annotations
 
 import json
@@ -13,15 +13,7 @@ from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, 
 from spec_batch.jobs.runner import finalize_job, run_requests
 from spec_batch.store import Job, Request, make_session_factory, queries
 
-from jobs_testlib import (  # noqa: F401  (fixtures)
-    FakeDecoder,
-    chat_line,
-    completion_line,
-    db_url,
-    pg_admin,
-    pg_url,
-    write_batch,
-)
+from batch_lines import chat_line, completion_line, write_batch
 
 
 def _rows(factory, job_id):
@@ -45,7 +37,7 @@ def _make_job(factory, tmp_path, n=10, *, bad=True, **kw):
         lines += [
             "{not json",
             chat_line("tmpl", "BAD TEMPLATE please"),  # valid line; the chat template rejects it
-            completion_line("long", "FAIL: too long"),  # valid line; decoding fails
+            completion_line("long", "TOO LONG for the context"),  # valid line; decoding fails
             completion_line("c0", "duplicate"),
             json.dumps({"custom_id": "x", "url": "/v1/embeddings", "body": {}}),
         ]
@@ -56,20 +48,20 @@ def _make_job(factory, tmp_path, n=10, *, bad=True, **kw):
     )
 
 
-def test_full_job_with_fake_decoder(db_url, tmp_path):
+def test_full_job_with_fake_decoder(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, parsed = _make_job(factory, tmp_path, n=10, batch_size=3, baseline_sample=2)
     assert len(parsed.requests) == 12 and len(parsed.errors) == 3
     assert _job(factory, job_id).status == "in_progress"
     progress = []
-    report = run_job(factory, job_id, FakeDecoder(), on_progress=lambda r: progress.append(r.done))
+    report = run_job(factory, job_id, fake_decoder_cls(), on_progress=lambda r: progress.append(r.done))
     assert report.finalized and report.stopped is None
     rows = _rows(factory, job_id)
     by_cid = {r.custom_id: r for r in rows if r.custom_id}
     assert all(by_cid[f"c{i}"].status == "completed" for i in range(10))
-    assert by_cid["c3"].output == "ok:prompt numbe" and by_cid["c3"].worker
+    assert by_cid["c3"].output == fake_decoder_cls.REPLY[:4] and by_cid["c3"].worker  # max_tokens 4
     assert (by_cid["tmpl"].status, by_cid["tmpl"].error_code) == ("failed", "chat_template_error")
-    assert (by_cid["long"].status, by_cid["long"].error) == ("failed", "prompt too long")
+    assert by_cid["long"].status == "failed" and "does not fit" in by_cid["long"].error
     invalid = [r for r in rows if r.endpoint is None]
     assert [(r.line_number, r.error_code) for r in invalid] == [
         (11, "invalid_json"), (14, "duplicate_custom_id"), (15, "unsupported_endpoint")]
@@ -91,56 +83,56 @@ def test_full_job_with_fake_decoder(db_url, tmp_path):
     assert progress and progress[-1] == report.done
 
 
-def test_rerun_is_idempotent(db_url, tmp_path):
+def test_rerun_is_idempotent(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=6)
-    run_job(factory, job_id, FakeDecoder())
+    run_job(factory, job_id, fake_decoder_cls())
     before = _snapshot(factory, job_id)
     decode_s = _job(factory, job_id).decode_wall_s
-    dec = FakeDecoder()
+    dec = fake_decoder_cls()
     with factory() as s:
         all_ids = queries.request_ids(s, job_id)
     again = run_requests(factory, job_id, dec, request_ids=all_ids + all_ids[:3])
     assert (again.claimed, again.completed, again.failed) == (0, 0, 0) and not again.finalized
-    assert dec.calls == []
+    assert dec.generate_calls == []
     run_job(factory, job_id, dec)
     assert _snapshot(factory, job_id) == before and _job(factory, job_id).decode_wall_s == decode_s
     assert finalize_job(factory, job_id) is False
 
 
-def test_interrupt_hands_requests_back_and_resume_loses_nothing(db_url, tmp_path):
+def test_interrupt_hands_requests_back_and_resume_loses_nothing(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=8, bad=False, batch_size=8)
     with pytest.raises(KeyboardInterrupt):
-        run_job(factory, job_id, FakeDecoder(fail_after=3))
+        run_job(factory, job_id, fake_decoder_cls(interrupt_after=3))
     rows = _rows(factory, job_id)
     assert [r.status for r in rows].count("completed") == 3
     assert [r.status for r in rows].count("pending") == 5  # claimed but unfinished: back to pending at once
     done_before = {r.id: (r.output, r.completed_at) for r in rows if r.status == "completed"}
-    dec = FakeDecoder()
+    dec = fake_decoder_cls()
     report = resume_job(factory, job_id, dec)
     assert report.completed == 5 and report.finalized
-    assert sum(len(c) for c in dec.calls) == 5  # only the unfinished ones were decoded
+    assert sum(len(prompts) for prompts, _ in dec.generate_calls) == 5  # only the unfinished ones were decoded
     rows = _rows(factory, job_id)
     assert all(r.status == "completed" for r in rows)
     assert {r.id: (r.output, r.completed_at) for r in rows if r.id in done_before} == done_before
     assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 8
 
 
-def test_killed_runner_rows_are_released_by_resume(db_url, tmp_path):
+def test_killed_runner_rows_are_released_by_resume(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=4, bad=False)
     with factory.begin() as s:  # a runner that claimed two requests, then was SIGKILLed
         ids = queries.request_ids(s, job_id)
         queries.claim_requests(s, job_id, ids[:2], worker="dead:1", lease_seconds=3600)
-    report = run_requests(factory, job_id, FakeDecoder())
+    report = run_requests(factory, job_id, fake_decoder_cls())
     assert report.completed == 2 and report.skipped == 2 and not report.finalized  # live leases are respected
-    report = resume_job(factory, job_id, FakeDecoder())
+    report = resume_job(factory, job_id, fake_decoder_cls())
     assert report.completed == 2 and report.finalized
     assert all(r.status == "completed" for r in _rows(factory, job_id))
 
 
-def test_overlapping_runners_store_each_result_once(db_url, tmp_path):
+def test_overlapping_runners_store_each_result_once(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=12, bad=False, batch_size=2)
     with factory() as s:
@@ -149,7 +141,7 @@ def test_overlapping_runners_store_each_result_once(db_url, tmp_path):
 
     def work(subset, name):
         # lease 0: every claim expires at once, so the two runners really decode the same requests
-        reports.append(run_requests(factory, job_id, FakeDecoder(delay_s=0.005), request_ids=subset, worker=name,
+        reports.append(run_requests(factory, job_id, fake_decoder_cls(step_delay=0.005), request_ids=subset, worker=name,
                                     lease_seconds=0))
 
     threads = [threading.Thread(target=work, args=(ids[:9], "a")), threading.Thread(target=work, args=(ids[3:], "b"))]
@@ -163,17 +155,17 @@ def test_overlapping_runners_store_each_result_once(db_url, tmp_path):
     assert _job(factory, job_id).status == "completed"
 
 
-def test_should_stop_between_groups(db_url, tmp_path):
+def test_should_stop_between_groups(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=1)
     calls = []
-    report = run_requests(factory, job_id, FakeDecoder(), should_stop=lambda: calls.append(1) or len(calls) > 1)
+    report = run_requests(factory, job_id, fake_decoder_cls(), should_stop=lambda: calls.append(1) or len(calls) > 1)
     assert report.stopped == "should_stop" and report.completed == 4  # one group = 4 x batch_size
     assert _job(factory, job_id).status == "in_progress"
-    assert run_requests(factory, job_id, FakeDecoder()).completed == 6
+    assert run_requests(factory, job_id, fake_decoder_cls()).completed == 6
 
 
-def test_cancel_stops_the_runner(db_url, tmp_path):
+def test_cancel_stops_the_runner(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=1)
 
@@ -182,7 +174,7 @@ def test_cancel_stops_the_runner(db_url, tmp_path):
             with factory.begin() as s:
                 queries.request_cancel(s, job_id)
 
-    report = run_requests(factory, job_id, FakeDecoder(), on_progress=cancel_once)
+    report = run_requests(factory, job_id, fake_decoder_cls(), on_progress=cancel_once)
     assert report.stopped == "cancelled" and report.completed == 4
     assert _job(factory, job_id).status == "cancelled"
     rep = write_results(factory, job_id, tmp_path / "cancelled.jsonl")
@@ -191,10 +183,10 @@ def test_cancel_stops_the_runner(db_url, tmp_path):
     assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
 
 
-def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path):
+def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=9, bad=False, baseline_sample=3)
-    dec = FakeDecoder()
+    dec = fake_decoder_cls()
     b = measure_baseline(factory, job_id, dec)
     assert b is not None and b.n_requests == 3 and b.stored == 3
     assert b.baseline_output_tokens == b.sample_output_tokens  # same requests, same outputs
@@ -208,7 +200,7 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path):
     assert row["speedup"] == pytest.approx((job.sample_output_tokens / job.sample_wall_s)
                                            / (job.baseline_output_tokens / job.baseline_wall_s))
     off, _ = _make_job(factory, tmp_path, n=2, bad=False, baseline_sample=0)
-    run_job(factory, off, FakeDecoder())
+    run_job(factory, off, fake_decoder_cls())
     with factory() as s:
         row = queries.job_summary_row(s, off)
     assert row["speedup"] is None and row["baseline_tokens_per_s"] is None and row["tokens_per_s"] is not None
@@ -273,18 +265,18 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
     assert summary["tokens_per_s"] == pytest.approx(summary["output_tokens"] / job.decode_wall_s)
 
 
-def test_resume_finishes_a_job_killed_while_finalizing(db_url, tmp_path):
+def test_resume_finishes_a_job_killed_while_finalizing(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=3, bad=False)
-    run_requests(factory, job_id, FakeDecoder(), finalize=False)
+    run_requests(factory, job_id, fake_decoder_cls(), finalize=False)
     with factory.begin() as s:
         assert queries.begin_finalize(s, job_id)  # ... and the process died before writing the output
-    report = resume_job(factory, job_id, FakeDecoder())
+    report = resume_job(factory, job_id, fake_decoder_cls())
     assert report.finalized and _job(factory, job_id).status == "completed"
     assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 3
 
 
-def test_a_long_group_renews_its_leases(db_url, tmp_path):
+def test_a_long_group_renews_its_leases(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=6, bad=False, batch_size=8)
     leases = []
@@ -294,7 +286,7 @@ def test_a_long_group_renews_its_leases(db_url, tmp_path):
             leases.append(s.scalar(select(Request.lease_expires_at).where(
                 Request.job_id == job_id, Request.status == "running").order_by(Request.line_number.desc()).limit(1)))
 
-    report = run_requests(factory, job_id, FakeDecoder(delay_s=0.03), lease_seconds=0.06, on_progress=watch)
+    report = run_requests(factory, job_id, fake_decoder_cls(step_delay=0.03), lease_seconds=0.06, on_progress=watch)
     assert report.completed == 6
     seen = [lease for lease in leases if lease is not None]
     assert len(set(seen)) >= 2  # the last request's lease was extended while the others finished

@@ -1,9 +1,7 @@
-"""Helpers of the queue tests (test_queue.py, test_queue_workers.py): Redis servers, real worker processes.
+"""Helpers of the worker tests (and bench/bench_queue.py): Redis servers, real worker processes.
 
 - ``RedisServer``: a private ``redis-server`` on a free port (no persistence), restartable; tests get their own
   broker, so they never collide with another test run or with data in the shared Redis at 6379.
-- ``redis_url`` fixture (session): a private server's db 0 when ``redis-server`` is installed, else the shared
-  server's db 15 (``SPEC_BATCH_TEST_REDIS_URL``), flushed; skipped with the reason when neither is reachable.
 - ``WorkerProcess``: ``spec-batch worker`` as a subprocess in its own process group (so a test can SIGKILL
   the whole worker, or only its pool child), with its log in a file; stopped at teardown.
 - ``worker_env(db_url, broker_url, lease_seconds)``: the environment of a worker (one torch thread each).
@@ -22,9 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED_REDIS_URL = os.environ.get("SPEC_BATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
 
@@ -77,33 +73,6 @@ class RedisServer:
         if down_s:
             time.sleep(down_s)
         self.start()
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory) -> str:
-    """A clean broker URL for the queue tests (see the module docstring)."""
-    if shutil.which("redis-server"):
-        server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-        yield server.url
-        server.stop()
-        return
-    if not redis_ping(SHARED_REDIS_URL):
-        pytest.skip(f"no redis-server binary and Redis at {SHARED_REDIS_URL} cannot be reached "
-                    f"(start it with scripts/services.sh)")
-    import redis
-
-    redis.Redis.from_url(SHARED_REDIS_URL).flushdb()
-    yield SHARED_REDIS_URL
-
-
-@pytest.fixture
-def redis_server(tmp_path) -> RedisServer:
-    """A private Redis for one test (restartable); skipped when redis-server is not installed."""
-    if not shutil.which("redis-server"):
-        pytest.skip("redis-server is not installed: the Redis restart test needs its own server")
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "condition"):

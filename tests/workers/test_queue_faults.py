@@ -11,16 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from jobs_testlib import create_pg_database, drop_pg_database, pg_admin  # noqa: F401  (fixture)
-from queue_testlib import (  # noqa: F401  (fixtures)
-    WorkerProcess,
-    free_port,
-    redis_server,
-    redis_url,
-    wait_for,
-    worker_env,
-    write_completions,
-)
+from db_fixtures import create_pg_database, drop_pg_database
+from queue_testlib import WorkerProcess, free_port, wait_for, worker_env, write_completions
 from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Request

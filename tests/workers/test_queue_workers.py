@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from queue_testlib import WorkerProcess, redis_url, run_cli, wait_for, worker_env, write_completions  # noqa: F401
+from queue_testlib import WorkerProcess, run_cli, wait_for, worker_env, write_completions
 from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Request

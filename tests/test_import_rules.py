@@ -1,0 +1,158 @@
+"""The layers' import rules (docs/architecture.md), read from the source with ast: every import statement counts,
+those inside functions included (only `if TYPE_CHECKING:` blocks, which never run, are left out).
+
+- spec_batch.core imports no sqlalchemy, alembic, celery, kombu, redis or langchain, and nothing of the layers
+  above it (loading, jobs, store, cli, reports) nor workers;
+- spec_batch.jobs and spec_batch.store import no celery, kombu or langchain, and nothing of workers;
+- no import cycles among the project's modules.
+"""
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("spec_batch", "workers", "langchain_spec")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST):
+    """Every Import / ImportFrom node, skipping `if TYPE_CHECKING:` bodies."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+@cache
+def imports_of(module: str) -> frozenset[str]:
+    """Absolute names `module` imports: `from pkg import mod` counts as pkg.mod when that is a project module."""
+    path = project_modules()[module]
+    is_package = path.name == "__init__.py"
+    modules = project_modules()
+    out: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+            continue
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        for alias in node.names:
+            sub = f"{target}.{alias.name}"
+            out.add(sub if sub in modules else target)
+    return frozenset(out)
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+RULES = [
+    ("spec_batch.core", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
+                         "langchain_spec", "workers"},
+     ("spec_batch.loading", "spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports")),
+    ("spec_batch.jobs", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
+     ("spec_batch.cli",)),
+    ("spec_batch.store", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
+     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.core")),
+]
+
+
+@pytest.mark.parametrize("package,forbidden,forbidden_layers", RULES, ids=[r[0] for r in RULES])
+def test_layer_imports(package, forbidden, forbidden_layers):
+    bad = []
+    for module in sorted(project_modules()):
+        if not _within(module, package):
+            continue
+        for name in sorted(imports_of(module)):
+            if _top(name) in forbidden or any(_within(name, layer) for layer in forbidden_layers):
+                bad.append(f"{module} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    modules = project_modules()
+    graph = {m: {n for n in imports_of(m) if n in modules} for m in modules}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_sees_function_level_imports(tmp_path):
+    """The checker itself: a cycle hidden by an import inside a function is found."""
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+    assert _cycles(graph) == [["a", "b"]]
+    src = "def f():\n    from .runner import run\n"
+    nodes = list(_import_nodes(ast.parse(src)))
+    assert len(nodes) == 1 and nodes[0].module == "runner" and nodes[0].level == 1
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import y\n"
+    assert [n.module for n in _import_nodes(ast.parse(typed))] == ["typing"]

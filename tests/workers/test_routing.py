@@ -1,0 +1,30 @@
+"""Routing: a job's target and drafter decide its queue; `--model TARGET[:DRAFTER]` names a pair."""
+from __future__ import annotations
+
+import pytest
+
+from workers.routing import parse_model_pair, queue_name
+
+
+def test_queue_names_are_plain_and_distinct():
+    assert queue_name("default", "ngram") == "spec-batch.default.ngram"
+    assert queue_name("default", "none") == "spec-batch.default.none"
+    hub = queue_name("HuggingFaceTB/SmolLM2-360M", "none")
+    assert hub.startswith("spec-batch.huggingfacetb_smollm2-360m.none-") and hub.isascii()
+    # lossy sanitizing never merges two pairs
+    assert queue_name("a/b", "ngram") != queue_name("a_b", "ngram")
+    assert queue_name("x.y", "ngram") != queue_name("x", "y.ngram")
+    long = queue_name("/models/" + "x" * 300 + ".gguf", "/models/draft.gguf")
+    assert len(long) <= 120 and long != queue_name("/models/" + "x" * 299 + ".gguf", "/models/draft.gguf")
+    with pytest.raises(ValueError):
+        queue_name("", "ngram")
+
+
+def test_parse_model_pair():
+    assert parse_model_pair("default") == ("default", "ngram")
+    assert parse_model_pair("default:none") == ("default", "none")
+    assert parse_model_pair("./m/big:HuggingFaceTB/SmolLM2-135M") == ("./m/big", "HuggingFaceTB/SmolLM2-135M")
+    assert parse_model_pair("default", "none") == ("default", "none")
+    for bad in ("", ":ngram", "default:"):
+        with pytest.raises(ValueError):
+            parse_model_pair(bad)
