@@ -3,18 +3,19 @@
 A drafter sees the rows of the batch (each row's token list ends with the token the target will read next)
 and proposes up to k[b] tokens per row. Drafters that sample from a distribution return it too, so the
 verifier can run rejection sampling; drafters without one (n-gram) are verified as one-hot drafts.
-New kinds (EAGLE/Medusa heads) implement the same protocol; the decoding loop does not change.
+New kinds (suffix trees, EAGLE/Medusa heads) implement the same protocol; the decoding loop does not change:
+everything it needs to know about a drafter is in the protocol's attributes (`free`, `has_probs`,
+`initial_acceptance`), never in its name.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
-from .kv_batch import KVBatch
-from .sampling import STREAM_DRAFT, SamplingParams, exponential_noise, logits_to_probs, sample_from
+from .kv_batch import KVBatch, left_padded
+from .sampling import STREAM_DRAFT, SamplingParams, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
 
 class DraftRow(Protocol):
@@ -31,12 +32,18 @@ class Draft:
     tokens: list[list[int]]  # per row, at most k[b] tokens
     probs: torch.Tensor | None = None  # [B, kmax, V] the draft's distributions, or None (one-hot drafts)
     forwards: int = 0  # draft-model forward passes spent
-    seconds: float = 0.0
+    # per row, one confidence in [0, 1] per proposed token (the drafter's estimate that the target agrees), or None
+    confidence: list[list[float]] | None = None
 
 
 class Drafter(Protocol):
     name: str
     has_probs: bool  # True: proposals are sampled from `Draft.probs` (rejection sampling applies)
+    # True: proposing costs nothing (no model forward). The loop then asks for the full proposal every step, to
+    # observe acceptance even in steps that verify none of it, and the policy never drafts just to probe.
+    free: bool
+    # (first_hits, first_tries): the prior of a new row's RowAcceptance (its first-token acceptance rate)
+    initial_acceptance: tuple[float, float]
 
     def admit(self, rows: Sequence[DraftRow]) -> None:
         """New rows join the batch, appended after the current ones."""
@@ -59,6 +66,8 @@ class NoDrafter:
 
     name = "none"
     has_probs = False
+    free = True
+    initial_acceptance = (1.0, 2.0)
 
     def admit(self, rows: Sequence[DraftRow]) -> None:
         pass
@@ -103,6 +112,10 @@ class NgramDrafter:
 
     name = "ngram"
     has_probs = False
+    free = True
+    # its proposals are checked against every step's output anyway, so a new row starts skeptical and earns long
+    # drafts by matching (free-form text then never pays for a wide verify)
+    initial_acceptance = (0.2, 2.0)
 
     def __init__(self, n_min: int = 1, n_max: int = 3):
         if not 1 <= n_min <= n_max:
@@ -135,6 +148,8 @@ class ModelDrafter:
     """A smaller causal LM sharing the target's tokenizer; keeps its own KV cache, rolled back like the target's."""
 
     has_probs = True
+    free = False
+    initial_acceptance = (1.0, 2.0)
 
     def __init__(self, model, name: str, device: torch.device, placeholder_id: int, vocab_size: int):
         self.model = model
@@ -149,14 +164,8 @@ class ModelDrafter:
     def admit(self, rows: Sequence[DraftRow]) -> None:
         group = KVBatch(self.model, self.device, len(rows))
         prefill = [row.tokens[:-1] for row in rows]  # the last token is read when drafting, like the target
-        width = max(1, max(len(p) for p in prefill))
-        ids = torch.full((len(rows), width), self.placeholder_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), width), dtype=torch.bool)
-        for b, p in enumerate(prefill):
-            if p:
-                ids[b, width - len(p) :] = torch.tensor(p)
-                valid[b, width - len(p) :] = True
-        group.forward(self._feedable(ids), valid.to(self.device), logits_to_keep=1)
+        ids, valid = left_padded(prefill, self.placeholder_id, self.device)
+        group.forward(self._feedable(ids), valid, logits_to_keep=1)
         self.kv.extend(group)
         self.seen.extend(len(p) for p in prefill)
 
@@ -170,7 +179,6 @@ class ModelDrafter:
         return [k_max] * len(rows)
 
     def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
-        t0 = time.perf_counter()
         batch = len(rows)
         k_max = max(k, default=0)
         tokens: list[list[int]] = [[] for _ in rows]
@@ -179,24 +187,16 @@ class ModelDrafter:
         active = [b for b in range(batch) if k[b] > 0]
         # first forward: every token of the row the draft has not read yet (ragged; left placeholders)
         unseen = [rows[b].tokens[self.seen[b] :] if k[b] > 0 else [] for b in range(batch)]
-        width = max(len(u) for u in unseen)
-        ids = torch.full((batch, width), self.placeholder_id, dtype=torch.long)
-        valid = torch.zeros((batch, width), dtype=torch.bool)
-        for b, u in enumerate(unseen):
-            if u:
-                ids[b, width - len(u) :] = torch.tensor(u)
-                valid[b, width - len(u) :] = True
-        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=self.device)
-        top_k = torch.tensor([r.params.top_k for r in rows], device=self.device)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=self.device)
+        ids, valid = left_padded(unseen, self.placeholder_id, self.device)
+        shaping = sampling_tensors([r.params for r in rows], self.device)
         greedy = [r.params.greedy for r in rows]
         probs_steps: list[torch.Tensor] = []
         forwards = 0
         for j in range(k_max):
-            logits = self.kv.forward(self._feedable(ids), valid.to(self.device), logits_to_keep=1)[:, -1]  # [B, Vd]
+            logits = self.kv.forward(self._feedable(ids), valid, logits_to_keep=1)[:, -1]  # [B, Vd]
             logits = _to_vocab(logits, self.vocab_size)  # [B, V]
             forwards += 1
-            probs = logits_to_probs(logits.unsqueeze(1), temps, top_k, top_p)[:, 0]  # [B, V]
+            probs = logits_to_probs(logits.unsqueeze(1), *shaping)[:, 0]  # [B, V]
             probs_steps.append(probs)
             greedy_pick = logits.argmax(dim=-1).tolist()
             next_ids = torch.full((batch, 1), self.placeholder_id, dtype=torch.long)
@@ -216,11 +216,11 @@ class ModelDrafter:
                     next_valid[b, 0] = True
             if j + 1 == k_max or not bool(next_valid.any()):
                 break
-            ids, valid = next_ids, next_valid
+            ids, valid = next_ids, next_valid.to(self.device)
         for b in active:
             self.seen[b] = len(rows[b].tokens) + k[b] - 1
         probs_all = torch.stack(probs_steps, dim=1)  # [B, k_max, V]
-        return Draft(tokens=tokens, probs=probs_all, forwards=forwards, seconds=time.perf_counter() - t0)
+        return Draft(tokens=tokens, probs=probs_all, forwards=forwards)
 
     def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
         # the cache holds row.tokens + the first k-1 drafts; keep only the accepted ones

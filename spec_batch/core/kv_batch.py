@@ -7,6 +7,8 @@ memory, not correctness; `compact` squeezes them out with a gather when they pil
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -97,6 +99,18 @@ def supports_model(model) -> str | None:
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder models are not supported"
     return None
+
+
+def left_padded(
+    seqs: Sequence[Sequence[int]], placeholder_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged token lists as one input: ids [B, width] with each list right-aligned after placeholders, and
+    valid [B, width] (True on real tokens); width >= 1, so rows with nothing to add still fit a forward."""
+    width = max(1, max((len(s) for s in seqs), default=0))
+    ids = torch.tensor([[placeholder_id] * (width - len(s)) + list(s) for s in seqs], dtype=torch.long)
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    valid = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)
+    return ids.view(len(seqs), width).to(device), valid.to(device)
 
 
 class KVBatch:

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 @dataclass
 class RequestStats:
-    """Speculative statistics of one request (see the glossary in DESIGN.md)."""
+    """Speculative statistics of one request (glossary: docs/architecture.md)."""
 
     prompt_tokens: int = 0
     output_tokens: int = 0
@@ -19,6 +19,11 @@ class RequestStats:
     draft_forwards: int = 0  # draft-model forward passes (0 for n-gram and none)
     # accepted_length_histogram[a] = number of steps in which exactly a draft tokens were accepted
     accepted_length_histogram: list[int] = field(default_factory=list)
+    # drafted_per_position[j] / accepted_per_position[j] = steps in which draft position j (0-based) was
+    # proposed / accepted: where along a draft the target stops agreeing
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    forced_tokens: int = 0  # output tokens a grammar allowed alone (structured output)
     wall_s: float = 0.0
 
     @property
@@ -35,11 +40,17 @@ class RequestStats:
     def tokens_per_s(self) -> float | None:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else None
 
-    def record_step(self, accepted: int) -> None:
-        hist = self.accepted_length_histogram
-        if len(hist) <= accepted:
-            hist.extend([0] * (accepted + 1 - len(hist)))
-        hist[accepted] += 1
+    def record_step(self, drafted: int, accepted: int, draft_forwards: int) -> None:
+        """One target forward in which `drafted` draft tokens were checked and the first `accepted` accepted."""
+        self.target_forwards += 1
+        if drafted == 0:
+            return
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.draft_forwards += draft_forwards
+        _count(self.accepted_length_histogram, accepted, 1)
+        _count(self.drafted_per_position, 0, drafted)
+        _count(self.accepted_per_position, 0, accepted)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -49,10 +60,21 @@ class RequestStats:
         return d
 
 
+def _count(counts: list[int], start: int, n: int) -> None:
+    """counts[start : start + n] += 1, growing the list as needed."""
+    if n <= 0:
+        return
+    if len(counts) < start + n:
+        counts.extend([0] * (start + n - len(counts)))
+    for j in range(start, start + n):
+        counts[j] += 1
+
+
 @dataclass
 class GenerationResult:
-    """One finished request. finish_reason is "stop" (EOS or a stop string) or "length" (max_new_tokens);
-    "error" only when generate(..., return_errors=True) was asked to report a failing request in place."""
+    """One finished request. finish_reason is "stop" (EOS or a stop string), "length" (max_new_tokens),
+    "cancelled" (generate's should_stop said so: the text and tokens so far), or "error" (only when
+    generate(..., return_errors=True) was asked to report a failing request in place)."""
 
     text: str
     token_ids: list[int]

@@ -12,17 +12,15 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RowAcceptance:
-    """Per-row acceptance as a geometric model: alpha = P(next draft token accepted | previous accepted)."""
+    """One row's chance to get the first draft token of a step accepted, from decayed counts. How far a run goes
+    once started is the shared DepthSurvival's business; the drafter sets the prior (Drafter.initial_acceptance)."""
 
-    accepted: float = 1.0  # prior: one accepted ...
-    rejections: float = 1.0  # ... and one rejection, i.e. alpha = 0.5 before any evidence
-    decay: float = 0.9
     first_hits: float = 1.0  # the first draft token accepted, out of ...
     first_tries: float = 2.0  # ... steps that offered one (prior 1/2)
+    decay: float = 0.9
 
     def observe(self, accepted: int, rejected: bool) -> None:
-        self.accepted = self.accepted * self.decay + accepted
-        self.rejections = self.rejections * self.decay + (1.0 if rejected else 0.0)
+        """A step accepted `accepted` draft tokens; rejected: a draft token was turned down (not only run out)."""
         if accepted > 0 or rejected:
             self.first_hits = self.first_hits * self.decay + (1.0 if accepted > 0 else 0.0)
             self.first_tries = self.first_tries * self.decay + 1.0
@@ -31,10 +29,6 @@ class RowAcceptance:
     def first(self) -> float:
         """P(the first draft token of a step is accepted), this row's own."""
         return self.first_hits / self.first_tries
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejections)
 
 
 @dataclass
@@ -134,9 +128,15 @@ class DraftPolicy:
         self._idle_steps = 0
 
     def choose(
-        self, batch: int, alphas: list[float], available: list[int], continuation: list[float] | None = None
+        self,
+        batch: int,
+        alphas: list[float],
+        available: list[int],
+        continuation: list[float] | None = None,
+        probe: bool = True,
     ) -> int:
-        """The draft length for this step. available[b]: tokens the drafter can offer row b (after budget caps)."""
+        """The draft length for this step. available[b]: tokens the drafter can offer row b (after budget caps).
+        probe=False: never draft just to measure acceptance (a free drafter's proposals are checked anyway)."""
         longest = max(available, default=0)
         if longest == 0 or self.k_max == 0:
             return 0
@@ -147,7 +147,7 @@ class DraftPolicy:
             # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay
             # (the output began copying the prompt) is noticed
             self._idle_steps += 1
-            if self.probe_every and self._idle_steps >= self.probe_every:
+            if probe and self.probe_every and self._idle_steps >= self.probe_every:
                 self._idle_steps = 0
                 return min(longest, 2)
         else:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-
 from typing import Any
+
 import torch
 
 from ..errors import InvalidParameterError
-
 from .response_format import parse_response_format
+
 
 @dataclass
 class SamplingParams:
@@ -24,10 +25,10 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None  # None: fresh randomness for this request
     stop: list[str] = field(default_factory=list)
-
     # the shape the output must have (OpenAI's response_format; see response_format.py); None: free text.
     # Kept as the normalized plain dict, so params stay plain JSON for the job store
     response_format: dict[str, Any] | None = None
+
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
@@ -47,9 +48,9 @@ class SamplingParams:
                 raise InvalidParameterError(f"stop strings must be non-empty strings, got {s!r}")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
-
         fmt = parse_response_format(self.response_format)
         self.response_format = None if fmt is None else fmt.to_dict()
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -101,6 +102,17 @@ def accept_uniform(seed: int, position: int, device: torch.device) -> float:
 def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Exponential-race sampling: argmax(probs / noise) along the last dim. probs [..., vocab]."""
     return (probs / noise).argmax(dim=-1)
+
+
+def sampling_tensors(
+    params: Sequence[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(temperature, top_k, top_p), each [rows], for logits_to_probs. Greedy rows get temperature 1: their
+    distribution is never sampled from (greedy verification compares argmaxes), it only has to be finite."""
+    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    top_k = torch.tensor([p.top_k for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    return temperature, top_k, top_p
 
 
 def logits_to_probs(

@@ -3,8 +3,10 @@
 - the oracle: greedy speculative output == Hugging Face's plain greedy output, token for token, for every drafter,
   at batch 1 and batched, prompts of different lengths, more prompts than the batch size;
 - stopping: max_new_tokens exactly (drafts clamped to the budget), EOS and stop strings inside an accepted run;
-- seeded sampling: reproducible, independent of the batch and of the drafting (n-gram == none);
-- per-request statistics, stream(), errors;
+- seeded sampling: equal to a naive token-by-token sampler with the same keyed noise, independent of the batch
+  and of the drafting (n-gram == none);
+- per-request statistics (exact, against a replay of the n-gram drafter), stream(), errors, should_stop;
+- the Drafter protocol: the loop reads `free` and `initial_acceptance`, never the drafter's name;
 - the statistical test: sampled sequences follow the target's distribution (draft model, n-gram, none).
 """
 from __future__ import annotations
@@ -19,6 +21,9 @@ from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec_batch import GenerationResult, InvalidParameterError, PromptTooLongError, SamplingParams
+from spec_batch.core.decoder import Decoder
+from spec_batch.core.drafters import Draft
+from spec_batch.core.sampling import STREAM_TARGET, exponential_noise, logits_to_probs, sample_from
 from spec_batch.loading import build_decoder
 
 CPU = torch.device("cpu")
@@ -72,8 +77,74 @@ def check_stats(result: GenerationResult, prompt_len: int, eos_finished: bool = 
     else:
         assert st.output_tokens == st.accepted_tokens + st.target_forwards
     assert st.wall_s > 0
+    # position j was drafted in the steps that drafted more than j tokens, accepted in those that accepted more than j
+    assert sum(st.drafted_per_position) == st.draft_tokens and sum(st.accepted_per_position) == st.accepted_tokens
+    assert st.accepted_per_position == [sum(hist[j + 1 :]) for j in range(len(hist) - 1)]
+    assert all(a <= d for a, d in zip(st.accepted_per_position, st.drafted_per_position))
+    assert st.drafted_per_position == sorted(st.drafted_per_position, reverse=True)
+    assert st.drafted_per_position[:1] == ([sum(hist)] if hist else [])
+    assert st.forced_tokens == 0
     d = st.to_dict()
     assert d["acceptance_rate"] == st.acceptance_rate and d["tokens_per_step"] == st.tokens_per_step
+    assert (d["drafted_per_position"], d["accepted_per_position"], d["forced_tokens"]) == (
+        st.drafted_per_position, st.accepted_per_position, 0)
+
+
+def _naive_lookup(tokens: list[int], k: int, n_max: int = 3) -> list[int]:
+    """The n-gram drafter's rule, written plainly: the continuation of the latest earlier occurrence of the
+    longest suffix (n <= n_max) that occurred before."""
+    for n in range(min(n_max, len(tokens) - 1), 0, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[-n:]:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def replay_ngram(prompt: list[int], output: list[int], max_new: int, k_max: int = 4) -> dict:
+    """The exact statistics of the fixed-k n-gram decoder producing `output` (greedy, or sampled: a one-hot draft
+    token is accepted exactly when it equals the output token): each step drafts min(k_max, what the lookup
+    offers, budget - 1) tokens, accepts the run that matches the output, and yields it plus one token."""
+    steps = drafted = accepted = 0
+    hist: list[int] = []
+    drafted_at = [0] * k_max
+    accepted_at = [0] * k_max
+    n = 0
+    while n < len(output):
+        draft = _naive_lookup(prompt + output[:n], min(k_max, max(0, max_new - n - 1)))
+        a = 0
+        while a < len(draft) and n + a < len(output) and draft[a] == output[n + a]:
+            a += 1
+        steps += 1
+        if draft:
+            drafted, accepted = drafted + len(draft), accepted + a
+            hist += [0] * (a + 1 - len(hist))
+            hist[a] += 1
+            for j in range(len(draft)):
+                drafted_at[j] += 1
+            for j in range(a):
+                accepted_at[j] += 1
+        n += a + 1
+    trim = lambda counts: counts[: max([j + 1 for j, c in enumerate(counts) if c] or [0])]  # noqa: E731
+    return dict(target_forwards=steps, draft_tokens=drafted, accepted_tokens=accepted, accepted_length_histogram=hist,
+                drafted_per_position=trim(drafted_at), accepted_per_position=trim(accepted_at))
+
+
+def check_ngram_replay(result: GenerationResult, prompt: list[int], max_new: int) -> None:
+    st = result.stats
+    got = {key: getattr(st, key) for key in replay_ngram(prompt, result.token_ids, max_new)}
+    assert got == replay_ngram(prompt, result.token_ids, max_new)
+
+
+def naive_sample(model, prompt: list[int], n: int, seed: int, temperature: float, top_k: int = 0, top_p: float = 1.0) -> list[int]:
+    """The sampled oracle: one full forward per token, the token drawn by the exponential race with the noise keyed
+    by (seed, output position) that the decoder uses."""
+    tokens = list(prompt)
+    for pos in range(n):
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([tokens])).logits[:, -1:]  # [1, 1, V]
+        probs = logits_to_probs(logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))[0, 0]
+        tokens.append(int(sample_from(probs, exponential_noise(seed, pos, STREAM_TARGET, probs.shape[-1], CPU))))
+    return tokens[len(prompt) :]
 
 
 # ---------------------------------------------------------------- the oracle (tiny models)
@@ -95,6 +166,8 @@ def test_greedy_equals_hf_greedy(decoders, greedy_refs, name, batch_size):
             assert res.stats.draft_forwards == 0
     if name == "ngram-fixed":
         assert sum(r.stats.accepted_tokens for r in results) > 0, "the n-gram drafter never got a token accepted"
+        for prompt, res in zip(PROMPTS, results):
+            check_ngram_replay(res, prompt, N_NEW)
     if name == "self":
         for r in results:
             assert r.stats.acceptance_rate == 1.0, r.stats
@@ -128,6 +201,7 @@ def test_mixed_greedy_and_sampled_rows(decoders, greedy_refs):
     for i in (1, 3):
         assert len(results[i].token_ids) == N_NEW
         check_stats(results[i], len(PROMPTS[i]))
+        assert results[i].token_ids == dec.generate([PROMPTS[i]], params[i])[0].token_ids  # as it is alone
 
 
 def test_target_forwards_counts_target_passes(decoders, tiny_target):
@@ -135,11 +209,12 @@ def test_target_forwards_counts_target_passes(decoders, tiny_target):
     calls = []
     handle = tiny_target.register_forward_hook(lambda *a: calls.append(1))
     try:
-        res = decoders["ngram"].generate([PROMPTS[0]], SamplingParams(max_new_tokens=N_NEW))[0]
+        res = decoders["ngram-fixed"].generate([PROMPTS[0]], SamplingParams(max_new_tokens=N_NEW))[0]
     finally:
         handle.remove()
     assert res.stats.target_forwards == len(calls) - 1
     assert res.stats.draft_tokens > 0
+    check_ngram_replay(res, PROMPTS[0], N_NEW)
 
 
 def test_draft_with_a_longer_vocab(tiny_llama, tiny_decoder, greedy_refs):
@@ -270,6 +345,18 @@ def test_seeded_ngram_equals_none(decoders, kw):
         assert [r.token_ids for r in out] == [r.token_ids for r in none], name
     drafted = decoders["ngram-fixed"].generate(PROMPTS, params, batch_size=5)
     assert sum(r.stats.draft_tokens for r in drafted) > 0
+    for prompt, res in zip(PROMPTS, drafted):
+        check_ngram_replay(res, prompt, N_NEW)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=8, top_p=0.9)], ids=["plain", "topk-topp"])
+@pytest.mark.parametrize("name", ["none", "ngram-fixed"])
+def test_seeded_sampling_equals_the_naive_sampler(decoders, tiny_target, name, kw):
+    """One-hot drafts change nothing: batched, cached, speculative sampling gives the naive sampler's tokens."""
+    seeds = [31 + i for i in range(len(PROMPTS))]
+    out = decoders[name].generate(PROMPTS, [_sampled(s, **kw) for s in seeds], batch_size=3)
+    for prompt, seed, res in zip(PROMPTS, seeds, out):
+        assert res.token_ids == naive_sample(tiny_target, prompt, N_NEW, seed, **kw)
 
 
 @pytest.mark.parametrize("name", ["none", "ngram", "model-fixed"])
@@ -305,10 +392,21 @@ def test_seed_none_differs_between_calls(decoders):
         assert a != b, name
 
 
+def test_seed_none_draws_a_fresh_seed_per_request(decoders, monkeypatch):
+    """seed=None is a fresh seed for the request, used exactly as a given seed would be."""
+    fresh = iter([5, 6])
+    monkeypatch.setattr("spec_batch.core.decoder.fresh_seed", lambda: next(fresh))
+    p = SamplingParams(max_new_tokens=N_NEW, temperature=1.0)
+    out = decoders["none"].generate([PROMPTS[1], PROMPTS[2]], p, batch_size=2)
+    assert [r.token_ids for r in out] == [decoders["none"].generate([PROMPTS[i]], _sampled(s))[0].token_ids
+                                          for i, s in ((1, 5), (2, 6))]
+
+
 def test_different_seeds_differ_and_sampling_is_not_greedy(decoders, greedy_refs):
     outs = [decoders["none"].generate([PROMPTS[1]], _sampled(s))[0].token_ids for s in range(4)]
     assert len({tuple(o) for o in outs}) == 4
     assert greedy_refs[1] not in outs
+    assert outs[3] == naive_sample(decoders["none"].target, PROMPTS[1], N_NEW, 3, 1.0)
 
 
 # ---------------------------------------------------------------- stream()
@@ -433,6 +531,152 @@ def test_no_prompts(decoders):
 def test_string_prompts_use_the_tokenizer(decoders, greedy_refs):
     res = decoders["ngram"].generate(["7 8 9"], SamplingParams(max_new_tokens=N_NEW))[0]
     assert res.token_ids == greedy_refs[1]
+
+
+# ---------------------------------------------------------------- should_stop
+
+
+def _stop_after(n_checks: int):
+    """A should_stop that says yes at its n-th call, and counts its calls."""
+    calls = []
+
+    def should_stop() -> bool:
+        calls.append(1)
+        return len(calls) >= n_checks
+
+    return should_stop, calls
+
+
+def test_should_stop_cancels_in_flight_and_waiting_requests(decoders, greedy_refs):
+    """Batch of 2, five requests; the first needs 2 tokens. At the 4th check (after 3 steps) the first has finished
+    and keeps its result; the ones in flight end "cancelled" with their tokens so far (the greedy output's
+    start) and their statistics; the ones never started end "cancelled" with nothing."""
+    dec = decoders["none"]
+    params = [SamplingParams(max_new_tokens=2)] + [SamplingParams(max_new_tokens=N_NEW)] * 4
+    should_stop, calls = _stop_after(4)
+    seen = {}
+    results = dec.generate(PROMPTS, params, batch_size=2, should_stop=should_stop,
+                           on_result=lambda i, r: seen.__setitem__(i, r))
+    assert len(calls) == 4
+    assert (results[0].token_ids, results[0].finish_reason) == (greedy_refs[0][:2], "length")
+    # request 1: 3 steps of one token; request 2 joined after step 2 (when request 0 finished): 1 step
+    for i, steps in ((1, 3), (2, 1)):
+        r = results[i]
+        assert r.finish_reason == "cancelled"
+        assert r.token_ids == greedy_refs[i][:steps] and r.text == " ".join(map(str, r.token_ids))
+        assert (r.stats.target_forwards, r.stats.output_tokens, r.stats.prompt_tokens) == (steps, steps, len(PROMPTS[i]))
+        check_stats(r, len(PROMPTS[i]))
+    for i in (3, 4):
+        r = results[i]
+        assert (r.token_ids, r.text, r.finish_reason, r.error) == ([], "", "cancelled", None)
+        assert (r.stats.prompt_tokens, r.stats.target_forwards, r.stats.output_tokens) == (len(PROMPTS[i]), 0, 0)
+    assert sorted(seen) == [0, 1, 2, 3, 4] and all(seen[i] is results[i] for i in seen)
+
+
+def test_should_stop_at_once_runs_nothing(decoders, tiny_target):
+    calls = []
+    handle = tiny_target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        results = decoders["ngram"].generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), should_stop=lambda: True)
+    finally:
+        handle.remove()
+    assert calls == []
+    assert [r.finish_reason for r in results] == ["cancelled"] * len(PROMPTS)
+    assert all(r.token_ids == [] and r.text == "" for r in results)
+
+
+def test_should_stop_is_asked_once_per_step(decoders, greedy_refs):
+    should_stop, calls = _stop_after(10**9)
+    res = decoders["self"].generate([PROMPTS[1]], SamplingParams(max_new_tokens=N_NEW), should_stop=should_stop)[0]
+    assert res.token_ids == greedy_refs[1] and res.finish_reason == "length"
+    assert len(calls) == res.stats.target_forwards == 5  # 4 drafts + 1 token a step: 24 tokens in 5 steps
+
+
+def test_should_stop_mid_run_with_drafts_keeps_what_was_accepted(decoders, greedy_refs):
+    should_stop, _ = _stop_after(3)
+    res = decoders["self"].generate([PROMPTS[1]], SamplingParams(max_new_tokens=N_NEW), should_stop=should_stop)[0]
+    assert res.finish_reason == "cancelled" and res.token_ids == greedy_refs[1][:10]  # 2 steps of 5 tokens
+    check_stats(res, len(PROMPTS[1]))
+
+
+# ---------------------------------------------------------------- the Drafter protocol
+
+
+class ReplayDrafter:
+    """Proposes the known greedy continuation of each row (so every draft token is accepted) and records calls.
+    Its name means nothing to the loop; `free` and `initial_acceptance` are what the test varies."""
+
+    name = "some-new-drafter"
+    has_probs = False
+
+    def __init__(self, refs: dict[tuple[int, ...], list[int]], free: bool, prior=(1.0, 2.0)):
+        self.refs, self.free, self.initial_acceptance = refs, free, prior
+        self.proposed: list[list[int]] = []
+
+    def _continuation(self, row) -> list[int]:
+        for prompt, ref in self.refs.items():
+            if tuple(row.tokens[: len(prompt)]) == prompt:
+                return ref[row.n_generated :]
+        raise AssertionError(row.tokens)
+
+    def admit(self, rows) -> None:
+        pass
+
+    def available(self, rows, k_max: int) -> list[int]:
+        return [len(self._continuation(r)[:k_max]) for r in rows]
+
+    def propose(self, rows, k) -> Draft:
+        self.proposed.append(list(k))
+        tokens = [self._continuation(r)[:kb] for r, kb in zip(rows, k)]
+        return Draft(tokens=tokens, confidence=[[1.0] * len(t) for t in tokens])
+
+    def feedback(self, rows, k, accepted) -> None:
+        pass
+
+    def keep_rows(self, keep) -> None:
+        pass
+
+
+def _replay_decoder(tiny_target, fake_tokenizer, drafter, **kw) -> Decoder:
+    return Decoder(tiny_target, fake_tokenizer, target_name="tiny", drafter_factory=lambda: drafter,
+                   draft_name=drafter.name, device=CPU, max_context=512, num_draft_tokens=4, **kw)
+
+
+@pytest.mark.parametrize("free", [True, False])
+def test_a_new_drafter_needs_no_change_to_the_loop(tiny_target, fake_tokenizer, greedy_refs, free):
+    drafter = ReplayDrafter({tuple(PROMPTS[1]): greedy_refs[1]}, free=free)
+    res = _replay_decoder(tiny_target, fake_tokenizer, drafter, adaptive=False).generate(
+        [PROMPTS[1]], SamplingParams(max_new_tokens=N_NEW))[0]
+    assert res.token_ids == greedy_refs[1]
+    st = res.stats
+    assert (st.target_forwards, st.draft_tokens, st.accepted_tokens) == (5, 19, 19)  # 4 + 4 + 4 + 4 + 3 (budget)
+    assert st.drafted_per_position == st.accepted_per_position == [5, 5, 5, 4]
+    assert drafter.proposed[:2] == [[4], [4]]
+
+
+@pytest.mark.parametrize("free", [True, False])
+def test_free_drafters_are_checked_even_when_nothing_is_drafted(tiny_target, fake_tokenizer, greedy_refs, free):
+    """With k = 0 every step, a free drafter's proposal is still compared with the output (the row's acceptance
+    and the shared survival curve learn from it); a costly drafter is not called at all."""
+    drafter = ReplayDrafter({tuple(PROMPTS[1]): greedy_refs[1]}, free=free, prior=(0.2, 2.0))
+    dec = _replay_decoder(tiny_target, fake_tokenizer, drafter)
+    firsts = []
+
+    def choose(batch, alphas, available, continuation=None, probe=True):
+        firsts.append((alphas[0], probe))
+        return 0
+
+    dec.policy.choose = choose
+    res = dec.generate([PROMPTS[1]], SamplingParams(max_new_tokens=6))[0]
+    assert res.token_ids == greedy_refs[1][:6] and res.stats.draft_tokens == 0 and res.stats.target_forwards == 6
+    assert firsts[0] == (0.1, not free)  # the drafter's prior; probing only for costly drafters
+    if free:
+        assert len(drafter.proposed) == 5  # every step with a budget to draft into (the 6th has none)
+        assert [a for a, _ in firsts] == sorted(a for a, _ in firsts) and firsts[-1][0] > 0.5  # it learned
+        assert dec.survival.reached[0] > 2.0  # the shared curve saw the proposals
+    else:
+        assert drafter.proposed == [] and {a for a, _ in firsts} == {0.1}
+        assert dec.survival.reached[0] == 2.0
 
 
 # ---------------------------------------------------------------- the statistical test

@@ -1,13 +1,13 @@
-"""Drafters: n-gram lookup rules, and the draft model's cache (rollback, feeding the last draft token) and
-distributions (shaped like the target's)."""
+"""Drafters: the protocol's traits, n-gram lookup rules, and the draft model's cache (rollback, feeding the last
+draft token) and distributions (shaped like the target's)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 import torch
 
-from spec_batch.core.drafters import ModelDrafter, NgramDrafter, NoDrafter, _NgramIndex, _to_vocab
+from spec_batch.core.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter, _NgramIndex, _to_vocab
 from spec_batch.core.sampling import SamplingParams, logits_to_probs
 
 CPU = torch.device("cpu")
@@ -22,6 +22,24 @@ class Row:
 
 
 GREEDY = SamplingParams()
+
+
+# ---------------------------------------------------------------- the protocol's traits
+
+
+def test_drafter_traits(tiny_llama):
+    """What the loop knows of each drafter: free (no model forward: proposals are checked every step, no probing),
+    distributions (rejection sampling), the prior of a new row's first-token acceptance (n-gram rows start
+    skeptical: free-form text must not pay for wide verifies before a copy begins)."""
+    model = ModelDrafter(tiny_llama(2, vocab=64, layers=1), "d", CPU, placeholder_id=0, vocab_size=64)
+    assert (NoDrafter.free, NoDrafter.has_probs, NoDrafter.initial_acceptance) == (True, False, (1.0, 2.0))
+    assert (NgramDrafter.free, NgramDrafter.has_probs, NgramDrafter.initial_acceptance) == (True, False, (0.2, 2.0))
+    assert (model.free, model.has_probs, model.initial_acceptance) == (False, True, (1.0, 2.0))
+
+
+def test_draft_fields():
+    assert [f.name for f in fields(Draft)] == ["tokens", "probs", "forwards", "confidence"]
+    assert Draft(tokens=[[1]]).confidence is None
 
 
 # ---------------------------------------------------------------- n-gram
@@ -69,6 +87,7 @@ def test_ngram_drafter_rows_and_keep_rows():
     assert d.available(rows, 4) == [3, 0, 2]
     draft = d.propose(rows, [2, 0, 1])
     assert draft.tokens == [[3, 1], [], [6]] and draft.probs is None and draft.forwards == 0
+    assert draft.confidence is None
     d.feedback(rows, [2, 0, 1], [1, 0, 0])
     d.keep_rows([2, 0])
     rows = [rows[2], rows[0]]
@@ -144,6 +163,7 @@ def test_draft_cache_after_feedback_equals_fresh_forward(draft_model, accepted):
         d.admit(rows)
     draft = _check_next_draft(d, draft_model, rows, [3])
     assert len(draft.tokens[0]) == 3 and draft.probs.shape == (1, 3, 64) and draft.forwards == 3
+    assert draft.confidence is None
     _accept(d, rows, draft, [3], [accepted], [60])
     draft = _check_next_draft(d, draft_model, rows, [2])
     _accept(d, rows, draft, [2], [2], [61])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_batch.core.kv_batch import KVBatch, supports_model
+from spec_batch.core.kv_batch import KVBatch, left_padded, supports_model
 
 CPU = torch.device("cpu")
 ATOL = 2e-4
@@ -32,13 +32,8 @@ class Mirror:
 
     def _append(self, new: list[list[int]]) -> torch.Tensor:
         """Appends new[b] to row b (ragged, left-padded), checks every real position's logits."""
-        width = max(1, max(len(s) for s in new))
-        ids = torch.zeros(len(new), width, dtype=torch.long)
-        valid = torch.zeros(len(new), width, dtype=torch.bool)
-        for b, s in enumerate(new):
-            if s:
-                ids[b, width - len(s) :] = torch.tensor(s)
-                valid[b, width - len(s) :] = True
+        ids, valid = left_padded(new, 0, CPU)
+        width = ids.shape[1]
         with torch.inference_mode():
             logits = self.kv.forward(ids, valid)
         for b, s in enumerate(new):
@@ -58,6 +53,14 @@ class Mirror:
         self.seqs = [s[: len(s) - d] for s, d in zip(self.seqs, drop)]
         assert self.kv.next_pos.tolist() == [len(s) for s in self.seqs]
         assert self.kv.mask.sum(1).tolist() == [len(s) for s in self.seqs]
+
+
+def test_left_padded():
+    ids, valid = left_padded([[1, 2, 3], [], [4]], placeholder_id=9, device=CPU)
+    assert ids.tolist() == [[1, 2, 3], [9, 9, 9], [9, 9, 4]]
+    assert valid.tolist() == [[True, True, True], [False, False, False], [False, False, True]]
+    ids, valid = left_padded([[], []], placeholder_id=0, device=CPU)  # nothing to add: still one column
+    assert ids.tolist() == [[0], [0]] and valid.tolist() == [[False], [False]]
 
 
 def test_single_row_rollback_equals_fresh_forward(model):

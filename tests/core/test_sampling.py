@@ -17,6 +17,7 @@ from spec_batch.core.sampling import (
     fresh_seed,
     logits_to_probs,
     sample_from,
+    sampling_tensors,
 )
 
 CPU = torch.device("cpu")
@@ -126,6 +127,20 @@ def test_logits_to_probs_mixed_rows_do_not_leak():
     top_k = torch.tensor([p[1] for p in ROW_PARAMS])
     top_p = torch.tensor([p[2] for p in ROW_PARAMS])
     got = logits_to_probs(logits, temps, top_k, top_p)
+    for b, (t, k, p) in enumerate(ROW_PARAMS):
+        torch.testing.assert_close(got[b], _reference_probs(logits[b], t, k, p), atol=1e-6, rtol=1e-5)
+
+
+def test_sampling_tensors_shape_like_the_params():
+    """One row per SamplingParams; a greedy row gets temperature 1 (its distribution is never sampled, and a
+    temperature of 0 would divide by zero)."""
+    params = [SamplingParams(**dict(zip(("temperature", "top_k", "top_p"), p))) for p in ROW_PARAMS]
+    temps, top_k, top_p = sampling_tensors(params + [SamplingParams()], CPU)
+    assert temps.tolist() == pytest.approx([p[0] for p in ROW_PARAMS] + [1.0])
+    assert top_k.tolist() == [p[1] for p in ROW_PARAMS] + [0]
+    assert top_p.tolist() == pytest.approx([p[2] for p in ROW_PARAMS] + [1.0])
+    logits = torch.randn(len(params), 2, 50)
+    got = logits_to_probs(logits, *sampling_tensors(params, CPU))
     for b, (t, k, p) in enumerate(ROW_PARAMS):
         torch.testing.assert_close(got[b], _reference_probs(logits[b], t, k, p), atol=1e-6, rtol=1e-5)
 

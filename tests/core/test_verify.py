@@ -1,12 +1,16 @@
 """Table tests of the pure accept/reject rules (spec_batch.core.verify), with hand-computed distributions,
-and an exactness check of rejection sampling's marginals on many simulated rows."""
+an exactness check of rejection sampling's marginals on many simulated rows, and the batch glue (verify_input,
+verify): shape checks, greedy / one-hot / rejection rows side by side, each row as it would be alone."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
 from scipy import stats
 
-from spec_batch.core.verify import accept_matching, accept_rejection_sampling
+from spec_batch.core.sampling import STREAM_TARGET, SamplingParams, exponential_noise
+from spec_batch.core.verify import accept_matching, accept_rejection_sampling, verify, verify_input
 
 T = torch.tensor
 
@@ -221,3 +225,92 @@ def test_rejection_sampling_marginals_equal_target():
         keep = want > 0
         res = stats.chisquare(counts[keep].numpy(), (want[keep] * counts.sum()).numpy())
         assert res.pvalue > 1e-3, (j, counts, res)
+
+
+# ---------------------------------------------------------------- the batch glue: verify_input and verify
+
+
+@dataclass
+class Row:
+    params: SamplingParams
+    seed: int = 0
+    n_generated: int = 0
+
+
+GREEDY = SamplingParams()
+CPU = torch.device("cpu")
+
+
+def test_verify_input_puts_the_last_token_then_the_draft():
+    ids, valid = verify_input([5, 7, 9], [[1, 2], [], [3]], placeholder_id=0, device=CPU)
+    assert ids.tolist() == [[5, 1, 2], [7, 0, 0], [9, 3, 0]]
+    assert valid.tolist() == [[True, True, True], [True, False, False], [True, True, False]]
+    ids, valid = verify_input([4], [[]], placeholder_id=0, device=CPU)
+    assert ids.tolist() == [[4]] and valid.tolist() == [[True]]
+
+
+def _one_hot_logits(tokens: list[list[int]], vocab: int = 8) -> torch.Tensor:
+    """Logits whose argmax at row b, position j is tokens[b][j]."""
+    logits = torch.zeros(len(tokens), len(tokens[0]), vocab)
+    for b, row in enumerate(tokens):
+        for j, t in enumerate(row):
+            logits[b, j, t] = 5.0
+    return logits
+
+
+def test_verify_greedy_rows():
+    drafts = [[1, 2, 3], [1, 2], [], [4, 4, 4]]
+    logits = _one_hot_logits([[1, 2, 3, 6], [1, 5, 0, 0], [7, 0, 0, 0], [3, 0, 0, 0]])
+    accepted, nxt = verify([Row(GREEDY)] * 4, drafts, None, logits, placeholder_id=0)
+    # all accepted + bonus; a recovered token at position 1; nothing drafted: the bonus; rejected at once
+    assert (accepted, nxt) == ([3, 1, 0, 0], [6, 5, 7, 3])
+
+
+@pytest.mark.parametrize(
+    "drafts,probs_shape,logits_shape,message",
+    [
+        ([[1, 2]], None, (1, 2, 8), r"logits \(1, 2, 8\): expected \[1 rows, 3 = longest draft \+ 1, vocab\]"),
+        ([[1], []], None, (1, 2, 8), r"logits \(1, 2, 8\): expected \[2 rows"),
+        ([[1, 2]], (1, 1, 8), (1, 3, 8), r"draft_probs \(1, 1, 8\): expected \[1 rows, >= 2 draft positions, 8\]"),
+        ([[1, 2]], (1, 2, 9), (1, 3, 8), r"draft_probs vocab 9 != target logits vocab 8"),
+    ],
+)
+def test_verify_checks_shapes(drafts, probs_shape, logits_shape, message):
+    rows = [Row(GREEDY) for _ in drafts]
+    probs = None if probs_shape is None else torch.full(probs_shape, 1.0 / probs_shape[-1])
+    with pytest.raises(AssertionError, match=message):
+        verify(rows, drafts, probs, torch.zeros(logits_shape), placeholder_id=0)
+
+
+def test_verify_one_hot_sampled_row_uses_the_keyed_noise():
+    """A sampled row with a one-hot draft: the target's token at each position is the exponential race with the
+    noise keyed by (seed, n_generated + position); the draft is accepted while it equals those tokens."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(1, 4, 8, generator=gen)
+    row = Row(SamplingParams(temperature=1.0, seed=9), seed=9, n_generated=5)
+    probs = logits.softmax(-1)[0]
+    race = [int((probs[j] / exponential_noise(9, 5 + j, STREAM_TARGET, 8, CPU)).argmax()) for j in range(4)]
+    draft = race[:2] + [(race[2] + 1) % 8]  # two tokens agree, the third does not
+    accepted, nxt = verify([row], [draft], None, logits, placeholder_id=0)
+    assert (accepted, nxt) == ([2], [race[2]])
+
+
+def test_verify_mixed_batch_equals_each_row_alone():
+    """Greedy rows, one-hot sampled rows and rejection-sampled rows (a drafter with distributions) in one batch,
+    drafts of different lengths: each row gets what it gets alone (randomness is keyed by seed and position)."""
+    V = 8
+    gen = torch.Generator().manual_seed(7)
+    sampled = SamplingParams(temperature=0.9, top_k=6, seed=1)
+    rows = [Row(GREEDY), Row(sampled, seed=11, n_generated=3), Row(sampled, seed=12), Row(GREEDY), Row(sampled, seed=13)]
+    drafts = [[1, 2, 3], [4, 5], [], [6], [7, 0, 1]]
+    k = 3
+    logits = torch.randn(len(rows), k + 1, V, generator=gen) * 3
+    draft_probs = torch.rand(len(rows), k, V, generator=gen) + 0.01
+    draft_probs /= draft_probs.sum(-1, keepdim=True)
+    for with_probs in (None, draft_probs):
+        accepted, nxt = verify(rows, drafts, with_probs, logits, placeholder_id=0)
+        for b, (row, d) in enumerate(zip(rows, drafts)):
+            alone_probs = None if with_probs is None else with_probs[b : b + 1, : len(d)]
+            alone = verify([row], [d], alone_probs, logits[b : b + 1, : len(d) + 1], placeholder_id=0)
+            assert (accepted[b], nxt[b]) == (alone[0][0], alone[1][0]), (b, with_probs is None)
+            assert accepted[b] <= len(d)

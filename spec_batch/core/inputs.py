@@ -1,0 +1,46 @@
+"""generate()'s inputs, checked before anything is decoded: prompts (text or token ids) and sampling params."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InvalidParameterError, PromptTooLongError
+from .sampling import SamplingParams
+
+Prompt = str | list[int]
+
+
+def params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt, from one for all (None: the defaults) or one each."""
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    plist = list(params)
+    if len(plist) != n:
+        raise InvalidParameterError(f"got {len(plist)} SamplingParams for {n} prompts")
+    return plist
+
+
+def prompt_ids(
+    prompt: Prompt, params: SamplingParams, index: int, *, tokenizer: Any, vocab_size: int, max_context: int, model_name: str
+) -> list[int]:
+    """The prompt's token ids (text is encoded as given, no chat template); errors name the prompt's index."""
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidParameterError(f"prompt {index}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
+    else:
+        raise InvalidParameterError(f"prompt {index}: expected a string or a list of token ids, got {type(prompt).__name__}")
+    if not ids:
+        raise InvalidParameterError(f"prompt {index} is empty")
+    if len(ids) + params.max_new_tokens > max_context:
+        raise PromptTooLongError(
+            f"prompt {index} has {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it needs "
+            f"{len(ids) + params.max_new_tokens} positions but {model_name!r} has a context of "
+            f"{max_context}: shorten the prompt or lower max_new_tokens"
+        )
+    return ids

@@ -1,0 +1,75 @@
+"""One request in flight: its tokens, output text, statistics and acceptance, and how a step's tokens join it."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .outputs import FinishReason, GenerationResult, RequestStats
+from .policy import RowAcceptance
+from .sampling import SamplingParams
+from .text import OutputText
+
+
+@dataclass
+class Row:
+    """A request in the batch. Satisfies the drafters' DraftRow and the verifier's VerifyRow."""
+
+    index: int  # the request's position in generate()'s prompts
+    prompt_len: int
+    tokens: list[int]  # prompt + generated; the last is the next token the target reads
+    params: SamplingParams
+    seed: int
+    text: OutputText
+    acceptance: RowAcceptance
+    stats: RequestStats
+    started: float = field(default_factory=time.perf_counter)
+    finish_reason: FinishReason | None = None
+    out_len: int | None = None  # generated tokens kept in the output once finished (without an EOS)
+
+    @property
+    def n_generated(self) -> int:
+        """Output position of the next token to be produced (tokens generated so far, an EOS included)."""
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def output_ids(self) -> list[int]:
+        end = self.prompt_len + (self.out_len if self.out_len is not None else self.n_generated)
+        return self.tokens[self.prompt_len : end]
+
+    def append(self, emitted: Sequence[int]) -> list[int]:
+        """Adds a step's tokens, stopping exactly at EOS, a stop string or max_new_tokens. Returns the output
+        tokens added (an EOS is counted in stats.output_tokens but is not part of the output)."""
+        before = self.n_generated
+        for token in emitted:
+            self.tokens.append(token)
+            self.stats.output_tokens += 1
+            if self.text.add(token):
+                self.finish("stop")
+                break
+            if self.n_generated >= self.params.max_new_tokens:
+                self.finish("length")
+                break
+        return self.output_ids[before:]
+
+    def finish(self, reason: FinishReason) -> None:
+        self.finish_reason = reason
+        self.out_len = self.n_generated - (1 if self.text.ended_by_eos else 0)
+        self.text.close()
+        self.stats.wall_s = time.perf_counter() - self.started
+
+    def result(self) -> GenerationResult:
+        assert self.finish_reason is not None, f"request {self.index} is still in flight"
+        return GenerationResult(self.text.text, self.output_ids, self.finish_reason, self.stats)
+
+
+def matched_run(proposal: Sequence[int], emitted: Sequence[int]) -> int:
+    """How many leading proposed tokens equal what the step emitted."""
+    run = 0
+    while run < min(len(proposal), len(emitted)) and proposal[run] == emitted[run]:
+        run += 1
+    return run
