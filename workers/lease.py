@@ -8,8 +8,8 @@ requests the same way. A heartbeat thread in every worker process renews both le
 The same thread runs the *reaper* on every tick, in every worker process (busy or idle), so any live worker
 recovers what a dead one left:
 
-1. a running chunk whose lease expired (or whose holder is a dead process of this same worker node: a killed
-   pool child is noticed at once) goes back to ``queued`` and is published again; the dead holder's requests
+1. a running chunk whose lease expired (or whose holder is a dead process of this same machine, see
+   spec_batch.jobs.lease: a killed pool child is noticed at once) goes back to ``queued`` and is published again; the dead holder's requests
    go back to ``pending``. A chunk lost a second time is split into one chunk per open request, and a
    request claimed ``SPEC_BATCH_MAX_ATTEMPTS`` times without finishing fails alone (``worker_lost``), so a
    request that kills its worker cannot stall the job;
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -43,6 +42,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from spec_batch.jobs.lease import holder_is_dead as process_is_gone
+from spec_batch.jobs.lease import holder_prefix, new_token
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
@@ -53,10 +54,6 @@ EPOCH_KEY = "spec-batch:broker-epoch"
 STATIC_EPOCH = "static"  # a broker that is not Redis: no lost-message detection
 WORKER_LOST = "worker_lost"
 
-# One id per worker node (the main worker process); pool children inherit it across the fork, so a child can
-# tell that a chunk is held by a dead sibling (same node, pid gone) and take it over at once.
-NODE_ID = os.environ.get("SPEC_BATCH_NODE_ID") or uuid.uuid4().hex[:8]
-
 
 def brief(exc: BaseException) -> str:
     """One line for a log: the exception's class and the first line of its message."""
@@ -65,30 +62,8 @@ def brief(exc: BaseException) -> str:
 
 
 def node_prefix() -> str:
-    return f"{socket.gethostname()}/{NODE_ID}/"
-
-
-def new_token() -> str:
-    """The holder name of one chunk attempt: host/node/pid/random (requests.worker and queue_chunks.worker)."""
-    return f"{node_prefix()}{os.getpid()}/{uuid.uuid4().hex[:8]}"
-
-
-def token_pid(token: str) -> int | None:
-    parts = token.split("/")
-    try:
-        return int(parts[-2])
-    except (IndexError, ValueError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """The start of the holder tokens of this machine's processes: a pool child knows its siblings by it."""
+    return holder_prefix()
 
 
 # Tokens this process gave up (a failed attempt that could not hand its chunk back): the process may take them.
@@ -100,17 +75,9 @@ def abandon(token: str) -> None:
 
 
 def holder_is_dead(token: str | None) -> bool:
-    """True when `token` is a process of this worker node that is gone, or an attempt this process abandoned."""
-    if not token:
-        return False
-    if token in _abandoned:
-        return True
-    if not token.startswith(node_prefix()):
-        return False
-    pid = token_pid(token)
-    if pid is None or pid == os.getpid():
-        return False
-    return not pid_alive(pid)
+    """True when `token` is a process of this machine that is gone (spec_batch.jobs.lease), or an attempt this
+    process abandoned."""
+    return bool(token) and (token in _abandoned or process_is_gone(token))
 
 
 # ---------------------------------------------------------------- broker epoch
@@ -434,7 +401,6 @@ class Heartbeat:
 
 __all__ = [
     "EPOCH_KEY",
-    "NODE_ID",
     "Heartbeat",
     "Holding",
     "ReapReport",

@@ -5,11 +5,11 @@
 1. it claims the chunk (``queue_chunks``; see workers/lease.py) or does nothing: a chunk already done, or held
    by a live worker, or of a finished job, makes a duplicate message harmless;
 2. the chunk's lease (and its requests' leases) are renewed by this process's heartbeat thread;
-3. the job's models are loaded once per worker process, lazily, and stay loaded (a dict keyed by target and
-   drafter: a worker may serve several queues);
+3. the job's models are loaded once per worker process, lazily, and stay loaded (spec_batch.loading's
+   per-process cache, keyed by target and drafter: a worker may serve several queues);
 4. the first chunk of a job measures the job's baseline (``spec_batch.jobs.measure_baseline``);
 5. ``spec_batch.jobs.runner.run_requests`` claims, decodes and stores the requests (a request that raises fails
-   alone with its error stored). Between decoding batches the task stops when the job is being cancelled or
+   alone with its error stored). At its next decoding step the task stops when the job is being cancelled or
    another worker took the chunk over; the job is completed, exactly once, by whichever worker stores its
    last result (``finalize_job``'s conditional updates).
 
@@ -32,7 +32,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import measure_baseline
-from spec_batch.jobs.runner import finalize_job, run_requests
+from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, finalize_job, run_requests
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
 from spec_batch.store import chunks as qstore
@@ -47,16 +47,12 @@ log = logging.getLogger("spec_batch.workers")
 
 MAX_RETRIES = 10
 RETRY_BACKOFF_MAX_S = 60
-CANCEL_CHECK_S = 1.0  # how often (at most) a running chunk looks at its job's status between results
+TAKEN_OVER = "taken over"  # a chunk stopped because another worker holds it now
 
 
 def retry_delay(retries: int) -> float:
     """Exponential backoff with jitter: about 2**retries seconds (at most RETRY_BACKOFF_MAX_S), 50-100% of it."""
     return min(RETRY_BACKOFF_MAX_S, 2**retries) * (0.5 + random.random() / 2)
-
-
-class StopChunk(Exception):
-    """Raised from the runner's progress callback to stop a chunk between decoding batches."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -313,7 +309,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             with factory.begin() as s:
                 queries.try_finish_cancel(s, job_id)
                 qstore.finish_chunk(s, chunk_id, token)
-            return {**out, "stopped": "cancelled"}
+            return {**out, "stopped": STOPPED_CANCELLED}
 
         try:
             decoder = rt.decoder(target, drafter)
@@ -328,38 +324,23 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
 
         if measure:
             try:
-                measure_baseline(factory, job_id, decoder, worker=token)
+                measure_baseline(factory, job_id, decoder, worker=token, lease_seconds=rt.settings.lease_seconds)
             except Exception as exc:
                 if is_transient(exc):
                     raise
                 log.warning("job %s: baseline measurement failed: %s", job_id, exc)
 
-        last_check = [time.monotonic()]
-
-        def on_progress(_report: Any) -> None:
-            if holding.lost:
-                raise StopChunk("taken over")
-            now = time.monotonic()
-            if now - last_check[0] >= CANCEL_CHECK_S:
-                last_check[0] = now
-                with factory() as s:
-                    status = queries.get_job(s, job_id).status
-                if status in (JOB_CANCELLING, *JOB_TERMINAL):
-                    raise StopChunk(status)
-
-        stopped = None
-        try:
-            report = run_requests(
-                factory, job_id, decoder,
-                request_ids=request_ids, batch_size=batch_size, worker=token,
-                lease_seconds=rt.settings.lease_seconds,
-                should_stop=lambda: holding.lost, on_progress=on_progress, finalize=True,
-            )
-            stopped = report.stopped
-            out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
-                       output_tokens=report.output_tokens, finalized=report.finalized)
-        except StopChunk as exc:
-            stopped = "cancelled" if str(exc) != "taken over" else "taken over"
+        # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
+        # another worker took the chunk over; rows it did not finish go back to pending.
+        report = run_requests(
+            factory, job_id, decoder,
+            request_ids=request_ids, batch_size=batch_size, worker=token,
+            lease_seconds=rt.settings.lease_seconds, keep_alive=False,  # the heartbeat renews this token's leases
+            should_stop=lambda: holding.lost, finalize=True,
+        )
+        stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped
+        out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
+                   output_tokens=report.output_tokens, finalized=report.finalized)
 
         with factory.begin() as s:
             status = queries.get_job(s, job_id).status
@@ -367,7 +348,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             if status == JOB_CANCELLING:
                 queries.try_finish_cancel(s, job_id)
                 qstore.finish_chunk(s, chunk_id, token)
-                stopped = "cancelled"
+                stopped = STOPPED_CANCELLED
             elif holding.lost:
                 pass  # another worker holds the chunk now
             elif open_ids and status not in JOB_TERMINAL:
@@ -383,4 +364,4 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         rt.heartbeat.drop(token)
 
 
-__all__ = ["process_chunk", "retry_delay", "runtime", "is_transient", "Runtime", "StopChunk"]
+__all__ = ["process_chunk", "retry_delay", "runtime", "is_transient", "Runtime"]

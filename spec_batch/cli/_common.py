@@ -9,11 +9,14 @@ import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Exit codes of commands that run or follow a job (README.md, "Exit codes").
+# Exit codes of commands that run or follow a job (README.md, "Exit codes"). Click's own usage errors exit 2.
 EXIT_COMPLETED = 0
-EXIT_FAILED = 1  # the job failed, or the command stopped before it could run it
+EXIT_FAILED = 1  # the job failed (no valid line), or the command stopped before it could run it
 EXIT_CANCELLED = 2
 EXIT_TIMEOUT = 3  # `spec-batch wait --timeout`
+EXIT_OUTPUT_NOT_WRITTEN = 4  # the job completed but its output file could not be written
+EXIT_NOT_FINISHED = 5  # another live process holds some of the job's requests (resume: it says which)
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: `spec-batch resume JOB` continues
 
 
 def target_option(f: F) -> F:

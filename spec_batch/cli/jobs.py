@@ -21,8 +21,21 @@ from ..store.models import (
     JOB_STATUSES,
     JOB_VALIDATING,
 )
-from ._common import max_tokens_option, model_options, open_store_or_exit, parse_metadata, resolve_job
-from ._group import main
+from ._common import (
+    EXIT_CANCELLED,
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FINISHED,
+    EXIT_OUTPUT_NOT_WRITTEN,
+    max_tokens_option,
+    model_options,
+    open_store_or_exit,
+    parse_metadata,
+    resolve_job,
+)
+from ..errors import SpecBatchError
+from ._group import main, mask_in_errors
 
 STATUS_STYLE = {
     JOB_COMPLETED: "green",
@@ -205,7 +218,30 @@ def _interrupted(job_id: str) -> None:
     _console(stderr=True).print(
         f"[yellow]interrupted.[/] Finished requests are stored; continue with [bold]spec-batch resume {job_id}[/]"
     )
-    sys.exit(130)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _exit_code(factory, job_id: str) -> int:
+    """The exit code of a command that ran or resumed the job, from how the job stands (README: Exit codes)."""
+    from ..store import queries
+
+    with factory() as s:
+        job = queries.get_job(s, job_id)
+        status, error = job.status, job.error
+    if status == JOB_COMPLETED:
+        return EXIT_OUTPUT_NOT_WRITTEN if error else EXIT_COMPLETED
+    if status in (JOB_CANCELLED, JOB_CANCELLING):
+        return EXIT_CANCELLED
+    if status == JOB_FAILED:
+        return EXIT_FAILED
+    return EXIT_NOT_FINISHED  # requests still held by another process, or left for the workers
+
+
+def _print_line_errors(errors, console) -> None:
+    for err in errors[:5]:
+        console.print(f"  [red]{err.message}[/]", markup=True, highlight=False)
+    if len(errors) > 5:
+        console.print(f"  ... and {len(errors) - 5} more in the errors file")
 
 
 @main.command("run")
@@ -213,6 +249,7 @@ def _interrupted(job_id: str) -> None:
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
                    "Invalid lines and failed requests go to OUT.errors.jsonl beside it.")
+@click.option("--force", is_flag=True, help="Replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 @model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the core's choice for the device).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
@@ -225,6 +262,7 @@ def _interrupted(job_id: str) -> None:
 def run_command(
     file: Path,
     output: Path | None,
+    force: bool,
     target: str | None,
     draft: str | None,
     device: str | None,
@@ -237,10 +275,12 @@ def run_command(
 ) -> None:
     """Run the batch FILE.jsonl in-process (OpenAI Batch API input lines) and write its outputs.
 
-    Shows a progress bar and a summary at the end. Interrupted (Ctrl-C, kill)? `spec-batch resume JOB`
-    continues where it stopped; nothing finished is lost.
+    Prints the job id on stdout's first line, then the job's summary; progress goes to stderr. Interrupted
+    (Ctrl-C, kill)? `spec-batch resume JOB` continues where it stopped; nothing finished is lost. The exit code
+    says how the job ended (README.md: Exit codes).
     """
-    from ..jobs import create_job_from_file
+    from ..jobs import create_job_from_file, run_job, validate_file, write_results
+    from ..jobs.export import OutputPathError, check_output_path
     from ..settings import get_settings
 
     meta = parse_metadata(metadata)
@@ -250,71 +290,84 @@ def run_command(
     if output is None:
         stem = file.name[: -len(".jsonl")] if file.name.endswith(".jsonl") else file.stem
         output = Path.cwd() / f"{stem}.results.jsonl"
-    factory = open_store_or_exit()  # a database problem shows before the model loads
-    decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
+    defaults = {"max_new_tokens": max_tokens, "temperature": temperature}
+    # Everything that can be checked without the model is checked before it loads.
     try:
-        job_id, parsed = create_job_from_file(
-            factory, file,
-            target=decoder.target_name, drafter=decoder.draft_name, output_file=output,
-            batch_size=batch_size, baseline_sample=baseline_sample,
-            sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
-            metadata=meta or None,
-        )
-    except (OSError, ValueError) as exc:
+        check_output_path(output, input_path=file, force=force)
+        parsed = validate_file(file, defaults)
+    except (OutputPathError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    factory = open_store_or_exit()
     console = _console(stderr=True)
-    console.print(
-        f"job [bold]{job_id}[/]: {parsed.n_lines} request(s) from {file}, {len(parsed.errors)} invalid "
-        f"(interrupted? [bold]spec-batch resume {job_id}[/])"
-    )
-    for err in parsed.errors[:5]:
-        console.print(f"  [red]{err.message}[/]")
-    if len(parsed.errors) > 5:
-        console.print(f"  ... and {len(parsed.errors) - 5} more in the errors file")
+    job_options = dict(output_file=output, batch_size=batch_size, baseline_sample=baseline_sample,
+                       sampling_defaults=defaults, metadata=meta or None, report=parsed)
     if parsed.requests:
-        from ..jobs import run_job
-
+        decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
+        job_id, parsed = create_job_from_file(
+            factory, file, target=decoder.target_name, drafter=decoder.draft_name,
+            max_context=decoder.max_context, vocab_size=decoder.vocab_size, **job_options,
+        )
+    else:
+        decoder = None
+        job_id, parsed = create_job_from_file(factory, file, target=target, drafter=draft, **job_options)
+    click.echo(job_id)
+    console.print(f"job [bold]{job_id}[/]: {parsed.n_lines} request(s) from {file}, {len(parsed.errors)} invalid")
+    _print_line_errors(parsed.errors, console)
+    if parsed.requests:
         with _running(job_id) as display:
             run_job(factory, job_id, decoder, **display.hooks())
     else:
-        from ..jobs import write_results
-
-        write_results(factory, job_id, output)
+        write_results(factory, job_id, output)  # the errors file says why every line was refused
     _print_summary(factory, job_id)
+    sys.exit(_exit_code(factory, job_id))
 
 
 @main.command("resume")
 @click.argument("job")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1, ... (default: $SPEC_BATCH_DEVICE, else cpu).")
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16.")
-def resume_command(job: str, device: str | None, dtype: str | None) -> None:
+@click.option("--wait", "wait_busy", is_flag=True,
+              help="When another live process holds some of the job's requests, wait until it lets them go "
+                   "(it finishes, or dies and its lease expires) instead of exiting.")
+def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: bool) -> None:
     """Continue the interrupted job JOB (an id, a unique prefix, or "latest") with its target and drafter.
 
-    A job submitted to the queue goes back to its workers; a local one continues in this process."""
-    from ..jobs import JobStateError, resume
+    A job submitted to the queue goes back to its workers; a local one continues in this process. Requests a
+    live process holds are never taken over: resume names that process and exits (or waits, with --wait)."""
+    from ..jobs import JobBusyError, JobStateError, resume
     from workers.enqueue import BrokerUnavailableError, enqueue_job
 
-    factory = open_store_or_exit()
+    factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
+    console = _console(stderr=True)
+
+    def on_wait(busy) -> None:
+        console.print(f"waiting: {busy}")
+
     try:
         with _running(job_id) as display:
             outcome = resume(
                 factory, job_id,
                 decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype),
-                enqueue=enqueue_job,
+                enqueue=enqueue_job, wait=wait_busy, on_wait=on_wait,
                 **display.hooks(),
             )
+    except JobBusyError as exc:
+        console.print(f"[yellow]{exc}[/]")
+        sys.exit(EXIT_NOT_FINISHED)
     except (JobStateError, BrokerUnavailableError) as exc:
         raise click.ClickException(str(exc)) from exc
     if outcome.action == "completed":
-        _console(stderr=True).print(f"job {job_id} is already completed")
+        console.print(f"job {job_id} is already completed")
     elif outcome.action == "enqueued":
         rep = outcome.enqueued
-        _console(stderr=True).print(
-            f"job {job_id}: {rep.new_chunks} new chunk(s), {rep.republished} re-published on {outcome.info.queue}; "
-            f"follow it with spec-batch wait {job_id}"
+        console.print(
+            f"job {job_id}: {rep.new_chunks} new chunk(s), {rep.republished} re-published on {outcome.info.queue}"
+            + (f"; {outcome.running} running on workers" if outcome.running else "")
+            + f"; follow it with spec-batch wait {job_id}"
         )
     _print_summary(factory, job_id)
+    sys.exit(EXIT_COMPLETED if outcome.action == "enqueued" else _exit_code(factory, job_id))
 
 
 @main.command("jobs")
@@ -327,7 +380,7 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
 
     from ..store import queries
 
-    factory = open_store_or_exit()
+    factory = open_store_or_exit(must_exist=True)
     with factory() as s:
         rows = queries.list_job_summaries(s, limit=limit, status=status)
     if as_json:
@@ -366,7 +419,7 @@ def show_command(job: str, n_errors: int) -> None:
 
     from ..store import queries
 
-    factory = open_store_or_exit()
+    factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     _print_summary(factory, job_id, title=f"Job {job_id}")
     with factory() as s:
@@ -408,14 +461,19 @@ def show_command(job: str, n_errors: int) -> None:
 @click.argument("job")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output JSONL; failed requests and invalid lines go to OUT.errors.jsonl beside it.")
-def results_command(job: str, output: Path) -> None:
+@click.option("--force", is_flag=True, help="Replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
+def results_command(job: str, output: Path, force: bool) -> None:
     """Export the results of JOB (OpenAI Batch API output lines)."""
-    from ..jobs import write_results
+    from ..jobs import job_info, write_results
+    from ..jobs.export import OutputPathError, check_output_path
 
-    factory = open_store_or_exit()
+    factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     try:
+        check_output_path(output, input_path=job_info(factory, job_id).input_file, force=force)
         rep = write_results(factory, job_id, output)
+    except OutputPathError as exc:
+        raise click.ClickException(str(exc)) from exc
     except OSError as exc:
         raise click.ClickException(f"cannot write {output}: {exc}") from exc
     console = _console()
@@ -434,7 +492,7 @@ def stats_command(as_json: bool) -> None:
 
     from ..jobs.stats import stats_by_model
 
-    factory = open_store_or_exit()
+    factory = open_store_or_exit(must_exist=True)
     rows = stats_by_model(factory)
     if as_json:
         for r in rows:
@@ -466,25 +524,30 @@ def db_group() -> None:
     """The job database's schema (Alembic migrations). URL: $SPEC_BATCH_DATABASE_URL."""
 
 
-def _engine(url: str | None):
+def _engine(url: str | None, *, create: bool = True):
     from ..store import make_engine
 
-    return make_engine(url)
+    mask_in_errors(click.get_current_context(), url)
+    try:
+        return make_engine(url, create=create)
+    except SpecBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @db_group.command("upgrade")
 @click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db).")
 def db_upgrade(url: str | None) -> None:
     """Migrate the database to the newest schema (what `alembic upgrade head` does)."""
+    from ..settings import shown_url
     from ..store import current_revision, migrate_to_head
 
     engine = _engine(url)
+    shown = shown_url(engine.url.render_as_string(hide_password=False))
     try:
         before = current_revision(engine)
         head = migrate_to_head(engine)
     except Exception as exc:  # noqa: BLE001
-        raise click.ClickException(f"cannot migrate {engine.url.render_as_string(hide_password=True)}: {exc}") from exc
-    shown = engine.url.render_as_string(hide_password=True)
+        raise click.ClickException(f"cannot migrate {shown}: {exc}") from exc
     click.echo(f"{shown}: {before or '(empty)'} -> {head}" if before != head else f"{shown}: already at {head}")
 
 
@@ -494,7 +557,7 @@ def db_current(url: str | None) -> None:
     """Show the database's revision and the newest one."""
     from ..store import current_revision, head_revision
 
-    engine = _engine(url)
+    engine = _engine(url, create=False)
     click.echo(f"current: {current_revision(engine) or '(empty)'}  head: {head_revision()}")
 
 
@@ -506,5 +569,5 @@ def db_downgrade(revision: str, url: str | None) -> None:
     """Downgrade the schema to REVISION ("base" drops everything spec-batch created)."""
     from ..store import downgrade
 
-    downgrade(_engine(url), revision)
+    downgrade(_engine(url, create=False), revision)
     click.echo(f"downgraded to {revision}")

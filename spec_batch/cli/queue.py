@@ -233,21 +233,21 @@ def _check_database() -> None:
 @click.argument("job")
 @click.option("--wait", "wait_after", is_flag=True, help="Then wait until the job is cancelled.")
 def cancel_command(job: str, wait_after: bool) -> None:
-    """Cancel JOB: no new chunk starts, running chunks stop between decoding batches, finished requests stay.
+    """Cancel JOB: no new chunk starts, running chunks stop at their next decoding step, finished requests stay.
 
     The job is `cancelling` until no request runs any more, then `cancelled`; requests that never ran are
     `cancelled` (they are in the errors file of `spec-batch results`).
     """
     from ..jobs import JobStateError, cancel_job
 
-    factory = open_store_or_exit()
+    factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     try:
         outcome = cancel_job(factory, job_id)
     except JobStateError as exc:
         raise click.ClickException(str(exc)) from exc
-    _err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop between decoding "
-         f"batches)" if outcome.status == JOB_CANCELLING else f"job {job_id}: {outcome.status}")
+    _err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next "
+         f"decoding step)" if outcome.status == JOB_CANCELLING else f"job {job_id}: {outcome.status}")
     click.echo(outcome.status)
     if wait_after and outcome.status == JOB_CANCELLING:
         code = _wait(factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
@@ -335,11 +335,21 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
 @click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up after this many seconds (exit 3).")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.")
+@click.option("--force", is_flag=True, help="With -o: replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final status on stdout.")
-def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, quiet: bool) -> None:
+def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, force: bool,
+                 quiet: bool) -> None:
     """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
     3 timed out."""
-    factory = open_store_or_exit()
+    from ..jobs import job_info
+    from ..jobs.export import OutputPathError, check_output_path
+
+    factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
+    if output is not None:  # checked now, not after a long wait
+        try:
+            check_output_path(output, input_path=job_info(factory, job_id).input_file, force=force)
+        except OutputPathError as exc:
+            raise click.ClickException(str(exc)) from exc
     sys.exit(_wait(factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
 

@@ -90,6 +90,7 @@ class BatchRequest:
     params: SamplingParams
     raw: str
     model: str | None = None
+    max_tokens_field: str | None = None  # the body field that set max_tokens; None: the job's default
 
     def params_dict(self) -> dict[str, Any]:
         p = self.params
@@ -131,6 +132,38 @@ class ParseReport:
     def entries(self) -> list[BatchRequest | LineError]:
         """Valid and invalid lines together, in file order."""
         return sorted([*self.requests, *self.errors], key=lambda e: e.line_number)
+
+    def check_model_limits(self, *, max_context: int | None = None, vocab_size: int | None = None) -> None:
+        """Moves to the errors the requests the model cannot run whatever their prompt: max_tokens that leaves no
+        room for a prompt in the context, token ids outside the vocabulary (when the model is known)."""
+        kept = []
+        for req in self.requests:
+            problem = _model_limit_problem(req, max_context, vocab_size)
+            if problem is None:
+                kept.append(req)
+            else:
+                param, message = problem
+                self.errors.append(LineError(req.line_number, req.raw, INVALID_VALUE,
+                                             f"line {req.line_number}: {param}: {message}", param, req.custom_id))
+        self.requests = kept
+        self.errors.sort(key=lambda e: e.line_number)
+
+
+def _model_limit_problem(req: BatchRequest, max_context: int | None, vocab_size: int | None) -> tuple[str, str] | None:
+    max_tokens = req.params.max_new_tokens
+    if max_context is not None and max_tokens >= max_context:
+        where = "" if req.max_tokens_field else " (the job's default: --max-tokens)"
+        return req.max_tokens_field or "body.max_tokens", (
+            f"{max_tokens}{where} leaves no room for the prompt in the model's context of {max_context} tokens; "
+            f"ask for fewer than {max_context} tokens"
+        )
+    if vocab_size is not None and isinstance(req.prompt, list):
+        bad = next((j for j, t in enumerate(req.prompt) if t >= vocab_size), None)
+        if bad is not None:
+            return f"body.prompt[{bad}]", (
+                f"token id {req.prompt[bad]} is not in the model's vocabulary (ids 0..{vocab_size - 1})"
+            )
+    return None
 
 
 # ---------------------------------------------------------------- parsing
@@ -217,12 +250,16 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
         if prompt is None:
             raise BatchLineError(MISSING_FIELD, "body.prompt is missing", "body.prompt", cid_ok)
         if isinstance(prompt, list):
-            if not prompt or not all(_is_int(t) and t >= 0 for t in prompt):
+            if not prompt or not all(_is_int(t) for t in prompt):
                 raise _bad(
                     "body.prompt",
                     "must be a string or a non-empty list of token ids (one prompt per line: put several "
                     "prompts on several lines)", cid_ok,
                 )
+            negative = next((j for j, t in enumerate(prompt) if t < 0), None)
+            if negative is not None:
+                raise _bad(f"body.prompt[{negative}]", f"token id {prompt[negative]} is negative; token ids are >= 0",
+                           cid_ok)
         elif not isinstance(prompt, str) or not prompt:
             raise _bad("body.prompt", "must be a non-empty string", cid_ok)
 
@@ -271,7 +308,8 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
         )
     except InvalidParameterError as e:
         raise BatchLineError(INVALID_VALUE, str(e), "body", cid_ok) from None
-    return BatchRequest(line_number, cid, url, prompt, params, text, model)
+    return BatchRequest(line_number, cid, url, prompt, params, text, model,
+                        max_tokens_field=mt_name if max_tokens is not None else None)
 
 
 def _decode(raw: bytes | str, line_number: int) -> str:
@@ -430,7 +468,7 @@ def error_line(req: Any) -> dict[str, Any]:
             "request_id": f"req_{req.id}",
             "body": {
                 "error": {
-                    "message": f"line {req.line_number}: {req.error}",
+                    "message": f"line {req.line_number}, custom_id {custom_id!r}: {req.error}",
                     "type": "server_error" if status == 500 else "invalid_request_error",
                     "param": getattr(req, "error_param", None),
                     "code": code,

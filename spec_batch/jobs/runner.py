@@ -1,73 +1,31 @@
 """Runs a job's requests through a decoder and stores each result as it completes.
 
-Used by the CLI's local mode (``spec-batch run`` / ``resume``) and by the Celery task (``workers/``).
+Used by the CLI's local mode (``spec-batch run`` / ``resume``, through ``spec_batch.jobs.service``) and by the
+Celery task (``workers/``): ``run_requests(session_factory, job_id, decoder, *, request_ids=None, batch_size=None,
+worker=None, lease_seconds=None, keep_alive=True, should_stop=None, on_progress=None, finalize=True)``.
 
-Runner API
-==========
-
-``run_requests(session_factory, job_id, decoder, *, request_ids=None, batch_size=None, worker=None,
-lease_seconds=None, should_stop=None, on_progress=None, finalize=True) -> RunReport``
-
-- ``session_factory``: a ``sessionmaker`` from ``spec_batch.store.open_store(url)`` (or ``make_session_factory``).
 - ``request_ids``: the job's requests to run (``None``: all of them). Requests already completed, failed or
   cancelled are skipped, so running the same ids twice, or from two processes at once, stores nothing twice.
-- ``batch_size``: the decoder's batch size (``None``: the job's ``batch_size`` column).
-- Requests are claimed one group (``4 * batch_size``) at a time: ``status='running'``, ``worker``,
-  ``attempts += 1``, ``started_at``, ``lease_expires_at = now + lease_seconds`` (``None``: settings'
-  ``lease_seconds``). A row is claimable when ``pending``, or ``running`` with an expired or NULL lease.
-  The lease of the group's unfinished requests is renewed as results arrive (every lease_seconds / 3).
-  The group is decoded with ``decoder.generate(prompts, params, batch_size=..., return_errors=True,
-  on_result=...)``; each result is stored in its own short transaction by a conditional
-  ``UPDATE requests ... WHERE id = :id AND status IN ('pending', 'running')`` (finish_reason ``error`` ->
-  status ``failed`` with ``error``; the others go on). A chat request whose messages the model's chat
-  template rejects fails alone, before decoding.
-- Between groups: ``should_stop()`` is checked, and the job's status (``cancelling``/``cancelled`` stops it).
-  The seconds spent in ``generate`` are added to ``jobs.decode_wall_s`` (atomic ``UPDATE ... + :s``).
-  On an exception (Ctrl-C) the claimed but unfinished requests go back to ``pending``; after a SIGKILL they
-  stay ``running`` until their lease expires (``spec-batch resume`` releases them at once).
-- ``on_progress(report)``: called after each stored result with the running ``RunReport``.
-- ``finalize=True``: when no request of the job is pending or running any more, ``finalize_job`` is called;
-  its conditional UPDATEs make exactly one process, whichever finishes last, complete the job.
-
-``RunReport``: ``job_id, claimed, completed, failed, skipped`` (counts stored by *this* call; skipped = already
-done or claimed by someone else), ``output_tokens, draft_tokens, accepted_tokens, target_forwards,
-decode_wall_s``, ``stopped`` (``None`` | ``"should_stop"`` | ``"cancelled"``), ``finalized`` (this call
-completed the job); properties ``acceptance_rate``, ``tokens_per_s``.
-
-``finalize_job(session_factory, job_id, *, write_output=True) -> bool``: ``in_progress -> finalizing`` (only
-when nothing is pending/running; conditional, one winner), writes ``jobs.output_file`` (+ ``.errors.jsonl``)
-when set and ``write_output``, then ``finalizing -> completed``. True for the one call that completed it.
-
-Store API (``spec_batch.store``; every function takes a caller-owned Session: ``with factory.begin() as s:``)
------------------------------------------------------------------------------------------------------------
-- ``open_store(url=None) -> sessionmaker``: engine for ``url`` (default: settings' database_url);
-  SQLite is migrated to head automatically, a server must be at head (``spec-batch db upgrade``).
-- ``make_engine(url)``, ``make_session_factory(engine)``, ``migrate_to_head(url_or_engine)``,
-  ``downgrade(url_or_engine, revision)``, ``current_revision(engine)``, ``head_revision()``.
-- Tables ``Job``, ``Request`` (``spec_batch.store.models``); status constants ``JOB_*``, ``REQ_*``; the view
-  ``job_summary`` (a ``Table`` for ``select(job_summary)``).
-- ``queries``: ``get_job, resolve_job_id(prefix), open_request_ids(job_id), request_ids(job_id, statuses),
-  claim_requests, renew_leases, release_requests, release_running(job_id), save_result, save_failure, add_decode_time,
-  record_baseline, begin_finalize, complete_job, fail_job, request_cancel, try_finish_cancel, job_counts,
-  job_summary_row, list_job_summaries, stats_by_model``.
-
-Job service (``spec_batch.jobs``):
-- ``create_job_from_file(session_factory, path, *, target, drafter, output_file=None, batch_size=8,
-  baseline_sample=8, sampling_defaults=None, metadata=None, queue=None, chunk_size=None, job_id=None)
-  -> (job_id, ParseReport)``: validates the file, inserts the job and one request row per non-blank line
-  (invalid lines as failed rows), status ``in_progress`` (``failed`` when no line is valid).
-- ``measure_baseline(session_factory, job_id, decoder, *, sample_size=None, worker=None) -> Baseline | None``:
-  once per job; decodes the sample with and without speculation, stores both timings on the job and keeps
-  the speculative results as the sample requests' results.
-- ``run_job(session_factory, job_id, decoder, *, baseline=True, should_stop=None, on_progress=None,
-  on_phase=None, worker=None) -> RunReport``: baseline, then ``run_requests`` over every open request.
-- ``resume_job(session_factory, job_id, decoder, **kw)``: ``release_running`` then ``run_job``.
-- ``write_results(session_factory, job_id, out_path) -> ResultsReport``: OUT.jsonl + OUT.errors.jsonl.
+- Requests are claimed one group (``GROUP_FACTOR * batch_size``) at a time with a lease held by ``worker`` (a
+  token of spec_batch.jobs.lease; a new one when None): pending requests, or running ones whose lease expired.
+  With ``keep_alive`` a LeaseKeeper renews the token's leases every lease/3 seconds while this call runs (the
+  workers' heartbeat does it for them). A live holder's requests are never taken.
+- Each result is stored by a conditional UPDATE (a request already done is never stored twice), in one short
+  transaction that also adds the decode time since this call's previous stored result to
+  ``jobs.decode_wall_s``: a process killed at any moment has its stored tokens and their time counted, and
+  the rest of both lost, so the job's tokens/s stays true after a crash and a resume.
+- ``should_stop()`` and the job being cancelled (read at most every CANCEL_CHECK_S) stop generate() at its next
+  step: rows it did not finish come back ``cancelled`` and go back to pending (a cancelled job then cancels
+  them), never stored as results. Ctrl-C or an error gives the claimed but unfinished requests back at once.
+- A decode-time error names the request by its line number and custom_id (the errors file), never by its
+  place in a batch.
+- ``finalize=True``: when no request of the job is open any more, ``finalize_job`` completes it (conditional
+  updates: exactly one process, whichever finishes last, writes the output file and completes the job).
 """
 from __future__ import annotations
 
-import os
-import socket
+import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,15 +40,14 @@ from ..settings import get_settings
 from ..store import queries
 from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL
 from .export import write_results
+from .lease import LeaseKeeper, new_token
 from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
 STOPPED_BY_CALLER = "should_stop"
 STOPPED_CANCELLED = "cancelled"  # the job is being cancelled
-
-
-def default_worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+CANCEL_CHECK_S = 1.0  # how often (at most) a running group looks at its job's status
+CANCELLED = "cancelled"  # the finish_reason of a row generate() stopped before it finished
 
 
 @dataclass
@@ -156,6 +113,17 @@ def prompt_error_code(exc: BaseException) -> str:
     return "internal_error"
 
 
+def request_error(message: str | None, batch_index: int) -> str:
+    """A decode-time error as stored on its request: the core names a prompt by its place in the batch it was
+    given ("prompt 3: ..."), which means nothing to a user; the errors file names the line and custom_id."""
+    message = message or "decoding failed"
+    m = re.match(rf"prompt {batch_index}(: | )", message)
+    if m is None:
+        return message
+    rest = message[m.end():]
+    return rest if m.group(1) == ": " else f"the prompt {rest}"
+
+
 def _job_state(session: Session, job_id: str) -> tuple[str, int]:
     job = queries.get_job(session, job_id)
     return job.status, job.batch_size
@@ -170,6 +138,7 @@ def run_requests(
     batch_size: int | None = None,
     worker: str | None = None,
     lease_seconds: float | None = None,
+    keep_alive: bool = True,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[RunReport], None] | None = None,
     finalize: bool = True,
@@ -178,10 +147,30 @@ def run_requests(
 
     See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
     """
-    report = RunReport(job_id=job_id)
-    worker = worker or default_worker_name()
+    worker = worker or new_token()
     if lease_seconds is None:
         lease_seconds = get_settings().lease_seconds
+    if not keep_alive:
+        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
+                             should_stop, on_progress, finalize)
+    with LeaseKeeper(session_factory, worker, lease_seconds):
+        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
+                             should_stop, on_progress, finalize)
+
+
+def _run_requests(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    request_ids: Sequence[int] | None,
+    batch_size: int | None,
+    worker: str,
+    lease_seconds: float,
+    should_stop: Callable[[], bool] | None,
+    on_progress: Callable[[RunReport], None] | None,
+    finalize: bool,
+) -> RunReport:
+    report = RunReport(job_id=job_id)
     with session_factory.begin() as s:
         status, job_batch_size = _job_state(s, job_id)
         # a chunk reads only its own ids: O(chunk), not O(job)
@@ -198,21 +187,15 @@ def run_requests(
         todo = []
 
     group = GROUP_FACTOR * batch_size
+    stop = _Stop(session_factory, job_id, should_stop)
     for start in range(0, len(todo), group):
-        if start > 0:
-            if should_stop is not None and should_stop():
-                report.stopped = STOPPED_BY_CALLER
-                break
-            with session_factory.begin() as s:
-                status, _ = _job_state(s, job_id)
-            if status in (JOB_CANCELLING, JOB_CANCELLED):
-                report.stopped = STOPPED_CANCELLED
-                break
-        elif should_stop is not None and should_stop():
-            report.stopped = STOPPED_BY_CALLER
+        if stop(force_check=True):
             break
         _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
-                   lease_seconds, report, on_progress)
+                   lease_seconds, report, on_progress, stop)
+        if stop.reason is not None:
+            break
+    report.stopped = report.stopped or stop.reason
 
     if report.stopped == STOPPED_CANCELLED:
         with session_factory.begin() as s:
@@ -220,6 +203,31 @@ def run_requests(
     elif finalize and report.stopped is None:
         report.finalized = finalize_job(session_factory, job_id)
     return report
+
+
+class _Stop:
+    """generate()'s should_stop: the caller's own, or the job being cancelled (its status is read at most every
+    CANCEL_CHECK_S). `reason` says which stopped the run (STOPPED_BY_CALLER or STOPPED_CANCELLED)."""
+
+    def __init__(self, session_factory: sessionmaker[Session], job_id: str,
+                 should_stop: Callable[[], bool] | None) -> None:
+        self.session_factory = session_factory
+        self.job_id = job_id
+        self.should_stop = should_stop
+        self.reason: str | None = None
+        self.checked = time.monotonic()
+
+    def __call__(self, force_check: bool = False) -> bool:
+        if self.reason is None and self.should_stop is not None and self.should_stop():
+            self.reason = STOPPED_BY_CALLER
+        now = time.monotonic()
+        if self.reason is None and (force_check or now - self.checked >= CANCEL_CHECK_S):
+            self.checked = now
+            with self.session_factory() as s:
+                status, _ = _job_state(s, self.job_id)
+            if status in (JOB_CANCELLING, JOB_CANCELLED):
+                self.reason = STOPPED_CANCELLED
+        return self.reason is not None
 
 
 def _run_group(
@@ -232,6 +240,7 @@ def _run_group(
     lease_seconds: float,
     report: RunReport,
     on_progress: Callable[[RunReport], None] | None,
+    stop: _Stop,
 ) -> None:
     with session_factory.begin() as s:
         claimed = queries.claim_requests(s, job_id, ids, worker=worker, lease_seconds=lease_seconds)
@@ -268,33 +277,34 @@ def _run_group(
         if not order:
             return
 
-        renewed = [time.monotonic()]
+        last_commit = [time.perf_counter()]
 
         def on_result(i: int, result: Any) -> None:
             rid = order[i]
+            if result.finish_reason == CANCELLED:  # stopped before it finished: given back below, not stored
+                return
+            if result.finish_reason == "error":
+                result = dataclasses.replace(result, error=request_error(result.error, i))
+            now = time.perf_counter()
+            decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
             with session_factory.begin() as s:
                 stored = queries.save_result(s, rid, result, worker=worker)
-                unfinished.discard(rid)
-                if unfinished and time.monotonic() - renewed[0] > lease_seconds / 3:  # a long group keeps its claim
-                    queries.renew_leases(s, sorted(unfinished), worker=worker, lease_seconds=lease_seconds)
-                    renewed[0] = time.monotonic()
+                if stored:  # the tokens and the time that produced them, in one transaction
+                    queries.add_decode_time(s, job_id, decode_s)
+            last_commit[0] = now
+            unfinished.discard(rid)
             if stored:
                 report.add_result(result)
+                report.decode_wall_s += decode_s
             else:
                 report.skipped += 1
             if on_progress is not None:
                 on_progress(report)
 
-        t0 = time.perf_counter()
-        try:
-            decoder.generate(prompts, params, batch_size=batch_size, return_errors=True, on_result=on_result)
-        finally:
-            elapsed = time.perf_counter() - t0
-            report.decode_wall_s += elapsed
-            with session_factory.begin() as s:
-                queries.add_decode_time(s, job_id, elapsed)
+        decoder.generate(prompts, params, batch_size=batch_size, return_errors=True, on_result=on_result,
+                         should_stop=stop)
     finally:
-        if unfinished:  # Ctrl-C or an error in generate(): give the rest back at once
+        if unfinished:  # stopped, Ctrl-C or an error in generate(): give the rest back at once
             with session_factory.begin() as s:
                 queries.release_requests(s, sorted(unfinished), worker=worker)
 

@@ -35,8 +35,10 @@ from ..store.models import (
     utcnow,
 )
 from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
+from ..settings import get_settings
 from .export import write_results
-from .runner import RunReport, build_prompt, default_worker_name, run_requests
+from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
+from .runner import RunReport, build_prompt, run_requests
 
 
 class JobStateError(SpecBatchError):
@@ -45,6 +47,18 @@ class JobStateError(SpecBatchError):
 
 def new_job_id() -> str:
     return "job_" + uuid.uuid4().hex[:16]
+
+
+def sampling_defaults_with(overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's sampling defaults: DEFAULT_SAMPLING with `overrides`; unknown keys or bad values raise here."""
+    defaults = {**DEFAULT_SAMPLING, **(overrides or {})}
+    SamplingParams.from_dict(defaults)
+    return defaults
+
+
+def validate_file(path: str | Path, sampling_defaults: dict[str, Any] | None = None) -> ParseReport:
+    """Reads and validates a batch file without storing anything (OSError when it cannot be read)."""
+    return read_batch_file(path, defaults=sampling_defaults_with(sampling_defaults))
 
 
 def create_job_from_file(
@@ -61,19 +75,25 @@ def create_job_from_file(
     queue: str | None = None,
     chunk_size: int | None = None,
     job_id: str | None = None,
+    report: ParseReport | None = None,
+    max_context: int | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[str, ParseReport]:
     """Validates the file and stores the job with one request row per non-blank line (invalid lines are
     failed rows with their line number and reason). Status in_progress, or failed when no line is valid.
 
-    Raises OSError when the file cannot be read, ValueError for bad options.
+    report: the file already validated by validate_file (it is not read again). max_context / vocab_size: the
+    target's, when known: lines it cannot run (max_tokens beyond its context, token ids outside its
+    vocabulary) are invalid lines too. Raises OSError when the file cannot be read, ValueError for bad options.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if baseline_sample < 0:
         raise ValueError(f"baseline_sample must be >= 0 (0 turns the baseline off), got {baseline_sample}")
-    defaults = {**DEFAULT_SAMPLING, **(sampling_defaults or {})}
-    SamplingParams.from_dict(defaults)  # unknown keys or bad values fail here, before any job exists
-    report = read_batch_file(path, defaults=defaults)
+    defaults = sampling_defaults_with(sampling_defaults)
+    if report is None:
+        report = read_batch_file(path, defaults=defaults)
+    report.check_model_limits(max_context=max_context, vocab_size=vocab_size)
     job_id = job_id or new_job_id()
     now = utcnow()
     with session_factory.begin() as s:
@@ -185,15 +205,20 @@ def measure_baseline(
     *,
     sample_size: int | None = None,
     worker: str | None = None,
+    lease_seconds: float | None = None,
 ) -> Baseline | None:
     """Measures the job's speedup on a sample of its valid requests: decodes the sample with the job's decoder
     and then with decoder.without_speculation() (same engine, same batch size), timing each generate() call,
     and stores both on the job (first measurement wins). The speculative results are stored as the sample
     requests' results (conditionally: nothing is stored twice), so the sample is not decoded again.
 
-    Returns None when the sample size is 0 or the job already has a baseline.
+    The sample is claimed for `worker` like any request (a live holder's requests are not sampled); the caller
+    keeps the claims alive (run_job's LeaseKeeper, a worker's heartbeat). Returns None when the sample size is 0,
+    the job already has a baseline, or nothing of the sample could be claimed.
     """
-    worker = worker or default_worker_name()
+    worker = worker or new_token()
+    if lease_seconds is None:
+        lease_seconds = get_settings().lease_seconds
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         k = job.baseline_sample if sample_size is None else sample_size
@@ -201,9 +226,10 @@ def measure_baseline(
             return None
         batch_size = job.batch_size
         sample = choose_sample(queries.valid_request_ids(s, job_id), k)
-        rows = queries.request_inputs(s, sample)
+        claimed = queries.claim_requests(s, job_id, sample, worker=worker, lease_seconds=lease_seconds)
+        rows = queries.request_inputs(s, claimed)
     prompts, params, ids = [], [], []
-    for rid in sample:
+    for rid in claimed:
         r = rows[rid]
         try:
             prompts.append(build_prompt(decoder, r.endpoint, r.prompt))
@@ -211,6 +237,23 @@ def measure_baseline(
         except Exception:  # noqa: BLE001  (the runner reports this request's error; the sample skips it)
             continue
         ids.append(rid)
+    try:
+        return _measure(session_factory, job_id, decoder, ids, prompts, params, batch_size, worker)
+    finally:  # whatever was claimed and not stored (a prompt the runner will fail, Ctrl-C): back to pending
+        with session_factory.begin() as s:
+            queries.release_requests(s, claimed, worker=worker)
+
+
+def _measure(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    ids: list[int],
+    prompts: list[Any],
+    params: list[SamplingParams],
+    batch_size: int,
+    worker: str,
+) -> Baseline | None:
     if not ids:
         return None
     base_decoder = decoder.without_speculation()
@@ -238,12 +281,9 @@ def measure_baseline(
             sample_output_tokens=b.sample_output_tokens,
             sample_wall_s=b.sample_wall_s,
         )
-    for rid, res in zip(ids, spec):
-        with session_factory.begin() as s:
-            b.stored += queries.save_result(s, rid, res, worker=worker)
-    if b.stored:
-        with session_factory.begin() as s:  # the share of the sample's decode time that produced stored results
-            queries.add_decode_time(s, job_id, sample_wall * b.stored / len(ids))
+    with session_factory.begin() as s:  # the results and the share of the decode time that produced them, at once
+        b.stored = sum(queries.save_result(s, rid, res, worker=worker) for rid, res in zip(ids, spec))
+        queries.add_decode_time(s, job_id, sample_wall * b.stored / len(ids))
     return b
 
 
@@ -260,13 +300,17 @@ def run_job(
     on_progress: Callable[[RunReport], None] | None = None,
     on_phase: Callable[[str, Any], None] | None = None,
     worker: str | None = None,
+    lease_seconds: float | None = None,
 ) -> RunReport:
     """Local mode: the baseline (once per job), then every open request, then finalization (output file).
+    Every claim is held by one token (`worker`, new when None) whose leases a LeaseKeeper renews meanwhile.
 
     on_phase(name, info): "baseline" (info: sample size) before it, "baseline_done" (info: Baseline | None),
     "run" (info: number of open requests) before the requests.
     """
-    worker = worker or default_worker_name()
+    worker = worker or new_token()
+    if lease_seconds is None:
+        lease_seconds = get_settings().lease_seconds
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
@@ -276,37 +320,81 @@ def run_job(
         )
     if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED):
         raise JobStateError(f"job {job_id} is {status}; nothing to run")
-    if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
+    with LeaseKeeper(session_factory, worker, lease_seconds):
+        if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
+            if on_phase:
+                on_phase("baseline", k)
+            b = measure_baseline(session_factory, job_id, decoder, worker=worker, lease_seconds=lease_seconds)
+            if on_phase:
+                on_phase("baseline_done", b)
         if on_phase:
-            on_phase("baseline", k)
-        b = measure_baseline(session_factory, job_id, decoder, worker=worker)
-        if on_phase:
-            on_phase("baseline_done", b)
-    if on_phase:
-        with session_factory.begin() as s:
-            on_phase("run", len(queries.open_request_ids(s, job_id)))
-    report = run_requests(
-        session_factory, job_id, decoder, worker=worker, should_stop=should_stop, on_progress=on_progress
-    )
-    return report
+            with session_factory.begin() as s:
+                on_phase("run", len(queries.open_request_ids(s, job_id)))
+        return run_requests(
+            session_factory, job_id, decoder, worker=worker, lease_seconds=lease_seconds, keep_alive=False,
+            should_stop=should_stop, on_progress=on_progress,
+        )
+
+
+class JobBusyError(JobStateError):
+    """Another live process holds some of the job's requests: they are left to it."""
+
+    def __init__(self, job_id: str, holders: Sequence[Holder]):
+        self.job_id = job_id
+        self.holders = list(holders)
+        super().__init__(
+            f"job {job_id} is being run by another process: {'; '.join(map(str, holders))}. Nothing was taken "
+            f"over: wait for it to finish, or run `spec-batch resume --wait {job_id}`, which continues once it "
+            f"finishes or dies (a dead process on another machine lets go when its lease expires)"
+        )
+
+
+def wait_until_free(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    *,
+    wait: bool = False,
+    poll_s: float = 2.0,
+    on_wait: Callable[[JobBusyError], None] | None = None,
+) -> None:
+    """Takes over the job's requests whose holder is gone (lease expired, or a dead process of this machine);
+    when a live process holds some, raises JobBusyError, or with `wait` polls until none does."""
+    while True:
+        live = take_over_dead_holders(session_factory, job_id)
+        if not live:
+            return
+        busy = JobBusyError(job_id, live)
+        if not wait:
+            raise busy
+        if on_wait is not None:
+            on_wait(busy)
+        time.sleep(poll_s)
 
 
 def resume_job(
-    session_factory: sessionmaker[Session], job_id: str, decoder: Any, **kwargs: Any
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    decoder: Any,
+    *,
+    wait: bool = False,
+    poll_s: float = 2.0,
+    on_wait: Callable[[JobBusyError], None] | None = None,
+    **kwargs: Any,
 ) -> RunReport:
-    """After Ctrl-C or a kill: requests left running by the dead process go back to pending, then run_job.
-    A job killed while finalizing is finalized again (its output file rewritten)."""
-    with session_factory.begin() as s:
+    """After Ctrl-C or a kill: requests a dead process left running go back to pending, then run_job. A live
+    process's requests are never taken over (JobBusyError, or wait; see wait_until_free). A job killed while
+    finalizing is finalized again (its output file rewritten)."""
+    with session_factory() as s:
         job = queries.get_job(s, job_id)
         status, output_file = job.status, job.output_file
-        if status not in JOB_TERMINAL:
-            queries.release_running(s, job_id)
     if status == JOB_FINALIZING:
         if output_file:
             write_results(session_factory, job_id, output_file)
         with session_factory.begin() as s:
             finalized = queries.complete_job(s, job_id)
         return RunReport(job_id=job_id, finalized=finalized)
+    if status not in JOB_TERMINAL:
+        wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
     return run_job(session_factory, job_id, decoder, **kwargs)
 
 
@@ -318,6 +406,7 @@ class JobInfo:
     status: str
     target: str
     drafter: str
+    input_file: str | None
     output_file: str | None
     queue: str | None
 
@@ -325,19 +414,20 @@ class JobInfo:
 def job_info(session_factory: sessionmaker[Session], job_id: str) -> JobInfo:
     with session_factory() as s:
         j = queries.get_job(s, job_id)
-        return JobInfo(j.id, j.status, j.target, j.drafter, j.output_file, j.queue)
+        return JobInfo(j.id, j.status, j.target, j.drafter, j.input_file, j.output_file, j.queue)
 
 
 @dataclass
 class ResumeOutcome:
     """What resume did: "completed" (nothing to do; a missing output file was written again), "enqueued"
-    (a queued job went back to its workers: `enqueued` is the enqueue function's report) or "ran" (decoded here:
-    `report`)."""
+    (a queued job went back to its workers: `enqueued` is the enqueue function's report; `running` chunks are
+    left to the workers that hold them) or "ran" (decoded here: `report`)."""
 
     action: str
     info: JobInfo
     report: RunReport | None = None
     enqueued: Any = None
+    running: int = 0
 
 
 def resume(
@@ -346,13 +436,16 @@ def resume(
     *,
     decoder_for: Callable[[str, str], Any],
     enqueue: Callable[[sessionmaker[Session], str], Any] | None = None,
+    wait: bool = False,
+    poll_s: float = 2.0,
+    on_wait: Callable[[JobBusyError], None] | None = None,
     **run_kwargs: Any,
 ) -> ResumeOutcome:
     """Continues a job the way it was started: a queued job goes back to its workers (`enqueue`, e.g.
-    workers.enqueue.enqueue_job: the jobs layer never talks to the broker), a local one is decoded in this process
-    with `decoder_for(target, drafter)`. A completed job only gets its output file back if it is missing.
-
-    Raises JobStateError for a failed, cancelled or cancelling job."""
+    workers.enqueue.enqueue_job: the jobs layer never talks to the broker; chunks a live worker holds stay
+    with it), a local one is decoded in this process with `decoder_for(target, drafter)` once no live process
+    holds any of its requests (JobBusyError, or `wait`). A completed job only gets its output file back if it is
+    missing. Raises JobStateError for a failed, cancelled or cancelling job."""
     info = job_info(session_factory, job_id)
     if info.status == JOB_COMPLETED:
         if info.output_file and not Path(info.output_file).exists():
@@ -363,9 +456,15 @@ def resume(
     if info.queue is not None:
         if enqueue is None:
             raise JobStateError(f"job {job_id} runs on the queue {info.queue}: resume it where the queue is reachable")
-        return ResumeOutcome("enqueued", info, enqueued=enqueue(session_factory, job_id))
+        enqueued = enqueue(session_factory, job_id)
+        with session_factory() as s:
+            running = len(qstore.running_chunk_holders(s, job_id))
+        return ResumeOutcome("enqueued", info, enqueued=enqueued, running=running)
+    if info.status != JOB_FINALIZING:  # before loading the model: a busy job is refused at once
+        wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
     decoder = decoder_for(info.target, info.drafter)
-    return ResumeOutcome("ran", info, report=resume_job(session_factory, job_id, decoder, **run_kwargs))
+    report = resume_job(session_factory, job_id, decoder, wait=wait, poll_s=poll_s, on_wait=on_wait, **run_kwargs)
+    return ResumeOutcome("ran", info, report=report)
 
 
 # ---------------------------------------------------------------- cancel
@@ -375,7 +474,7 @@ def resume(
 class CancelOutcome:
     job_id: str
     status: str  # the job's status afterwards: cancelling (requests still running) or cancelled
-    running: int  # requests still running (they stop between decoding batches)
+    running: int  # requests still running (they stop at their next decoding step)
 
 
 def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOutcome:

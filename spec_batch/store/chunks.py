@@ -38,12 +38,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from . import queries
 from .models import (
     JOB_CANCELLING,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
     JOB_VALIDATING,
-    REQ_PENDING,
     REQ_RUNNING,
     REQUEST_OPEN,
     Base,
@@ -216,13 +216,7 @@ def renew(session: Session, worker: str, lease_seconds: float, *, now: datetime 
         .values(lease_expires_at=until)
         .execution_options(synchronize_session=False)
     ).rowcount
-    r = session.execute(
-        update(Request)
-        .where(Request.worker == worker, Request.status == REQ_RUNNING)
-        .values(lease_expires_at=until)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    return c, r
+    return c, queries.renew_holder(session, worker, lease_seconds, now=now)
 
 
 def finish_chunk(session: Session, chunk_id: str, worker: str | None, *, now: datetime | None = None) -> bool:
@@ -280,12 +274,7 @@ def requeue_chunk(
 
 def release_worker_requests(session: Session, worker: str) -> int:
     """A lost holder's running requests -> pending (its results, if it is in fact alive, still count once)."""
-    return session.execute(
-        update(Request)
-        .where(Request.worker == worker, Request.status == REQ_RUNNING)
-        .values(status=REQ_PENDING, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    return queries.release_holder(session, worker)
 
 
 def split_chunk(

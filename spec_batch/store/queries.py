@@ -316,20 +316,15 @@ def claim_requests(
     return [i for i in ids if i in claimed]
 
 
-def renew_leases(
-    session: Session, ids: Sequence[int], *, worker: str | None, lease_seconds: float, now: datetime | None = None
-) -> int:
-    """Extends the lease of those of `ids` still running for `worker`. Returns how many."""
-    if not ids:
-        return 0
-    now = now or utcnow()
-    res = session.execute(
+def renew_holder(session: Session, worker: str, lease_seconds: float, *, now: datetime | None = None) -> int:
+    """Heartbeat: extends the lease of every request still running for `worker`. Returns how many."""
+    until = (now or utcnow()) + timedelta(seconds=lease_seconds)
+    return session.execute(
         update(Request)
-        .where(Request.id.in_(list(ids)), Request.status == REQ_RUNNING, Request.worker == worker)
-        .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+        .where(Request.worker == worker, Request.status == REQ_RUNNING)
+        .values(lease_expires_at=until)
         .execution_options(synchronize_session=False)
-    )
-    return res.rowcount
+    ).rowcount
 
 
 def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None) -> int:
@@ -346,19 +341,25 @@ def release_requests(session: Session, ids: Sequence[int], *, worker: str | None
     return res.rowcount
 
 
-def release_running(session: Session, job_id: str) -> int:
-    """Every running request of the job -> pending (resume after a kill: their runner is gone)."""
-    res = session.execute(
-        update(Request)
-        .where(Request.job_id == job_id, Request.status == REQ_RUNNING)
-        .values(status=REQ_PENDING, lease_expires_at=None)
+def release_holder(session: Session, worker: str, *, job_id: str | None = None) -> int:
+    """Every request still running for `worker` (of `job_id`, when given) -> pending: its holder is gone."""
+    cond = [Request.worker == worker, Request.status == REQ_RUNNING]
+    if job_id is not None:
+        cond.append(Request.job_id == job_id)
+    return session.execute(
+        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None)
         .execution_options(synchronize_session=False)
-    )
-    return res.rowcount
+    ).rowcount
 
 
-def _stat(stats: Any, name: str) -> Any:
-    return getattr(stats, name, None) if stats is not None else None
+def request_holders(session: Session, job_id: str) -> list[tuple[str, int, datetime | None]]:
+    """(worker, running requests, latest lease end) for each holder of the job's running requests."""
+    rows = session.execute(
+        select(Request.worker, func.count(), func.max(Request.lease_expires_at))
+        .where(Request.job_id == job_id, Request.status == REQ_RUNNING)
+        .group_by(Request.worker)
+    ).all()
+    return [(w or "", n, t) for w, n, t in rows]  # max() keeps the column's type: timezone-aware UTC
 
 
 def save_result(
@@ -375,21 +376,23 @@ def save_result(
     """
     failed = result.finish_reason == "error"
     stats = result.stats
-    hist = _stat(stats, "accepted_length_histogram")
     values: dict[str, Any] = {
         "status": REQ_FAILED if failed else REQ_COMPLETED,
         "output": None if failed else result.text,
         "finish_reason": result.finish_reason,
         "error_code": "decode_error" if failed else None,
         "error": (result.error or "decoding failed") if failed else None,
-        "prompt_tokens": _stat(stats, "prompt_tokens"),
-        "output_tokens": _stat(stats, "output_tokens"),
-        "draft_tokens": _stat(stats, "draft_tokens"),
-        "accepted_tokens": _stat(stats, "accepted_tokens"),
-        "target_forwards": _stat(stats, "target_forwards"),
-        "draft_forwards": _stat(stats, "draft_forwards"),
-        "accepted_length_histogram": list(hist) if hist is not None else None,
-        "wall_s": _stat(stats, "wall_s"),
+        "prompt_tokens": stats.prompt_tokens,
+        "output_tokens": stats.output_tokens,
+        "draft_tokens": stats.draft_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "target_forwards": stats.target_forwards,
+        "draft_forwards": stats.draft_forwards,
+        "accepted_length_histogram": list(stats.accepted_length_histogram),
+        "drafted_per_position": list(stats.drafted_per_position),
+        "accepted_per_position": list(stats.accepted_per_position),
+        "forced_tokens": stats.forced_tokens,
+        "wall_s": stats.wall_s,
     }
     return _finish(session, request_id, values, worker=worker, now=now)
 
@@ -544,9 +547,10 @@ __all__ = [
     "request_ids",
     "open_request_ids",
     "claim_requests",
-    "renew_leases",
+    "renew_holder",
     "release_requests",
-    "release_running",
+    "release_holder",
+    "request_holders",
     "save_result",
     "save_failure",
     "job_counts",

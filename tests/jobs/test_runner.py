@@ -3,15 +3,20 @@ runners, cancellation, the measured baseline. Fast tests use the fake decoder; t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
+from spec_batch.jobs import JobBusyError
+from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.runner import finalize_job, run_requests
 from spec_batch.store import Job, Request, make_session_factory, queries
+from spec_batch.store.models import utcnow
 
 from batch_lines import chat_line, completion_line, write_batch
 
@@ -119,17 +124,43 @@ def test_interrupt_hands_requests_back_and_resume_loses_nothing(db_url, tmp_path
     assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 8
 
 
-def test_killed_runner_rows_are_released_by_resume(db_url, tmp_path, fake_decoder_cls):
+def _dead_token() -> str:
+    """The token of a process of this machine that has exited (a run killed with SIGKILL)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return f"{holder_prefix()}{proc.pid}/dead"
+
+
+def test_resume_takes_over_a_dead_process_but_never_a_live_one(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
-    job_id, _ = _make_job(factory, tmp_path, n=4, bad=False)
-    with factory.begin() as s:  # a runner that claimed two requests, then was SIGKILLed
+    job_id, _ = _make_job(factory, tmp_path, n=6, bad=False)
+    live = "another-host/ns1/4242/abcd"  # a live run elsewhere: its lease is all we know
+    with factory.begin() as s:
         ids = queries.request_ids(s, job_id)
-        queries.claim_requests(s, job_id, ids[:2], worker="dead:1", lease_seconds=3600)
+        queries.claim_requests(s, job_id, ids[:2], worker=_dead_token(), lease_seconds=3600)
+        queries.claim_requests(s, job_id, ids[2:3], worker=live, lease_seconds=3600)
     report = run_requests(factory, job_id, fake_decoder_cls())
-    assert report.completed == 2 and report.skipped == 2 and not report.finalized  # live leases are respected
-    report = resume_job(factory, job_id, fake_decoder_cls())
-    assert report.completed == 2 and report.finalized
-    assert all(r.status == "completed" for r in _rows(factory, job_id))
+    assert report.completed == 3 and report.skipped == 3 and not report.finalized  # leases are respected
+    dec = fake_decoder_cls()
+    with pytest.raises(JobBusyError) as busy:
+        resume_job(factory, job_id, dec)
+    assert "process 4242 on another-host holds 1 request(s)" in str(busy.value) and dec.generate_calls == []
+    with factory() as s:  # the live holder's request untouched; the dead one's given back
+        counts = queries.job_counts(s, job_id)
+    assert (counts["running"], counts["pending"], counts["completed"]) == (1, 2, 3)
+    # the live one lets go when its lease expires (or it finishes): resume --wait then continues
+    waited = []
+
+    def lease_ends(busy_error):
+        waited.append(busy_error.holders)
+        with factory.begin() as s:
+            s.execute(update(Request).where(Request.worker == live).values(lease_expires_at=utcnow()))
+
+    report = resume_job(factory, job_id, dec, wait=True, poll_s=0.01, on_wait=lease_ends)
+    assert len(waited) == 1 and report.completed == 3 and report.finalized
+    with factory() as s:
+        assert queries.job_counts(s, job_id)["completed"] == 6
+        assert max(r.attempts for r in _rows(factory, job_id)) == 2  # taken over once, never decoded twice
 
 
 def test_overlapping_runners_store_each_result_once(db_url, tmp_path, fake_decoder_cls):
@@ -155,14 +186,18 @@ def test_overlapping_runners_store_each_result_once(db_url, tmp_path, fake_decod
     assert _job(factory, job_id).status == "completed"
 
 
-def test_should_stop_between_groups(db_url, tmp_path, fake_decoder_cls):
+def test_should_stop_stops_at_the_next_step(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
-    job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=1)
-    calls = []
-    report = run_requests(factory, job_id, fake_decoder_cls(), should_stop=lambda: calls.append(1) or len(calls) > 1)
-    assert report.stopped == "should_stop" and report.completed == 4  # one group = 4 x batch_size
+    job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=2)
+    done = []
+    report = run_requests(factory, job_id, fake_decoder_cls(), on_progress=lambda r: done.append(r.done),
+                          should_stop=lambda: len(done) >= 3)
+    assert report.stopped == "should_stop" and report.completed == 3  # not the rest of its group of 8
+    with factory() as s:
+        counts = queries.job_counts(s, job_id)
+    assert (counts["completed"], counts["pending"], counts["running"]) == (3, 7, 0)  # rows it stopped: given back
     assert _job(factory, job_id).status == "in_progress"
-    assert run_requests(factory, job_id, fake_decoder_cls()).completed == 6
+    assert run_requests(factory, job_id, fake_decoder_cls()).completed == 7
 
 
 def test_cancel_stops_the_runner(db_url, tmp_path, fake_decoder_cls):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from batch_lines import completion_line
-from spec_batch.jobs import cancel_job
+from spec_batch.jobs import cancel_job, runner
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Request
@@ -81,7 +81,7 @@ def test_a_chunk_of_a_job_cancelled_before_it_started_does_nothing(factory, queu
 def test_cancel_while_running_stops_between_batches(
     factory, monkeypatch, queued_job, fake_runtime, job_state, fake_decoder_cls
 ):
-    monkeypatch.setattr(tasks, "CANCEL_CHECK_S", 0.0)
+    monkeypatch.setattr(runner, "CANCEL_CHECK_S", 0.0)
     job_id, chunks = queued_job(n=6, chunk_size=6, batch_size=2)
 
     class CancellingDecoder(fake_decoder_cls):
@@ -98,8 +98,9 @@ def test_cancel_while_running_stops_between_batches(
     assert out["stopped"] == "cancelled"
     counts, job = job_state(job_id)
     assert job.status == "cancelled"
-    # the result that finished while the status was being checked is kept; the rest never ran
-    assert counts["completed"] == 3 and counts["cancelled"] == 3 and counts["running"] == counts["pending"] == 0
+    # the two results stored before the cancel are kept; the decoder stopped at its next step, and the rows it
+    # had not finished were given back, then cancelled with the job (none stored as a result)
+    assert counts["completed"] == 2 and counts["cancelled"] == 4 and counts["running"] == counts["pending"] == 0
 
 
 def test_a_chunk_taken_over_stops_its_old_holder(factory, queued_job, fake_runtime, job_state, fake_decoder_cls):
@@ -122,4 +123,5 @@ def test_a_chunk_taken_over_stops_its_old_holder(factory, queued_job, fake_runti
     out = tasks._process(rt, chunks[0].id, lease.new_token())
     assert out["stopped"] == "taken over"
     counts, _ = job_state(job_id)
-    assert counts["completed"] == 2 and counts["pending"] == 2  # the rest given back for the new holder
+    # it stopped at its next decoding step: one result kept, the rest given back for the new holder
+    assert counts["completed"] == 1 and counts["pending"] == 3
