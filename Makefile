@@ -4,10 +4,11 @@ setup:
 	./scripts/setup.sh
 
 demo: setup
-	.venv/bin/spec-batch run examples/sample_batch.jsonl -o out/sample_results.jsonl
+	.venv/bin/spec-batch run examples/sample_batch.jsonl -o out/sample_results.jsonl --force
 
 test: setup
 	./scripts/services.sh
+	./scripts/browser.sh
 	.venv/bin/python -m pytest -q
 
 bench: setup
