@@ -242,6 +242,7 @@ class FakeDecoder:
     draft_name = "ngram"
     device = "cpu"
     max_context = 4096
+    vocab_size = 0x110000  # its token ids are characters
 
     def __init__(self, step_delay: float = 0.0, *, draft_name: str = "ngram", interrupt_after: int | None = None) -> None:
         self.tokenizer = FakeTokenizer()  # for token counting only; the prompts' token ids are characters

@@ -157,7 +157,7 @@ def _model_limit_problem(req: BatchRequest, max_context: int | None, vocab_size:
             f"{max_tokens}{where} leaves no room for the prompt in the model's context of {max_context} tokens; "
             f"ask for fewer than {max_context} tokens"
         )
-    if vocab_size is not None and isinstance(req.prompt, list):
+    if vocab_size is not None and req.endpoint == COMPLETIONS and isinstance(req.prompt, list):
         bad = next((j for j, t in enumerate(req.prompt) if t >= vocab_size), None)
         if bad is not None:
             return f"body.prompt[{bad}]", (

@@ -1,4 +1,4 @@
-"""The SQL store of bulk jobs: tables, engines/sessions/migrations and queries (see spec_batch.jobs.runner's docstring)."""
+"""The SQL store of bulk jobs: tables, engines/sessions/migrations, and every SQL statement of the project (docs/architecture.md)."""
 from . import queries
 from .db import (
     DatabaseMissingError,

@@ -26,8 +26,7 @@ SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
 
 
 def _invoke(url: str, *args: str):
-    result = CliRunner().invoke(main, list(args), env={"SPEC_BATCH_DATABASE_URL": url}, catch_exceptions=False)
-    return result
+    return CliRunner().invoke(main, list(args), env={"SPEC_BATCH_DATABASE_URL": url}, catch_exceptions=False)
 
 
 def test_history_commands(db_url, tmp_path, fake_decoder_cls):
@@ -172,3 +171,30 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
         return choice.get("text", choice.get("message", {}).get("content"))
 
     assert {k: text(v) for k, v in resumed.items()} == {k: text(v) for k, v in reference.items()}
+
+
+@pytest.mark.parametrize("args", [["jobs"], ["show", "latest"], ["stats"], ["results", "latest", "-o", "x.jsonl"],
+                                  ["wait", "latest"], ["cancel", "latest"], ["resume", "latest"], ["db", "current"]])
+def test_read_only_commands_on_a_missing_database_create_nothing(tmp_path, args):
+    db = tmp_path / "nowhere" / "jobs.db"
+    r = _invoke(f"sqlite:///{db}", *args)
+    assert r.exit_code == 1 and f"the database {db} does not exist" in r.output, r.output
+    assert not db.exists() and not db.parent.exists()
+
+
+def test_resume_refuses_a_job_a_live_process_holds(tmp_path, fake_decoder_cls):
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    from spec_batch.store import migrate_to_head
+
+    migrate_to_head(url)
+    factory = make_session_factory(url)
+    path = write_batch(tmp_path / "in.jsonl", [completion_line(f"c{i}", f"p{i}", max_tokens=3) for i in range(3)])
+    job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=0)
+    with factory.begin() as s:  # the original `spec-batch run`, still alive on another machine
+        queries.claim_requests(s, job_id, queries.request_ids(s, job_id)[:1], worker="elsewhere/ns1/77/ab",
+                               lease_seconds=600)
+    r = _invoke(url, "resume", job_id)
+    assert r.exit_code == 5 and "process 77 on elsewhere holds 1 request(s)" in r.output, r.output
+    assert "--wait" in r.output
+    with factory() as s:
+        assert queries.job_counts(s, job_id)["running"] == 1  # nothing taken over

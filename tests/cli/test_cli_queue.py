@@ -69,3 +69,17 @@ def test_wait_reports_the_end(db_url, tmp_path, monkeypatch, fake_decoder):
     assert res.exit_code == 0, res.output
     assert res.stdout.strip().splitlines()[-1] == "completed"
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_submit_names_each_invalid_line_once(tmp_path, monkeypatch):
+    from workers import enqueue
+
+    published = []
+    monkeypatch.setattr(enqueue, "check_broker", lambda url=None: "e1")
+    monkeypatch.setattr(enqueue, "publish_chunk", lambda chunk_id, queue, broker_url=None: published.append(chunk_id))
+    monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", f"sqlite:///{tmp_path / 'q.db'}")
+    path = write_batch(tmp_path / "b.jsonl", [completion_line("a", "x"), '{"custom_id": "b"}'])
+    res = CliRunner().invoke(main, ["submit", str(path), "--no-model-check"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip().startswith("job_") and len(published) == 1
+    assert "  line 2: url is missing" in res.stderr and "line 2: line 2" not in res.stderr

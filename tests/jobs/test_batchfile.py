@@ -223,4 +223,33 @@ def test_error_lines_for_invalid_lines_and_decode_failures():
     assert failed["error"] is None
     assert failed["response"]["status_code"] == 400
     err = failed["response"]["body"]["error"]
-    assert err["code"] == "decode_error" and err["line"] == 3 and "prompt too long" in err["message"]
+    assert err["code"] == "decode_error" and err["line"] == 3
+    assert err["message"] == "line 3, custom_id 'r1': prompt too long"  # the line and the custom_id, no index
+
+
+def test_a_negative_token_id_gets_its_own_message():
+    with pytest.raises(BatchLineError) as exc:
+        parse_line(comp({"prompt": [5, 9, -3]}), 4)
+    assert exc.value.param == "body.prompt[2]" and exc.value.message == (
+        "body.prompt[2]: token id -3 is negative; token ids are >= 0")
+
+
+def test_lines_the_model_cannot_run_become_invalid_lines():
+    report = parse_lines([
+        comp({"max_tokens": 5}, custom_id="ok"),
+        comp({"max_tokens": 10**12}, custom_id="huge"),
+        comp({"prompt": [1, 2, 900]}, custom_id="ids"),
+        chat({"max_completion_tokens": 4000}, custom_id="chat"),
+        comp(custom_id="default"),
+    ], defaults={"max_new_tokens": 256})
+    report.check_model_limits(max_context=2048, vocab_size=512)
+    assert [r.custom_id for r in report.requests] == ["ok", "default"]
+    assert [(e.line_number, e.param, e.custom_id) for e in report.errors] == [
+        (2, "body.max_tokens", "huge"), (3, "body.prompt[2]", "ids"), (4, "body.max_completion_tokens", "chat")]
+    assert report.errors[0].message == (
+        "line 2: body.max_tokens: 1000000000000 leaves no room for the prompt in the model's context of 2048 "
+        "tokens; ask for fewer than 2048 tokens")
+    assert report.errors[1].message == "line 3: body.prompt[2]: token id 900 is not in the model's vocabulary (ids 0..511)"
+    report = parse_lines([comp(custom_id="default")], defaults={"max_new_tokens": 4096})
+    report.check_model_limits(max_context=2048)
+    assert "4096 (the job's default: --max-tokens) leaves no room" in report.errors[0].message

@@ -325,3 +325,17 @@ def test_a_long_group_renews_its_leases(db_url, tmp_path, fake_decoder_cls):
     assert report.completed == 6
     seen = [lease for lease in leases if lease is not None]
     assert len(set(seen)) >= 2  # the last request's lease was extended while the others finished
+
+
+def test_decode_errors_name_the_line_and_custom_id_never_a_batch_index(db_url, tmp_path, tiny_decoder):
+    factory = make_session_factory(db_url)
+    decoder = tiny_decoder("ngram")
+    lines = [completion_line("a", [1, 2, 3], max_tokens=4), completion_line("b", [4, 5], max_tokens=4),
+             completion_line("long", [7] * (decoder.max_context + 5), max_tokens=4)]
+    out = tmp_path / "out.jsonl"
+    job_id, _ = create_job_from_file(factory, write_batch(tmp_path / "in.jsonl", lines), target="tiny",
+                                     drafter="ngram", baseline_sample=0, output_file=out)
+    run_job(factory, job_id, decoder)
+    err = next(iter_jsonl(errors_path_for(out)))["response"]["body"]["error"]
+    assert err["message"].startswith(f"line 3, custom_id 'long': the prompt has {decoder.max_context + 5} tokens")
+    assert "prompt 2" not in err["message"]  # its place in the batch means nothing to the user
