@@ -106,8 +106,8 @@ def resolve_options(model: Any, stop: list[str] | None, kwargs: dict[str, Any]) 
 # - a single prompt is decoded through `Decoder.stream` in a worker thread that checks, after every step, whether
 #   the caller has given up (timeout, closed stream, cancelled task) and then closes the core's generator, which
 #   ends that decode and frees the decoder for the next request;
-# - a batch is one `Decoder.generate` call in a worker thread; the caller gets TimeoutError at the deadline and
-#   the batch stops when its next request finishes (the core's `on_result` hook is its only place to stop).
+# - a batch is one `Decoder.generate` call in a worker thread; the caller gets TimeoutError at the deadline, and
+#   the core, asked before every step through `should_stop`, stops the batch after the step in progress.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -254,19 +254,12 @@ async def adecode_one(decoder: Any, prompt: Prompt, options: CallOptions) -> Gen
     return result_from_chunks(chunks)
 
 
-class _Stopped(Exception):
-    """Raised from the core's on_result hook to end a batch nobody waits for any more."""
-
-
 def _start_batch(
     decoder: Any, prompts: Sequence[Prompt], options: CallOptions, batch_size: int, return_errors: bool
 ) -> tuple[Future, threading.Event]:
+    """Runs one Decoder.generate call in its own thread; setting the event stops it after the step in progress."""
     stop_event = threading.Event()
     future: Future = Future()
-
-    def on_result(_index: int, _result: GenerationResult) -> None:
-        if stop_event.is_set():
-            raise _Stopped
 
     def run() -> None:
         if not future.set_running_or_notify_cancel():
@@ -278,7 +271,7 @@ def _start_batch(
                     options.params,
                     batch_size=batch_size,
                     return_errors=return_errors,
-                    on_result=on_result,
+                    should_stop=stop_event.is_set,
                 )
             )
         except BaseException as exc:  # noqa: BLE001 - delivered through the future

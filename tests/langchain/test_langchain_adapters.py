@@ -385,6 +385,9 @@ def test_timeout_of_a_batch(cls, fake_decoder_cls):
     model = cls(decoder=fake_decoder, timeout=0.1)
     with pytest.raises(TimeoutError):
         model.batch(["a", "b", "c"])
+    assert wait_until(lambda: fake_decoder.active == 0)
+    # The core was asked to stop (should_stop) and stopped within the first request, not after the batch.
+    assert fake_decoder.steps_run < fake_decoder.FULL_STEPS
     out = model.batch(["a", "b", "c"], return_exceptions=True)
     assert all(isinstance(o, TimeoutError) for o in out)
     assert len(fake_decoder.generate_calls) == 2  # the batch was not re-run per input
