@@ -41,6 +41,7 @@ class Settings:
     # Decoder options of queue workers (load_decoder's num_draft_tokens / adaptive).
     num_draft_tokens: int = 8
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
+    metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
 
 
 def _int_env(name: str, default: int) -> int:
@@ -85,6 +86,7 @@ def get_settings() -> Settings:
         device=os.environ.get("SPEC_BATCH_DEVICE") or None,
         num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 8),
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
+        metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,
     )
 
 

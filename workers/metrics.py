@@ -10,7 +10,11 @@ follows it:
    it picks its value storage at import;
 2. :func:`serve` in the main process once the pool runs (``worker_ready``);
 3. :func:`process_exited` in a pool child as it shuts down (``worker_process_shutdown``); a child that was
-   killed is found at the next scrape, and its live gauge dropped the same way.
+   killed is found at the next scrape, and its live gauge dropped the same way;
+4. :func:`shutdown` in the main process as the worker stops (``worker_shutdown``).
+
+The task counts each chunk with :class:`ChunkMetrics`, whose ``on_stored`` the runner calls for every request
+row it stores.
 
 Every metric has the labels ``target`` and ``drafter``. The counters add up exactly what the store records for
 the same requests (``record_request`` is called with the stats of each stored result):
@@ -23,7 +27,8 @@ the same requests (``record_request`` is called with the stats of each stored re
   ``"1"`` being the first drafted token of a step (the list's index 0);
 - ``spec_batch_request_latency_seconds`` (histogram): a request's decode time (``requests.wall_s``);
 - ``spec_batch_step_seconds`` (histogram): a request's mean seconds per step (wall time / target forwards);
-- ``spec_batch_requests_in_progress`` (gauge, summed over live processes): requests claimed and not stored yet.
+- ``spec_batch_requests_in_progress`` (gauge, summed over live processes): requests of the chunks in hand, not
+  stored yet.
 """
 from __future__ import annotations
 
@@ -201,23 +206,24 @@ def record_request(*, target: str, drafter: str, status: str, stats: Any | None)
             m.step_seconds.labels(**labels).observe(wall_s / forwards)
 
 
-class RequestsInProgress:
-    """The in-progress gauge for a group of claimed requests: +n on enter, -1 per :meth:`done`, the rest on exit."""
+class ChunkMetrics:
+    """The metrics of one chunk a worker holds: its requests count as in progress from the start until each is
+    stored (:meth:`on_stored`, which also counts it) or the chunk ends (:meth:`close`)."""
 
     def __init__(self, *, target: str, drafter: str, n: int) -> None:
-        self._gauge = _metrics().in_progress.labels(target=target, drafter=drafter)
+        self.target, self.drafter = target, drafter
+        self._in_progress = _metrics().in_progress.labels(target=target, drafter=drafter)
         self._left = max(0, n)
+        self._in_progress.inc(self._left)
 
-    def __enter__(self) -> "RequestsInProgress":
-        self._gauge.inc(self._left)
-        return self
-
-    def done(self) -> None:
+    def on_stored(self, status: str, stats: Any | None) -> None:
+        """The runner's on_stored: one request row stored with `status` and `stats`."""
+        record_request(target=self.target, drafter=self.drafter, status=status, stats=stats)
         if self._left > 0:
             self._left -= 1
-            self._gauge.dec()
+            self._in_progress.dec()
 
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         if self._left:
-            self._gauge.dec(self._left)
+            self._in_progress.dec(self._left)
             self._left = 0

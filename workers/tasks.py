@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import measure_baseline
@@ -37,9 +37,9 @@ from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
 from spec_batch.store import chunks as qstore
 from spec_batch.store import open_store, queries
-from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL
+from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
 
-from . import lease
+from . import lease, metrics
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
 from .publish import publish_chunk
 
@@ -195,10 +195,13 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     machine (SPEC_BATCH_TORCH_THREADS, or cores / concurrency). No database or model is touched here, so
     nothing is shared across the fork. The choice goes through the environment, which the pool children inherit
     and read through Settings like every other setting."""
-    if get_settings().torch_threads is None:
+    settings = get_settings()
+    if settings.torch_threads is None:
         concurrency = int(getattr(sender, "concurrency", 1) or 1)
         if concurrency > 1:
             os.environ["SPEC_BATCH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // concurrency))
+    if settings.metrics_port is not None:  # before the fork: the children write where this process reads
+        metrics.prepare()
 
 
 @worker_process_init.connect
@@ -213,7 +216,11 @@ def _on_process_init(**_: Any) -> None:
 
 @worker_ready.connect
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    """Solo/threads pools run tasks in the main process: start the runtime there."""
+    """The main process serves the metrics (SPEC_BATCH_METRICS_PORT). Solo/threads pools run tasks in the main
+    process: start the runtime there."""
+    port = get_settings().metrics_port
+    if port is not None:
+        metrics.serve(port)
     pool = getattr(getattr(sender, "controller", None), "pool_cls", None) or app.conf.worker_pool
     name = f"{getattr(pool, '__module__', '')}.{getattr(pool, '__name__', pool)}".lower()
     if "solo" in name or "thread" in name:  # never prefork: its main process must own no engine to fork
@@ -228,6 +235,12 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 def _on_process_shutdown(**_: Any) -> None:
     if _runtime is not None and _runtime.pid == os.getpid():
         _runtime.heartbeat.stop()
+    metrics.process_exited()
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    metrics.shutdown()
 
 
 # ---------------------------------------------------------------- the task
@@ -304,6 +317,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
         cancelling = job.status == JOB_CANCELLING
     holding = rt.heartbeat.hold(token, chunk_id)
+    counted = metrics.ChunkMetrics(target=target, drafter=drafter, n=len(request_ids))
     try:
         if cancelling:
             with factory.begin() as s:
@@ -316,15 +330,18 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
             msg = f"the worker could not load target {target!r} with drafter {drafter!r}: {exc}"
             with factory.begin() as s:
-                for rid in qstore.open_ids_of(s, request_ids):
-                    queries.save_failure(s, rid, "model_error", msg, worker=token)
+                failed = sum(queries.save_failure(s, rid, "model_error", msg, worker=token)
+                             for rid in qstore.open_ids_of(s, request_ids))
                 qstore.finish_chunk(s, chunk_id, token)
+            for _ in range(failed):
+                counted.on_stored(REQ_FAILED, None)
             finalize_job(factory, job_id)
             return {**out, "failed": "model_error"}
 
         if measure:
             try:
-                measure_baseline(factory, job_id, decoder, worker=token, lease_seconds=rt.settings.lease_seconds)
+                measure_baseline(factory, job_id, decoder, worker=token, lease_seconds=rt.settings.lease_seconds,
+                                 on_stored=counted.on_stored)
             except Exception as exc:
                 if is_transient(exc):
                     raise
@@ -336,7 +353,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             factory, job_id, decoder,
             request_ids=request_ids, batch_size=batch_size, worker=token,
             lease_seconds=rt.settings.lease_seconds, keep_alive=False,  # the heartbeat renews this token's leases
-            should_stop=lambda: holding.lost, finalize=True,
+            should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True,
         )
         stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped
         out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
@@ -361,6 +378,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         out["stopped"] = stopped
         return out
     finally:
+        counted.close()
         rt.heartbeat.drop(token)
 
 

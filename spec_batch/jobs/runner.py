@@ -2,7 +2,8 @@
 
 Used by the CLI's local mode (``spec-batch run`` / ``resume``, through ``spec_batch.jobs.service``) and by the
 Celery task (``workers/``): ``run_requests(session_factory, job_id, decoder, *, request_ids=None, batch_size=None,
-worker=None, lease_seconds=None, keep_alive=True, should_stop=None, on_progress=None, finalize=True)``.
+worker=None, lease_seconds=None, keep_alive=True, should_stop=None, on_progress=None, on_stored=None,
+finalize=True)``.
 
 - ``request_ids``: the job's requests to run (``None``: all of them). Requests already completed, failed or
   cancelled are skipped, so running the same ids twice, or from two processes at once, stores nothing twice.
@@ -38,7 +39,7 @@ from ..core.sampling import SamplingParams
 from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries
-from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL
+from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
 from .export import write_results
 from .lease import LeaseKeeper, new_token
 from .stats import pooled
@@ -48,6 +49,10 @@ STOPPED_BY_CALLER = "should_stop"
 STOPPED_CANCELLED = "cancelled"  # the job is being cancelled
 CANCEL_CHECK_S = 1.0  # how often (at most) a running group looks at its job's status
 CANCELLED = "cancelled"  # the finish_reason of a row generate() stopped before it finished
+
+# on_stored(status, stats): called after each request row a call stores (status "completed" or "failed"; stats
+# None for a request that failed before decoding); workers count their metrics with it.
+OnStored = Callable[[str, "RequestStats | None"], None]
 
 
 @dataclass
@@ -141,21 +146,23 @@ def run_requests(
     keep_alive: bool = True,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[RunReport], None] | None = None,
+    on_stored: OnStored | None = None,
     finalize: bool = True,
 ) -> RunReport:
     """Runs the job's open requests among `request_ids` (all when None) and stores each result as it completes.
 
     See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
+    on_stored(status, stats) follows each row this call stores (a worker's metrics count exactly what SQL has).
     """
     worker = worker or new_token()
     if lease_seconds is None:
         lease_seconds = get_settings().lease_seconds
     if not keep_alive:
         return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
-                             should_stop, on_progress, finalize)
+                             should_stop, on_progress, on_stored, finalize)
     with LeaseKeeper(session_factory, worker, lease_seconds):
         return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
-                             should_stop, on_progress, finalize)
+                             should_stop, on_progress, on_stored, finalize)
 
 
 def _run_requests(
@@ -168,6 +175,7 @@ def _run_requests(
     lease_seconds: float,
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[RunReport], None] | None,
+    on_stored: OnStored | None,
     finalize: bool,
 ) -> RunReport:
     report = RunReport(job_id=job_id)
@@ -192,7 +200,7 @@ def _run_requests(
         if stop(force_check=True):
             break
         _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
-                   lease_seconds, report, on_progress, stop)
+                   lease_seconds, report, on_progress, on_stored, stop)
         if stop.reason is not None:
             break
     report.stopped = report.stopped or stop.reason
@@ -240,6 +248,7 @@ def _run_group(
     lease_seconds: float,
     report: RunReport,
     on_progress: Callable[[RunReport], None] | None,
+    on_stored: OnStored | None,
     stop: _Stop,
 ) -> None:
     with session_factory.begin() as s:
@@ -266,6 +275,8 @@ def _run_group(
                 unfinished.discard(rid)
                 if stored:
                     report.failed += 1
+                    if on_stored is not None:
+                        on_stored(REQ_FAILED, None)
                     if on_progress is not None:
                         on_progress(report)
                 else:
@@ -296,6 +307,8 @@ def _run_group(
             if stored:
                 report.add_result(result)
                 report.decode_wall_s += decode_s
+                if on_stored is not None:
+                    on_stored(queries.result_status(result), result.stats)
             else:
                 report.skipped += 1
             if on_progress is not None:

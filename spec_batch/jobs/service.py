@@ -20,6 +20,7 @@ from ..core.sampling import SamplingParams
 from ..errors import SpecBatchError
 from ..store import chunks as qstore
 from ..store import queries
+from ..store.baselines import SamplePair, record_baseline_samples
 from ..store.models import (
     JOB_CANCELLED,
     JOB_CANCELLING,
@@ -38,7 +39,7 @@ from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_f
 from ..settings import get_settings
 from .export import write_results
 from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
-from .runner import RunReport, build_prompt, run_requests
+from .runner import OnStored, RunReport, build_prompt, run_requests
 
 
 class JobStateError(SpecBatchError):
@@ -206,11 +207,13 @@ def measure_baseline(
     sample_size: int | None = None,
     worker: str | None = None,
     lease_seconds: float | None = None,
+    on_stored: OnStored | None = None,
 ) -> Baseline | None:
     """Measures the job's speedup on a sample of its valid requests: decodes the sample with the job's decoder
     and then with decoder.without_speculation() (same engine, same batch size), timing each generate() call,
-    and stores both on the job (first measurement wins). The speculative results are stored as the sample
-    requests' results (conditionally: nothing is stored twice), so the sample is not decoded again.
+    and stores both on the job (first measurement wins), with each sampled request's pair (baseline_samples).
+    The speculative results are stored as the sample requests' results (conditionally: nothing is stored
+    twice; on_stored(status, stats) follows each one stored), so the sample is not decoded again.
 
     The sample is claimed for `worker` like any request (a live holder's requests are not sampled); the caller
     keeps the claims alive (run_job's LeaseKeeper, a worker's heartbeat). Returns None when the sample size is 0,
@@ -238,7 +241,7 @@ def measure_baseline(
             continue
         ids.append(rid)
     try:
-        return _measure(session_factory, job_id, decoder, ids, prompts, params, batch_size, worker)
+        return _measure(session_factory, job_id, decoder, ids, prompts, params, batch_size, worker, on_stored)
     finally:  # whatever was claimed and not stored (a prompt the runner will fail, Ctrl-C): back to pending
         with session_factory.begin() as s:
             queries.release_requests(s, claimed, worker=worker)
@@ -253,6 +256,7 @@ def _measure(
     params: list[SamplingParams],
     batch_size: int,
     worker: str,
+    on_stored: OnStored | None,
 ) -> Baseline | None:
     if not ids:
         return None
@@ -273,7 +277,7 @@ def _measure(
 
     b = Baseline(len(ids), tokens(base), base_wall, tokens(spec), sample_wall)
     with session_factory.begin() as s:
-        queries.record_baseline(
+        first = queries.record_baseline(
             s, job_id,
             n_requests=b.n_requests,
             baseline_output_tokens=b.baseline_output_tokens,
@@ -281,9 +285,20 @@ def _measure(
             sample_output_tokens=b.sample_output_tokens,
             sample_wall_s=b.sample_wall_s,
         )
+        if first:  # each request's pair, for reports (both decodes must have succeeded)
+            record_baseline_samples(s, job_id, [
+                SamplePair(rid, sr.stats.output_tokens, sr.stats.target_forwards, sr.stats.wall_s,
+                           br.stats.output_tokens, br.stats.wall_s)
+                for rid, sr, br in zip(ids, spec, base)
+                if sr.finish_reason != "error" and br.finish_reason != "error"
+            ])
     with session_factory.begin() as s:  # the results and the share of the decode time that produced them, at once
-        b.stored = sum(queries.save_result(s, rid, res, worker=worker) for rid, res in zip(ids, spec))
+        stored = [res for rid, res in zip(ids, spec) if queries.save_result(s, rid, res, worker=worker)]
+        b.stored = len(stored)
         queries.add_decode_time(s, job_id, sample_wall * b.stored / len(ids))
+    if on_stored is not None:  # after the commit: only what SQL has
+        for res in stored:
+            on_stored(queries.result_status(res), res.stats)
     return b
 
 

@@ -1,23 +1,20 @@
 """Numbers a report shows, computed from the store's plain report data (no drawing, no SQL).
 
-Rates use the glossary's definitions: acceptance rate = accepted / draft tokens; tokens per step = output
-tokens / target forwards; tokens/s = output tokens / seconds. A request's seconds are its own time inside its
-batch (admission to finish), so request rates compare with each other, not with a job's aggregate tokens/s.
+Every rate is RequestStats' (spec_batch.core.outputs: the one definition of acceptance rate, tokens per step and
+tokens/s). A request's seconds are its own time inside its batch (admission to finish), so request rates
+compare with each other, not with a job's aggregate tokens/s.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
+from ..core.outputs import RequestStats
 from ..store.reports import BaselinePoint, RequestPoint
 
 
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    """numerator / denominator, None when either is missing or the denominator is not positive."""
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
+def _tokens_per_s(output_tokens: int | None, wall_s: float | None) -> float | None:
+    return RequestStats(output_tokens=output_tokens or 0, wall_s=wall_s or 0.0).tokens_per_s
 
 
 def _add_into(total: list[int], counts: Sequence[int] | None) -> None:
@@ -37,7 +34,8 @@ class PositionAcceptance:
 
     @property
     def rate(self) -> float | None:
-        return ratio(self.accepted, self.drafted)
+        """The acceptance rate of this position alone."""
+        return RequestStats(draft_tokens=self.drafted, accepted_tokens=self.accepted).acceptance_rate
 
 
 def acceptance_by_position(requests: Sequence[RequestPoint]) -> list[PositionAcceptance]:
@@ -81,18 +79,20 @@ class RequestRates:
 def request_rates(requests: Sequence[RequestPoint]) -> list[RequestRates]:
     out = []
     for r in requests:
-        tps = ratio(r.output_tokens, r.wall_s)
-        if tps is None or not r.output_tokens:
+        stats = RequestStats(output_tokens=r.output_tokens or 0, draft_tokens=r.draft_tokens or 0,
+                             accepted_tokens=r.accepted_tokens or 0, target_forwards=r.target_forwards or 0,
+                             wall_s=r.wall_s or 0.0)
+        if not stats.output_tokens or stats.tokens_per_s is None:
             continue
         out.append(
             RequestRates(
                 custom_id=r.custom_id,
                 line_number=r.line_number,
-                output_tokens=int(r.output_tokens),
-                wall_s=float(r.wall_s or 0.0),
-                tokens_per_step=ratio(r.output_tokens, r.target_forwards),
-                acceptance_rate=ratio(r.accepted_tokens, r.draft_tokens),
-                tokens_per_s=tps,
+                output_tokens=stats.output_tokens,
+                wall_s=stats.wall_s,
+                tokens_per_step=stats.tokens_per_step,
+                acceptance_rate=stats.acceptance_rate,
+                tokens_per_s=stats.tokens_per_s,
             )
         )
     return out
@@ -119,15 +119,16 @@ class BaselineRates:
 
     @property
     def speedup(self) -> float | None:
-        return ratio(self.speculative_tokens_per_s, self.baseline_tokens_per_s)
+        spec, base = self.speculative_tokens_per_s, self.baseline_tokens_per_s
+        return spec / base if spec is not None and base else None
 
 
 def baseline_rates(points: Sequence[BaselinePoint]) -> list[BaselineRates]:
     return [
         BaselineRates(
             label=p.custom_id or f"line {p.line_number}",
-            speculative_tokens_per_s=ratio(p.speculative_output_tokens, p.speculative_wall_s),
-            baseline_tokens_per_s=ratio(p.baseline_output_tokens, p.baseline_wall_s),
+            speculative_tokens_per_s=_tokens_per_s(p.speculative_output_tokens, p.speculative_wall_s),
+            baseline_tokens_per_s=_tokens_per_s(p.baseline_output_tokens, p.baseline_wall_s),
         )
         for p in points
     ]
@@ -135,7 +136,7 @@ def baseline_rates(points: Sequence[BaselinePoint]) -> list[BaselineRates]:
 
 def baseline_request_tokens_per_s(points: Sequence[BaselinePoint]) -> float | None:
     """A request's tokens/s without speculation, pooled over the baseline sample (tokens over seconds)."""
-    return ratio(sum(p.baseline_output_tokens for p in points), sum(p.baseline_wall_s for p in points))
+    return _tokens_per_s(sum(p.baseline_output_tokens for p in points), sum(p.baseline_wall_s for p in points))
 
 
 @dataclass(frozen=True)

@@ -362,6 +362,11 @@ def request_holders(session: Session, job_id: str) -> list[tuple[str, int, datet
     return [(w or "", n, t) for w, n, t in rows]  # max() keeps the column's type: timezone-aware UTC
 
 
+def result_status(result: Any) -> str:
+    """The request status a GenerationResult is stored with: failed for finish_reason "error", else completed."""
+    return REQ_FAILED if result.finish_reason == "error" else REQ_COMPLETED
+
+
 def save_result(
     session: Session,
     request_id: int,
@@ -374,10 +379,11 @@ def save_result(
 
     finish_reason "error" -> status failed, error_code "decode_error", error = result.error.
     """
-    failed = result.finish_reason == "error"
+    status = result_status(result)
+    failed = status == REQ_FAILED
     stats = result.stats
     values: dict[str, Any] = {
-        "status": REQ_FAILED if failed else REQ_COMPLETED,
+        "status": status,
         "output": None if failed else result.text,
         "finish_reason": result.finish_reason,
         "error_code": "decode_error" if failed else None,

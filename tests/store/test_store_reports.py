@@ -28,6 +28,8 @@ def test_job_report_data_matches_job_summary(db_url, tmp_path, fake_decoder_cls)
         data = job_report_data(s, job_id)
         summary = queries.job_summary_row(s, job_id)
     assert data.summary == summary and data.batch_size == 2
+    assert len(data.baseline) == data.baseline_requests == 2  # measure_baseline stored each sampled pair
+    assert {b.custom_id for b in data.baseline} <= {f"c{i}" for i in range(6)}
     assert [r.line_number for r in data.requests] == list(range(1, 8))  # line order, the invalid line included
     assert data.requests[-1].status == "failed" and data.requests[-1].output_tokens is None
     assert sum(r.output_tokens or 0 for r in data.requests) == summary["output_tokens"]

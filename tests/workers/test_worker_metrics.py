@@ -25,10 +25,9 @@ SCRIPT = textwrap.dedent(
     def child(i, go_on):
         stats = SimpleNamespace(output_tokens=10 + i, draft_tokens=8, accepted_tokens=5, target_forwards=4,
                                 accepted_per_position=[3, 2], wall_s=0.5)
-        metrics.record_request(target="t", drafter="d", status="completed", stats=stats)
-        metrics.record_request(target="t", drafter="d", status="failed", stats=None)
-        group = metrics.RequestsInProgress(target="t", drafter="d", n=3).__enter__()
-        group.done()  # 2 left in progress
+        chunk = metrics.ChunkMetrics(target="t", drafter="d", n=4)
+        chunk.on_stored("completed", stats)
+        chunk.on_stored("failed", None)  # 2 left in progress
         if i == 2:
             metrics.process_exited()  # a child that shuts down cleanly
             return
