@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongError
 from .drafters import Draft, Drafter, NoDrafter
+from .grammar_step import GrammarStep, row_grammar
 from .inputs import Prompt, params_list, prompt_ids
 from .kv_batch import KVBatch, left_padded, supports_model
 from .outputs import GenerationResult, RequestStats, StreamChunk
@@ -167,8 +168,10 @@ class Decoder:
     # ---------------------------------------------------------------- rows and the loop
 
     def _prompt_ids(self, prompt: Prompt, params: SamplingParams, index: int) -> list[int]:
-        return prompt_ids(prompt, params, index, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                          max_context=self.max_context, model_name=self.target_name)
+        ids = prompt_ids(prompt, params, index, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
+                         max_context=self.max_context, model_name=self.target_name)
+        row_grammar(self.tokenizer, self.eos_ids, params)  # a grammar this tokenizer cannot take fails here
+        return ids
 
     def _new_row(self, request: Request, drafter: Drafter) -> Row:
         index, ids, params = request
@@ -182,6 +185,7 @@ class Decoder:
             text=OutputText(self.tokenizer, params.stop, self.eos_ids),
             acceptance=RowAcceptance(first_hits=first_hits, first_tries=first_tries),
             stats=RequestStats(prompt_tokens=len(ids)),
+            grammar=row_grammar(self.tokenizer, self.eos_ids, params),
         )
 
     def _run(
@@ -221,11 +225,9 @@ class Decoder:
         group.forward(ids, valid, logits_to_keep=1)
         kv.extend(group)
 
-    def _draft(self, drafter: Drafter, rows: list[Row]) -> tuple[Draft, list[list[int]]]:
+    def _draft(self, drafter: Drafter, rows: Sequence[Any], budget: list[int]) -> tuple[Draft, list[list[int]]]:
         """This step's draft, and per row what the drafter proposed (for acceptance statistics): a free drafter
         is asked for everything it has, so its proposal is checked against the output even where k = 0."""
-        # a step yields accepted + 1 tokens, so drafting more than the remaining budget - 1 is waste
-        budget = [max(0, r.params.max_new_tokens - r.n_generated - 1) for r in rows]
         available = [min(a, b) for a, b in zip(drafter.available(rows, self.policy.k_max), budget)]
         continuation = self.survival.continuation(self.policy.k_max)
         k = self.policy.choose(len(rows), [r.acceptance.first for r in rows], available, continuation, probe=not drafter.free)
@@ -249,26 +251,31 @@ class Decoder:
 
     def _step(self, kv: KVBatch, drafter: Drafter, rows: list[Row]) -> list[_Event]:
         t0 = time.perf_counter()
-        draft, proposals = self._draft(drafter, rows)
+        grammar = GrammarStep(rows, force=self.policy.k_max > 0)  # forced tokens; `none` stays plain decoding
+        draft, proposals = self._draft(drafter, grammar.views, grammar.room)
+        draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
-        logits = kv.forward(ids, valid)  # [B, 1 + k, V]
+        logits = grammar.mask(kv.forward(ids, valid))  # [B, 1 + k, V]
         accepted, next_tokens = verify(rows, draft.tokens, draft.probs, logits, self.placeholder_id)
-        drafter.feedback(rows, [len(d) for d in draft.tokens], accepted)
+        drafter.feedback(grammar.views, grammar.drafted(draft.tokens), grammar.drafter_accepted(accepted))
+        grammar.settle(accepted, next_tokens)
         kv.rollback(torch.tensor([len(d) - a for d, a in zip(draft.tokens, accepted)], device=self.device))
         kv.maybe_compact()
 
         events = []
-        for row, d, a, proposal, nxt in zip(rows, draft.tokens, accepted, proposals, next_tokens):
+        for row, d, a, proposal, nxt, f in zip(rows, draft.tokens, accepted, proposals, next_tokens, map(len, grammar.forced)):
             emitted = d[:a] + [nxt]
-            row.stats.record_step(len(d), a, draft.forwards)
+            row.stats.record_step(len(d) - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
             # a free drafter's whole proposal is compared with what the step emitted (beyond that nothing was
             # checked); for any other drafter the proposal is the draft and the verifier's count is the run
-            offered = min(len(proposal), len(emitted))
-            run = matched_run(proposal, emitted) if drafter.free else a
+            offered = min(len(proposal), len(emitted) - f)
+            run = matched_run(proposal, emitted[f:]) if drafter.free else a - f
             if offered:
                 row.acceptance.observe(run, rejected=run < offered)
                 self.survival.observe(offered, run)
+            before = row.stats.output_tokens
             new_ids = row.append(emitted)
+            row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
         self.policy.observe_step(len(rows), ids.shape[1], time.perf_counter() - t0)
         return events

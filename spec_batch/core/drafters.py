@@ -14,6 +14,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from .grammar import mask_next
 from .kv_batch import KVBatch, left_padded
 from .sampling import STREAM_DRAFT, SamplingParams, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
@@ -185,6 +186,8 @@ class ModelDrafter:
         if k_max == 0:
             return Draft(tokens=tokens)
         active = [b for b in range(batch) if k[b] > 0]
+        k = list(k)  # under a grammar a row's draft ends at an EOS
+        grammars = [getattr(r, "grammar", None) for r in rows]  # structured output: draft only what is allowed
         # first forward: every token of the row the draft has not read yet (ragged; left placeholders)
         unseen = [rows[b].tokens[self.seen[b] :] if k[b] > 0 else [] for b in range(batch)]
         ids, valid = left_padded(unseen, self.placeholder_id, self.device)
@@ -195,6 +198,7 @@ class ModelDrafter:
         for j in range(k_max):
             logits = self.kv.forward(self._feedable(ids), valid, logits_to_keep=1)[:, -1]  # [B, Vd]
             logits = _to_vocab(logits, self.vocab_size)  # [B, V]
+            logits = mask_next(logits, [g if j < kb else None for g, kb in zip(grammars, k)])
             forwards += 1
             probs = logits_to_probs(logits.unsqueeze(1), *shaping)[:, 0]  # [B, V]
             probs_steps.append(probs)
@@ -211,6 +215,10 @@ class ModelDrafter:
                     noise = exponential_noise(row.seed, row.n_generated + j, STREAM_DRAFT, probs.shape[-1], self.device)
                     tok = int(sample_from(probs[b], noise))
                 tokens[b].append(tok)
+                if grammars[b] is not None:
+                    grammars[b].push(tok)  # allowed: drafted from the masked distribution
+                    if grammars[b].ended:
+                        k[b] = j + 1  # nothing follows an EOS
                 if j + 1 < k[b]:  # the last draft token is fed only if accepted (next step, with the bonus)
                     next_ids[b, 0] = tok
                     next_valid[b, 0] = True

@@ -30,6 +30,7 @@ __all__ = [
     "apply_bitmask",
     "grammar_engine",
     "mask_logits",
+    "mask_next",
     "unpack_bitmask",
     "parse_response_format",
 ]
@@ -93,6 +94,8 @@ class GrammarEngine:
 
     def __init__(self, tokenizer: Any, eos_ids: Iterable[int], cache_size: int = 64):
         self.eos_ids = frozenset(int(e) for e in eos_ids)
+        if not self.eos_ids:
+            raise InvalidParameterError("response_format needs a model with an EOS token: a grammar ends with it")
         self.tokenizer = _llg_tokenizer(tokenizer, sorted(self.eos_ids))
         self.vocab_size = self.tokenizer.vocab_size
         self.words = (self.vocab_size + 31) // 32
@@ -201,17 +204,33 @@ class GrammarState:
         return True
 
     def speculate(self, draft: Sequence[int]) -> int:
-        """Extends the speculative run to cover draft (a prefix may already be pushed: a draft model pushes
-        while it drafts) and returns the length of the longest prefix the grammar allows; stops there."""
-        n = len(self.pending) + (1 if self.ended else 0)
-        for j, token in enumerate(draft):
-            if j < n:
-                if j < len(self.pending) and self.pending[j] != token:
-                    raise ValueError(f"draft token {j} is {token}, but {self.pending[j]} was pushed")
-                continue
-            if not self.push(token):
+        """Makes the speculative run the longest prefix of draft the grammar allows, and returns its length.
+        What is already pushed and agrees with draft is kept (a draft model pushes while it drafts)."""
+        same = 0
+        while same < len(draft) and self._in_run(same, draft[same]):
+            same += 1
+        self._truncate(same)
+        for j in range(same, len(draft)):
+            if not self.push(draft[j]):
                 return j
         return len(draft)
+
+    def _in_run(self, j: int, token: int) -> bool:
+        """Whether the speculative run has token at position j."""
+        if j < len(self.pending):
+            return self.pending[j] == token
+        return self.ended and j == len(self.pending) and token in self.eos_ids
+
+    def _truncate(self, n: int) -> None:
+        """Keeps the first n tokens of the speculative run."""
+        if n <= len(self.pending):
+            self.ended = False
+        extra = len(self.pending) - n
+        if extra > 0:
+            if not self.matcher.rollback(extra):
+                raise RuntimeError(f"grammar engine could not roll back {extra} tokens: {self.matcher.get_error()}")
+            del self.pending[n:]
+            self._computed = min(self._computed, n + 1)
 
     def forced(self, limit: int) -> list[int]:
         """The chain of tokens that are each the only one the grammar allows at their position (at most
@@ -228,13 +247,12 @@ class GrammarState:
     def settle(self, accepted: int, next_token: int | None) -> None:
         """Keeps the first `accepted` speculative tokens, rolls back the rest, then consumes next_token (the
         target's token after the accepted run; an EOS, or None, consumes nothing)."""
-        extra = len(self.pending) - min(accepted, len(self.pending))
-        if extra and not self.matcher.rollback(extra):
-            raise RuntimeError(f"grammar engine could not roll back {extra} tokens: {self.matcher.get_error()}")
+        eos_accepted = self.ended and accepted > len(self.pending)  # the request ends there: next_token is moot
+        self._truncate(min(accepted, len(self.pending)))
         self.pending = []
         self.ended = False
         self._computed = 0
-        if next_token is not None and next_token not in self.eos_ids:
+        if next_token is not None and next_token not in self.eos_ids and not eos_accepted:
             if not self.matcher.consume_token(next_token):
                 raise RuntimeError(f"grammar engine rejected token {next_token}: {self.matcher.get_error()}")
 
@@ -300,6 +318,24 @@ def stack_masks(states: Sequence[GrammarState | None], width: int, words: int) -
             m = state.masks()[:width]
             out[b, : m.shape[0]] = m
     return out
+
+
+def mask_next(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> torch.Tensor:
+    """Masks each constrained row's logits [B, V] with the mask at its matcher's current (speculative)
+    position, in place: what a draft model drafts from. Rows whose state is None are left as they are."""
+    rows = [b for b, s in enumerate(states) if s is not None]
+    if not rows:
+        return logits
+    bits = torch.stack([states[b].mask() for b in rows])  # type: ignore[union-attr]
+    idx = torch.tensor(rows, device=logits.device)
+    masked = apply_bitmask(logits[idx], bits)
+    # a draft model whose vocabulary has none of the allowed tokens drafts uniformly among them (any
+    # distribution it samples from keeps rejection sampling exact)
+    dead = torch.isinf(masked).all(dim=-1)
+    if bool(dead.any()):
+        masked[dead] = apply_bitmask(torch.zeros_like(masked[dead]), bits[dead.cpu()])
+    logits[idx] = masked
+    return logits
 
 
 def mask_logits(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> torch.Tensor:

@@ -5,6 +5,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .grammar import GrammarState
 from .outputs import FinishReason, GenerationResult, RequestStats
 from .policy import RowAcceptance
 from .sampling import SamplingParams
@@ -26,6 +27,7 @@ class Row:
     started: float = field(default_factory=time.perf_counter)
     finish_reason: FinishReason | None = None
     out_len: int | None = None  # generated tokens kept in the output once finished (without an EOS)
+    grammar: GrammarState | None = None  # the response_format's matcher, at the accepted output (grammar.py)
 
     @property
     def n_generated(self) -> int:

@@ -204,6 +204,18 @@ def test_settle_rolls_back_to_the_accepted_prefix_then_takes_the_target_token(en
     assert allowed(state.mask()) == fresh_mask(engine, form, expected + [b_tok, b_tok])
 
 
+def test_speculate_keeps_what_agrees_and_rewinds_the_rest(engine, byte_tokenizer):
+    form = FORMS[1]
+    first = ids(byte_tokenizer, '{"name": "ab", "age": 1')
+    state = engine.state(form)
+    assert state.speculate(first) == len(first)
+    second = first[:4] + ids(byte_tokenizer, 'c", "age": 2')  # agrees for 4 tokens, then differs
+    assert state.speculate(second) == len(second)
+    assert [allowed(m) for m in state.masks()] == [fresh_mask(engine, form, second[:j]) for j in range(len(second) + 1)]
+    assert state.speculate(second[:2]) == 2  # a shorter draft shortens the run
+    assert state.masks().shape[0] == 3 and allowed(state.mask()) == fresh_mask(engine, form, second[:2])
+
+
 def test_a_speculative_eos_ends_the_run(engine, byte_tokenizer):
     state = engine.state(FORMS[3])
     ye = ids(byte_tokenizer, "ye")[0]
