@@ -21,8 +21,9 @@ class SpeculativeParams(BaseModel):
     # --- which models (arguments of spec_batch.load_decoder), or an existing decoder ---
     target: str = "default"
     """The target model: "default" (SmolLM2-135M-Instruct), a hub id, a local directory or a .gguf file."""
-    draft: str = "ngram"
-    """The drafter: "ngram" (prompt lookup), "none" (no speculation) or a draft model spec like `target`."""
+    draft: str = "suffix"
+    """The drafter: "suffix" (suffix drafting from the prompt and output), "ngram" (prompt lookup), "none" (no
+    speculation) or a draft model spec like `target`."""
     device: str = "cpu"
     dtype: str | None = None
     """torch dtype name ("float32", "bfloat16", ...); None lets the core choose."""

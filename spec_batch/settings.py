@@ -76,7 +76,7 @@ def get_settings() -> Settings:
         cache_dir=Path(os.environ.get("SPEC_BATCH_CACHE") or user_cache_dir("spec-batch")),
         lease_seconds=_int_env("SPEC_BATCH_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
         default_target=os.environ.get("SPEC_BATCH_DEFAULT_TARGET") or "default",
-        default_draft=os.environ.get("SPEC_BATCH_DEFAULT_DRAFT") or "ngram",
+        default_draft=os.environ.get("SPEC_BATCH_DEFAULT_DRAFT") or "suffix",
         result_backend=os.environ.get("SPEC_BATCH_RESULT_BACKEND") or None,
         task_soft_time_limit=(soft := _int_env("SPEC_BATCH_TASK_SOFT_TIME_LIMIT", DEFAULT_TASK_SOFT_TIME_LIMIT)),
         task_time_limit=max(_int_env("SPEC_BATCH_TASK_TIME_LIMIT", soft + 300), soft + 1),

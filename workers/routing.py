@@ -39,7 +39,7 @@ def queue_name(target: str, drafter: str) -> str:
     return f"{name[:room]}-{digest}"
 
 
-def parse_model_pair(value: str, default_drafter: str = "ngram") -> tuple[str, str]:
+def parse_model_pair(value: str, default_drafter: str = "suffix") -> tuple[str, str]:
     """``TARGET[:DRAFTER]`` as given to ``spec-batch worker --model``: the last ':' splits
     (``default:ngram``, ``./models/big:HuggingFaceTB/SmolLM2-135M``); no ':' means the default drafter."""
     value = value.strip()

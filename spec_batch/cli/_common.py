@@ -30,8 +30,8 @@ def target_option(f: F) -> F:
 def draft_option(f: F) -> F:
     return click.option(
         "--draft", default=None,
-        help='Drafter: "ngram", "none", or a draft model (hub id, dir, .gguf) (default: $SPEC_BATCH_DEFAULT_DRAFT '
-             'or "ngram").',
+        help='Drafter: "suffix", "ngram", "none", or a draft model (hub id, dir, .gguf) (default: '
+             '$SPEC_BATCH_DEFAULT_DRAFT or "suffix").',
     )(f)
 
 

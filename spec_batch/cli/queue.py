@@ -47,7 +47,7 @@ def _check_model(spec: str, what: str) -> None:
     from ..errors import SpecBatchError
     from ..loading import resolve_spec
 
-    if what == "drafter" and spec in ("ngram", "none"):
+    if what == "drafter" and spec in ("suffix", "ngram", "none"):
         return
     try:
         resolve_spec(spec)

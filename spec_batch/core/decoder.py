@@ -20,9 +20,10 @@ from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongErro
 from .drafters import Draft, Drafter, NoDrafter
 from .grammar_step import GrammarStep, row_grammar
 from .inputs import Prompt, params_list, prompt_ids
+from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded, supports_model
 from .outputs import GenerationResult, RequestStats, StreamChunk
-from .policy import DepthSurvival, DraftPolicy, RowAcceptance
+from .policy import DraftPolicy, RowAcceptance
 from .rows import Row, matched_run
 from .sampling import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
@@ -71,7 +72,6 @@ class Decoder:
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self._drafter_factory = drafter_factory
         self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive)
-        self.survival = DepthSurvival(depth=max(1, num_draft_tokens) + 1)  # learned across calls: the workload's
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos_ids = eos_ids(target, tokenizer)
@@ -88,6 +88,7 @@ class Decoder:
         return_errors: bool = False,
         on_result: Callable[[int, GenerationResult], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        memory: JobMemory | None = None,
     ) -> list[GenerationResult]:
         """Decodes every prompt (str used as given, no chat template; or token ids).
 
@@ -98,6 +99,8 @@ class Decoder:
         already finished keep their results, and every other one, in flight or still waiting, ends with
         finish_reason="cancelled", the text and tokens it has so far and its statistics (on_result is called
         for each of them too).
+        memory: the job's memory (its requests' outputs), kept by the caller across calls for one job: drafters
+        that use it (suffix) draft from the other requests' outputs too. It changes drafts, never outputs.
         """
         if isinstance(prompts, (str, bytes)):
             raise InvalidParameterError("prompts must be a list of prompts; wrap a single prompt in a list")
@@ -120,7 +123,7 @@ class Decoder:
                     raise
                 finish(i, GenerationResult("", [], "error", RequestStats(), error=str(exc)))
         with self._lock, torch.inference_mode():
-            for event in self._run(requests, batch_size, should_stop):
+            for event in self._run(requests, batch_size, should_stop, memory):
                 if event.finished:
                     finish(event.row.index, event.row.result())
         return results  # type: ignore[return-value]
@@ -188,13 +191,23 @@ class Decoder:
             grammar=row_grammar(self.tokenizer, self.eos_ids, params),
         )
 
+    def _new_drafter(self, memory: JobMemory | None) -> Drafter:
+        drafter = self._drafter_factory()
+        if memory is not None:
+            drafter.use_memory(memory)
+        return drafter
+
     def _run(
-        self, requests: list[Request], batch_size: int, should_stop: Callable[[], bool] | None = None
+        self,
+        requests: list[Request],
+        batch_size: int,
+        should_stop: Callable[[], bool] | None = None,
+        memory: JobMemory | None = None,
     ) -> Iterator[_Event]:
         waiting = deque(requests)
         active: list[Row] = []
         kv = KVBatch(self.target, self.device, 0)
-        drafter = self._drafter_factory()
+        drafter = self._new_drafter(memory)
         while waiting or active:
             if should_stop is not None and should_stop():
                 for row in active + [self._new_row(request, drafter) for request in waiting]:
@@ -211,12 +224,12 @@ class Decoder:
             if any(e.finished for e in events):
                 keep = [b for b, e in enumerate(events) if not e.finished]
                 active = [active[b] for b in keep]
+                drafter.keep_rows(keep)  # also when none stays: the drafter sees its rows' last tokens
                 if active:
                     kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
-                    drafter.keep_rows(keep)
                 else:
                     kv = KVBatch(self.target, self.device, 0)
-                    drafter = self._drafter_factory()
+                    drafter = self._new_drafter(memory)
 
     def _prefill(self, kv: KVBatch, rows: list[Row]) -> None:
         """Caches every prompt token but the last, which the first step reads together with the first draft."""
@@ -225,34 +238,36 @@ class Decoder:
         group.forward(ids, valid, logits_to_keep=1)
         kv.extend(group)
 
-    def _draft(self, drafter: Drafter, rows: Sequence[Any], budget: list[int]) -> tuple[Draft, list[list[int]]]:
-        """This step's draft, and per row what the drafter proposed (for acceptance statistics): a free drafter
-        is asked for everything it has, so its proposal is checked against the output even where k = 0."""
+    def _draft(self, drafter: Drafter, rows: Sequence[Any], budget: list[int]) -> tuple[Draft, Draft]:
+        """This step's draft, and what the drafter proposed (for acceptance statistics and calibration): a free
+        drafter is asked for everything it has, so its proposal is checked against the output even where k = 0."""
         available = [min(a, b) for a, b in zip(drafter.available(rows, self.policy.k_max), budget)]
-        continuation = self.survival.continuation(self.policy.k_max)
-        k = self.policy.choose(len(rows), [r.acceptance.first for r in rows], available, continuation, probe=not drafter.free)
-        ks = [min(k, a) for a in available]
+        full = drafter.propose(rows, available) if drafter.free and any(available) else None
+        if full is not None:
+            available = [len(t) for t in full.tokens]
+        confidence = full.confidence if full is not None and full.confidence is not None else [None] * len(rows)
+        offers = [self.policy.accept_probs(r.acceptance, a, c) for r, a, c in zip(rows, available, confidence)]
+        ks = self.policy.plan(len(rows), offers, probe=not drafter.free)
         if drafter.has_probs:
             # with a sampling draft model the sample at a position depends on whether a draft was verified there,
             # so a seeded sampled row drafts a length of its own (not the batch's adaptive k): same seed, same
             # output, whatever batch it is in
             ks = [a if (r.params.seed is not None and not r.params.greedy) else kb for r, a, kb in zip(rows, available, ks)]
-        if drafter.free and any(available):
-            full = drafter.propose(rows, available)
+        if full is not None:
             draft = Draft(
                 tokens=[t[:kb] for t, kb in zip(full.tokens, ks)],
                 probs=full.probs,
                 forwards=full.forwards,
                 confidence=None if full.confidence is None else [c[:kb] for c, kb in zip(full.confidence, ks)],
             )
-            return draft, full.tokens
+            return draft, full
         draft = drafter.propose(rows, ks) if any(ks) else Draft(tokens=[[] for _ in rows])
-        return draft, draft.tokens
+        return draft, draft
 
     def _step(self, kv: KVBatch, drafter: Drafter, rows: list[Row]) -> list[_Event]:
         t0 = time.perf_counter()
         grammar = GrammarStep(rows, force=self.policy.k_max > 0)  # forced tokens; `none` stays plain decoding
-        draft, proposals = self._draft(drafter, grammar.views, grammar.room)
+        draft, proposed = self._draft(drafter, grammar.views, grammar.room)
         draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
         logits = grammar.mask(kv.forward(ids, valid))  # [B, 1 + k, V]
@@ -263,16 +278,15 @@ class Decoder:
         kv.maybe_compact()
 
         events = []
-        for row, d, a, proposal, nxt, f in zip(rows, draft.tokens, accepted, proposals, next_tokens, map(len, grammar.forced)):
+        confidence = proposed.confidence or [None] * len(rows)
+        for row, d, a, proposal, conf, nxt, f in zip(rows, draft.tokens, accepted, proposed.tokens, confidence,
+                                                    next_tokens, map(len, grammar.forced)):
             emitted = d[:a] + [nxt]
             row.stats.record_step(len(d) - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
             # a free drafter's whole proposal is compared with what the step emitted (beyond that nothing was
             # checked); for any other drafter the proposal is the draft and the verifier's count is the run
-            offered = min(len(proposal), len(emitted) - f)
             run = matched_run(proposal, emitted[f:]) if drafter.free else a - f
-            if offered:
-                row.acceptance.observe(run, rejected=run < offered)
-                self.survival.observe(offered, run)
+            self.policy.observe_row(row.acceptance, conf, run, checked=min(len(proposal), len(emitted) - f))
             before = row.stats.output_tokens
             new_ids = row.append(emitted)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)

@@ -15,6 +15,7 @@ from typing import Protocol, Sequence
 import torch
 
 from .grammar import mask_next
+from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
 from .sampling import STREAM_DRAFT, SamplingParams, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
@@ -59,7 +60,10 @@ class Drafter(Protocol):
         """After verification: rows accepted accepted[b] of the k[b] proposed tokens (before tokens are appended)."""
 
     def keep_rows(self, keep: list[int]) -> None:
-        """Only these row indices stay in the batch, in this order."""
+        """Only these row indices stay in the batch, in this order (also called with none: the batch drained)."""
+
+    def use_memory(self, memory: JobMemory) -> None:
+        """The job's memory of its requests' outputs, for drafts; drafters with no use for it ignore it."""
 
 
 class NoDrafter:
@@ -83,6 +87,9 @@ class NoDrafter:
         pass
 
     def keep_rows(self, keep: list[int]) -> None:
+        pass
+
+    def use_memory(self, memory: JobMemory) -> None:
         pass
 
 
@@ -143,6 +150,9 @@ class NgramDrafter:
     def keep_rows(self, keep: list[int]) -> None:
         self.indexes = [self.indexes[i] for i in keep]
         self._cached = []
+
+    def use_memory(self, memory: JobMemory) -> None:
+        pass
 
 
 class ModelDrafter:
@@ -242,8 +252,14 @@ class ModelDrafter:
         self.kv.maybe_compact()
 
     def keep_rows(self, keep: list[int]) -> None:
+        if not keep:
+            self.kv, self.seen = KVBatch(self.model, self.device, 0), []
+            return
         self.kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
         self.seen = [self.seen[i] for i in keep]
+
+    def use_memory(self, memory: JobMemory) -> None:
+        pass
 
 
 def _to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -1,13 +1,19 @@
-"""How many tokens to draft next.
+"""How many tokens each row drafts next, and so the batch's verify width.
 
-Each step the policy compares, for every candidate draft length k, the tokens the step is expected to yield
-(from each row's observed acceptance) with what a step of that width is measured to cost at this batch size,
-and picks the best rate. k = 0 is plain decoding, so speculation switches itself off where it does not pay
-(low acceptance, or a batch so large that verifying k + 1 tokens per row costs nearly k + 1 plain steps).
+Each row's offer is turned into acceptance chances q[j] = P(draft token j accepted | the ones before it were):
+from the drafter's per-token confidence, calibrated per drafter kind (ConfidenceCalibration), or, for drafters
+without one, from the row's first-token acceptance and the shared run-length curve (DepthSurvival). Drafting
+j tokens then yields 1 + sum_{i<j} prod_{l<=i} q[l] tokens in expectation (`expected_tokens`). A row stops
+where its chance to get that far falls below `min_reach`, so a low-confidence row drafts nothing while others
+draft 16. For each candidate width the step yields the rows' expected tokens at that width and costs what a step
+of that width is measured to cost at this batch size (every row pays the width: short rows waste padding); the
+best tokens per second wins. Width 1 is plain decoding, so speculation switches itself off where it does not pay.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .calibration import ConfidenceCalibration
 
 
 @dataclass
@@ -18,12 +24,17 @@ class RowAcceptance:
     first_hits: float = 1.0  # the first draft token accepted, out of ...
     first_tries: float = 2.0  # ... steps that offered one (prior 1/2)
     decay: float = 0.9
+    last_hit: bool = field(init=False)  # the last checked first token was accepted (the row is copying)
+
+    def __post_init__(self) -> None:
+        self.last_hit = self.first >= 0.5  # before any evidence the prior decides
 
     def observe(self, accepted: int, rejected: bool) -> None:
         """A step accepted `accepted` draft tokens; rejected: a draft token was turned down (not only run out)."""
         if accepted > 0 or rejected:
             self.first_hits = self.first_hits * self.decay + (1.0 if accepted > 0 else 0.0)
             self.first_tries = self.first_tries * self.decay + 1.0
+            self.last_hit = accepted > 0
 
     @property
     def first(self) -> float:
@@ -67,18 +78,24 @@ class DepthSurvival:
         return out
 
 
-def expected_tokens(alpha: float, k: int, continuation: list[float] | None = None) -> float:
-    """Expected tokens from one step with k draft tokens: accepted run + the target's own token.
+def expected_tokens(accept_probs: list[float], k: int) -> float:
+    """Expected tokens from one step drafting the first k of a proposal: the accepted run + the target's token."""
+    total, alive = 1.0, 1.0
+    for q in accept_probs[:k]:
+        alive *= q
+        total += alive
+    return total
 
-    Without `continuation` the run is geometric in alpha. With it, alpha is the row's chance to accept the
-    first token and continuation[j] the shared chance that a run that started reaches token j + 1."""
-    if k <= 0:
-        return 1.0
-    if continuation is not None:
-        return 1.0 + alpha * sum(continuation[:k])
-    if alpha >= 0.999999:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+def _gains(accept_probs: list[float], min_reach: float) -> list[float]:
+    """g[j] = expected accepted tokens when drafting j; stops where the chance to get that far < min_reach."""
+    gains, alive = [0.0], 1.0
+    for q in accept_probs:
+        alive *= q
+        if alive < min_reach:
+            break
+        gains.append(gains[-1] + alive)
+    return gains
 
 
 @dataclass
@@ -117,57 +134,78 @@ class StepCosts:
 
 
 class DraftPolicy:
-    def __init__(self, k_max: int = 8, adaptive: bool = True, candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16)):
+    def __init__(
+        self,
+        k_max: int = 8,
+        adaptive: bool = True,
+        candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16),
+        min_reach: float = 0.05,
+    ):
         if k_max < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
         self.k_max = k_max
         self.adaptive = adaptive
         self.candidates = sorted({c for c in candidates if c <= k_max} | {k_max})
+        self.min_reach = min_reach
+        # learned across calls (the workload's): step costs, run lengths, what stated confidence is worth
         self.costs = StepCosts()
+        self.survival = DepthSurvival(depth=max(1, k_max) + 1)
+        self.calibration = ConfidenceCalibration()
         self.probe_every = 32
         self._idle_steps = 0
 
-    def choose(
-        self,
-        batch: int,
-        alphas: list[float],
-        available: list[int],
-        continuation: list[float] | None = None,
-        probe: bool = True,
-    ) -> int:
-        """The draft length for this step. available[b]: tokens the drafter can offer row b (after budget caps).
-        probe=False: never draft just to measure acceptance (a free drafter's proposals are checked anyway)."""
-        longest = max(available, default=0)
-        if longest == 0 or self.k_max == 0:
-            return 0
-        if not self.adaptive:
-            return min(self.k_max, longest)
-        k = self._best(batch, alphas, available, longest, continuation)
-        if k == 0:
-            # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay
-            # (the output began copying the prompt) is noticed
-            self._idle_steps += 1
-            if probe and self.probe_every and self._idle_steps >= self.probe_every:
-                self._idle_steps = 0
-                return min(longest, 2)
-        else:
-            self._idle_steps = 0
-        return k
+    def accept_probs(self, acceptance: RowAcceptance, n: int, confidence: list[float] | None = None) -> list[float]:
+        """q[j] for the first n tokens of a row's proposal (confidence: the drafter's, per token, if it has one)."""
+        if n <= 0:
+            return []
+        if confidence is not None:
+            return self.calibration.accept_probs(acceptance.last_hit, list(confidence[:n]))
+        c = self.survival.continuation(n)
+        return [acceptance.first] + [c[j] / c[j - 1] if c[j - 1] > 0 else 0.0 for j in range(1, n)]
 
-    def _best(
-        self, batch: int, alphas: list[float], available: list[int], longest: int, continuation: list[float] | None
-    ) -> int:
-        best_k, best_rate = 0, -1.0
+    def plan(self, batch: int, offers: list[list[float]], probe: bool = True) -> list[int]:
+        """Each row's draft length this step. offers[b]: accept_probs of what row b can be offered (after budget
+        caps). probe=False: never draft just to measure acceptance (a free drafter's proposals are checked anyway)."""
+        if self.k_max == 0 or not any(offers):
+            return [0] * len(offers)
+        if not self.adaptive:
+            return [min(self.k_max, len(q)) for q in offers]
+        gains = [_gains(q[: self.k_max], self.min_reach) for q in offers]
+        lengths = [len(g) - 1 for g in gains]
+        k = self._best_width(batch, gains, max(lengths)) - 1
+        if k > 0:
+            self._idle_steps = 0
+            return [min(k, n) for n in lengths]
+        # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay (the
+        # output began copying the prompt) is noticed
+        self._idle_steps += 1
+        if probe and self.probe_every and self._idle_steps >= self.probe_every:
+            self._idle_steps = 0
+            return [min(2, len(q)) for q in offers]
+        return [0] * len(offers)
+
+    def _best_width(self, batch: int, gains: list[list[float]], longest: int) -> int:
+        if longest == 0:
+            return 1
+        best_width, best_rate = 1, -1.0
         for k in sorted({min(c, longest) for c in self.candidates}):
-            width = 1 + k
-            cost = self.costs.estimate(batch, width)
+            cost = self.costs.estimate(batch, 1 + k)
             if cost is None:  # nothing measured at this batch size yet: start from a middling draft
-                return min(longest, max(1, self.k_max // 2))
-            tokens = sum(expected_tokens(a, min(k, n), continuation) for a, n in zip(alphas, available))
+                return 1 + min(longest, max(1, self.k_max // 2))
+            tokens = sum(1.0 + g[min(k, len(g) - 1)] for g in gains)
             rate = tokens / cost
             if rate > best_rate * 1.0001:
-                best_k, best_rate = k, rate
-        return best_k
+                best_width, best_rate = 1 + k, rate
+        return best_width
+
+    def observe_row(self, acceptance: RowAcceptance, confidence: list[float] | None, run: int, checked: int) -> None:
+        """A row's proposal matched the step's emitted tokens for `run` tokens of the `checked` compared."""
+        if checked <= 0:
+            return
+        if confidence is not None:
+            self.calibration.observe_run(acceptance.last_hit, confidence, run, checked)
+        acceptance.observe(run, rejected=run < checked)
+        self.survival.observe(checked, run)
 
     def observe_step(self, batch: int, width: int, seconds: float) -> None:
         self.costs.observe(batch, width, seconds)

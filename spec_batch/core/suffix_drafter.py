@@ -6,78 +6,17 @@ In a bulk job the requests are independent: the job memory only changes what is 
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
 from .drafters import Draft, DraftRow
+from .job_memory import DEFAULT_MAX_DEPTH, JobMemory
 from .suffix_index import SuffixDraft, SuffixIndex
-
-DEFAULT_MAX_DEPTH = 48  # trie depth: match length + draft length fit in it
-
-
-class JobMemory:
-    """A job's outputs, finished and in flight, in one index; the oldest outputs are dropped whole once the
-    index holds more than max_tokens. Safe to share between threads; one per job, dropped when the job ends."""
-
-    def __init__(self, max_tokens: int = 50_000, max_depth: int = DEFAULT_MAX_DEPTH):
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        self.max_tokens = max_tokens
-        self.index = SuffixIndex(max_depth)
-        self._order: OrderedDict[int, None] = OrderedDict()  # sequence ids, oldest first
-        self._next_id = 0
-        self._lock = threading.Lock()
-
-    def add(self, tokens: Sequence[int]) -> None:
-        """A finished output (for example one of the job's stored outputs, to warm the memory)."""
-        key = self.open()
-        self.extend(key, tokens)
-        self.close(key)
-
-    def open(self) -> int:
-        """A new output in flight; returns its key for extend and close."""
-        with self._lock:
-            key = self._next_id
-            self._next_id += 1
-            self._order[key] = None
-            return key
-
-    def extend(self, key: int, tokens: Sequence[int]) -> None:
-        """Appends an output's new tokens (ignored once the output was evicted)."""
-        if not tokens:
-            return
-        with self._lock:
-            if key not in self._order:
-                return
-            self.index.extend(key, tokens)
-            while self.index.num_tokens > self.max_tokens and len(self._order) > 1:
-                oldest = next(iter(self._order))
-                if oldest == key:  # never the output being written; the next oldest goes instead
-                    oldest = list(self._order)[1]
-                del self._order[oldest]
-                self.index.remove(oldest)
-
-    def close(self, key: int) -> None:
-        with self._lock:
-            self.index.close(key)
-
-    def draft(self, context: Sequence[int], max_tokens: int, **kwargs) -> SuffixDraft:
-        with self._lock:
-            return self.index.draft(context, max_tokens=max_tokens, **kwargs)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.index.num_tokens
-
-    def __len__(self) -> int:
-        return len(self._order)
 
 
 @dataclass
 class _RowState:
-    row: DraftRow  # kept to read the row's final tokens when it leaves the batch
+    row: DraftRow  # the admitted row: its tokens are the accepted ones (what the indexes take)
     index: SuffixIndex  # this row's prompt + output
     seen: int  # tokens of row.tokens in `index`
     prompt_len: int
@@ -103,14 +42,19 @@ class SuffixDrafter:
         max_spec_factor: float = 1.0,
         min_token_prob: float = 0.1,
     ):
-        if memory is not None and memory.index.max_depth != max_depth:
-            raise ValueError(f"the job memory's depth {memory.index.max_depth} differs from max_depth={max_depth}")
-        self.memory = memory
         self.max_depth = max_depth
+        self.memory: JobMemory | None = None
+        if memory is not None:
+            self.use_memory(memory)
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
         self._rows: list[_RowState] = []
         self._cached: list[SuffixDraft] = []
+
+    def use_memory(self, memory: JobMemory) -> None:
+        if memory.index.max_depth != self.max_depth:
+            raise ValueError(f"the job memory's depth {memory.index.max_depth} differs from max_depth={self.max_depth}")
+        self.memory = memory
 
     def admit(self, rows: Sequence[DraftRow]) -> None:
         for row in rows:
@@ -127,7 +71,8 @@ class SuffixDrafter:
                 self.memory.extend(state.memory_key, tokens[max(state.seen, state.prompt_len) :])  # type: ignore[union-attr]
             state.seen = len(tokens)
 
-    def _draft(self, state: _RowState, max_tokens: int) -> SuffixDraft:
+    def _draft(self, state: _RowState, view: DraftRow, max_tokens: int) -> SuffixDraft:
+        """view: the row as the loop shows it (under a grammar it already ends with its forced tokens)."""
         if max_tokens <= 0:
             return SuffixDraft()
         self._sync(state)
@@ -136,7 +81,7 @@ class SuffixDrafter:
             max_spec_factor=self.max_spec_factor,
             min_token_prob=self.min_token_prob,
         )
-        context = state.row.tokens[-self.max_depth :]
+        context = view.tokens[-self.max_depth :]
         best = state.index.draft(context, max_tokens=max_tokens, **options)
         if self.memory is not None:
             shared = self.memory.draft(context, max_tokens, **options)
@@ -145,7 +90,7 @@ class SuffixDrafter:
         return best
 
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
-        self._cached = [self._draft(state, k_max) for state in self._rows]
+        self._cached = [self._draft(state, view, k_max) for state, view in zip(self._rows, rows)]
         return [len(d.tokens) for d in self._cached]
 
     def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:

@@ -14,13 +14,14 @@ import torch
 
 from ..core.decoder import Decoder
 from ..core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 
 __all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
 
-DRAFTERS_WITHOUT_MODEL = ("ngram", "none")
+DRAFTERS_WITHOUT_MODEL = ("suffix", "ngram", "none")
 
 
 def build_decoder(
@@ -36,12 +37,14 @@ def build_decoder(
     ngram_min: int = 1,
     ngram_max: int = 3,
 ) -> Decoder:
-    """A decoder over already-loaded models. draft: "ngram" | "none" | a loaded draft model."""
+    """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model."""
     max_context = context_length(target_model)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if draft == "none":
         factory: Callable[[], Drafter] = NoDrafter
         name = "none"
+    elif draft == "suffix":
+        factory, name = SuffixDrafter, "suffix"
     elif draft == "ngram":
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
         factory = lambda: NgramDrafter(ngram_min, ngram_max)  # noqa: E731
@@ -68,7 +71,7 @@ def build_decoder(
 
 def load_decoder(
     target: Any = "default",
-    draft: Any = "ngram",
+    draft: Any = "suffix",
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     *,
@@ -82,7 +85,7 @@ def load_decoder(
     trust_remote_code: bool = False,
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
-    draft: "ngram" | "none" | a model spec like target | a loaded HF model (it shares the target's tokenizer
+    draft: "suffix" | "ngram" | "none" | a model spec like target | a loaded HF model (it shares the target's tokenizer
     unless draft_tokenizer= is given). Models named by string are loaded once per process and shared
     (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form."""
     device = torch.device(device)
@@ -193,7 +196,7 @@ def shared_model(
 
 def shared_decoder(
     target: str | os.PathLike = "default",
-    draft: str | os.PathLike = "ngram",
+    draft: str | os.PathLike = "suffix",
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
@@ -203,7 +206,7 @@ def shared_decoder(
 ) -> Decoder:
     """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
 
-    target and draft are names (draft also "ngram" or "none"). The same arguments (after defaults, with device
+    target and draft are names (draft also "suffix", "ngram" or "none"). The same arguments (after defaults, with device
     and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder, which decodes one
     request batch at a time. Thread-safe: concurrent first calls load once; a failed load is not cached.
     """

@@ -50,6 +50,8 @@ def decoders(tiny_decoder, tiny_draft, tiny_target):
         "none": tiny_decoder("none"),
         "ngram": tiny_decoder("ngram"),
         "ngram-fixed": tiny_decoder("ngram", adaptive=False),
+        "suffix": tiny_decoder("suffix"),
+        "suffix-fixed": tiny_decoder("suffix", adaptive=False),
         "model": tiny_decoder(tiny_draft),
         "model-fixed": tiny_decoder(tiny_draft, adaptive=False),
         "self": tiny_decoder(tiny_target, adaptive=False),
@@ -150,7 +152,7 @@ def naive_sample(model, prompt: list[int], n: int, seed: int, temperature: float
 # ---------------------------------------------------------------- the oracle (tiny models)
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "ngram-fixed", "model", "model-fixed", "self"])
+@pytest.mark.parametrize("name", ["none", "ngram", "ngram-fixed", "suffix", "suffix-fixed", "model", "model-fixed", "self"])
 @pytest.mark.parametrize("batch_size", [1, 2, 5])
 def test_greedy_equals_hf_greedy(decoders, greedy_refs, name, batch_size):
     dec = decoders[name]
@@ -162,10 +164,11 @@ def test_greedy_equals_hf_greedy(decoders, greedy_refs, name, batch_size):
         check_stats(res, len(prompt))
         if name in ("none",):
             assert res.stats.draft_tokens == 0 and res.stats.target_forwards == N_NEW
-        if name in ("ngram", "ngram-fixed", "none"):
+        if name in ("ngram", "ngram-fixed", "suffix", "suffix-fixed", "none"):
             assert res.stats.draft_forwards == 0
+    if name in ("ngram-fixed", "suffix-fixed"):
+        assert sum(r.stats.accepted_tokens for r in results) > 0, f"{name} never got a token accepted"
     if name == "ngram-fixed":
-        assert sum(r.stats.accepted_tokens for r in results) > 0, "the n-gram drafter never got a token accepted"
         for prompt, res in zip(PROMPTS, results):
             check_ngram_replay(res, prompt, N_NEW)
     if name == "self":
@@ -265,13 +268,13 @@ def _first_new_token_at(out: list[int], positions) -> tuple[int, int]:
 EOS_PROMPT = 2  # its greedy output does not loop early: fresh tokens at positions 5..7
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "self", "model-fixed"])
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "self", "model-fixed"])
 def test_eos_inside_an_accepted_run(name, tiny_target, tiny_draft, greedy_refs, hf_greedy, fake_tokenizer_cls):
     """EOS chosen as a token the target emits mid-run (self-draft accepts 4 + bonus per step, so position 6 is
     the 2nd token of the 2nd step's accepted run): output stops right before it, no bonus, finish_reason "stop"."""
     prompt, ref = PROMPTS[EOS_PROMPT], greedy_refs[EOS_PROMPT]
     pos, eos = _first_new_token_at(ref, [6, 7, 5, 8])
-    draft = {"none": "none", "ngram": "ngram", "self": tiny_target, "model-fixed": tiny_draft}[name]
+    draft = {"none": "none", "ngram": "ngram", "suffix": "suffix", "self": tiny_target, "model-fixed": tiny_draft}[name]
     dec = build_decoder(tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft=draft, device=CPU,
                         num_draft_tokens=4, adaptive=False)
     assert hf_greedy(tiny_target, prompt, N_NEW, eos_token_id=eos) == ref[:pos]
@@ -299,7 +302,7 @@ def _stop_case(ref: list[int], p: int) -> tuple[str, list[int], str]:
     return stop, ref[:n], text[:cut]
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "self"])
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "self"])
 def test_stop_string_inside_an_accepted_run(decoders, greedy_refs, name):
     """The stop string spans output tokens 5-6 (self-draft: inside the 2nd step's accepted run, tokens 7-9 follow
     in the same step): the text ends before it, the token ids end with the token that completes it."""
@@ -340,7 +343,7 @@ def test_seeded_ngram_equals_none(decoders, kw):
     """With one-hot drafts and exponential-race sampling, a seeded output does not depend on drafting at all."""
     params = [_sampled(100 + i, **kw) for i in range(len(PROMPTS))]
     none = decoders["none"].generate(PROMPTS, params, batch_size=5)
-    for name in ("ngram", "ngram-fixed"):
+    for name in ("ngram", "ngram-fixed", "suffix", "suffix-fixed"):
         out = decoders[name].generate(PROMPTS, params, batch_size=2)
         assert [r.token_ids for r in out] == [r.token_ids for r in none], name
     drafted = decoders["ngram-fixed"].generate(PROMPTS, params, batch_size=5)
@@ -350,7 +353,7 @@ def test_seeded_ngram_equals_none(decoders, kw):
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=8, top_p=0.9)], ids=["plain", "topk-topp"])
-@pytest.mark.parametrize("name", ["none", "ngram-fixed"])
+@pytest.mark.parametrize("name", ["none", "ngram-fixed", "suffix-fixed"])
 def test_seeded_sampling_equals_the_naive_sampler(decoders, tiny_target, name, kw):
     """One-hot drafts change nothing: batched, cached, speculative sampling gives the naive sampler's tokens."""
     seeds = [31 + i for i in range(len(PROMPTS))]
@@ -656,27 +659,49 @@ def test_a_new_drafter_needs_no_change_to_the_loop(tiny_target, fake_tokenizer, 
 
 @pytest.mark.parametrize("free", [True, False])
 def test_free_drafters_are_checked_even_when_nothing_is_drafted(tiny_target, fake_tokenizer, greedy_refs, free):
-    """With k = 0 every step, a free drafter's proposal is still compared with the output (the row's acceptance
-    and the shared survival curve learn from it); a costly drafter is not called at all."""
+    """With k = 0 every step, a free drafter's proposal is still compared with the output (the row's acceptance,
+    the calibration of its confidence and the shared survival curve learn from it); a costly drafter is not
+    called at all."""
     drafter = ReplayDrafter({tuple(PROMPTS[1]): greedy_refs[1]}, free=free, prior=(0.2, 2.0))
     dec = _replay_decoder(tiny_target, fake_tokenizer, drafter)
-    firsts = []
+    seen = []
 
-    def choose(batch, alphas, available, continuation=None, probe=True):
-        firsts.append((alphas[0], probe))
-        return 0
+    def plan(batch, offers, probe=True):
+        seen.append((offers[0][:1], probe))
+        return [0] * batch
 
-    dec.policy.choose = choose
+    dec.policy.plan = plan
     res = dec.generate([PROMPTS[1]], SamplingParams(max_new_tokens=6))[0]
     assert res.token_ids == greedy_refs[1][:6] and res.stats.draft_tokens == 0 and res.stats.target_forwards == 6
-    assert firsts[0] == (0.1, not free)  # the drafter's prior; probing only for costly drafters
     if free:
+        # the first offer: its confidence 1.0, calibrated for a row with a skeptical prior (half: 0.475)
+        assert seen[0] == ([pytest.approx(0.475)], False)
         assert len(drafter.proposed) == 5  # every step with a budget to draft into (the 6th has none)
-        assert [a for a, _ in firsts] == sorted(a for a, _ in firsts) and firsts[-1][0] > 0.5  # it learned
-        assert dec.survival.reached[0] > 2.0  # the shared curve saw the proposals
+        firsts = [o[0] for o, _ in seen[:5]]
+        assert firsts[1] > firsts[0] and firsts == sorted(firsts)  # the row copies: it learned
+        assert dec.policy.survival.reached[0] > 2.0 and sum(dec.policy.calibration.tries[0]) > 0
     else:
-        assert drafter.proposed == [] and {a for a, _ in firsts} == {0.1}
-        assert dec.survival.reached[0] == 2.0
+        # a costly drafter: offers from the row's prior (0.1), never updated since nothing was drafted
+        assert drafter.proposed == [] and {tuple(o) for o, _ in seen if o} == {(0.1,)} and seen[0][1] is True
+        assert dec.policy.survival.reached[0] == 2.0
+
+
+def test_the_job_memory_reaches_the_drafter_and_never_changes_outputs(tiny_decoder, greedy_refs):
+    """A memory of the job's outputs changes what the suffix drafter proposes, never the output: the second
+    run, with the first run's outputs in memory, drafts more and yields the same tokens."""
+    from spec_batch.core.job_memory import JobMemory
+
+    dec = tiny_decoder("suffix", adaptive=False)
+    memory = JobMemory(max_tokens=10_000)
+    first = dec.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=2, memory=memory)
+    assert [r.token_ids for r in first] == greedy_refs
+    assert len(memory) == len(PROMPTS) and memory.num_tokens >= len(PROMPTS) * N_NEW  # outputs (EOS-free: + last)
+    again = dec.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=2, memory=memory)
+    assert [r.token_ids for r in again] == greedy_refs
+    alone = dec.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=2)
+    assert [r.token_ids for r in alone] == greedy_refs
+    accepted = [sum(r.stats.accepted_tokens for r in rs) for rs in (alone, first, again)]
+    assert accepted[0] < accepted[1] < accepted[2]  # earlier outputs of the same run help; a full memory more
 
 
 # ---------------------------------------------------------------- the statistical test

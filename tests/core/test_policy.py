@@ -9,26 +9,20 @@ from spec_batch.core.policy import DepthSurvival, DraftPolicy, RowAcceptance, St
 
 
 @pytest.mark.parametrize(
-    "alpha,k,want",
+    "accept_probs,k,want",
     [
-        (0.5, 0, 1.0),
-        (0.0, 4, 1.0),
-        (1.0, 4, 5.0),
-        (0.5, 1, 1.5),
-        (0.5, 2, 1.75),
-        (0.8, 3, 1 + 0.8 + 0.64 + 0.512),
-        (0.9, 8, sum(0.9**i for i in range(9))),
+        ([0.5] * 4, 0, 1.0),
+        ([0.0] * 4, 4, 1.0),
+        ([1.0] * 4, 4, 5.0),
+        ([0.5] * 4, 2, 1.75),
+        ([0.8, 0.5, 1.0], 3, 1 + 0.8 + 0.4 + 0.4),
+        ([0.9] * 8, 8, sum(0.9**i for i in range(9))),
+        ([0.5, 0.5], 5, 1.75),  # never more than the proposal
     ],
 )
-def test_expected_tokens(alpha, k, want):
-    """sum_{i=0..k} alpha^i: the accepted run (geometric, capped at k) plus the target's own token."""
-    assert math.isclose(expected_tokens(alpha, k), want, rel_tol=1e-9)
-
-
-def test_expected_tokens_is_monotone():
-    for alpha in (0.1, 0.5, 0.9, 0.999999):
-        values = [expected_tokens(alpha, k) for k in range(10)]
-        assert values == sorted(values) and values[-1] <= 10
+def test_expected_tokens(accept_probs, k, want):
+    """1 + sum_j prod_{i<=j} q[i]: each draft position's chance to be reached, plus the target's own token."""
+    assert math.isclose(expected_tokens(accept_probs, k), want, rel_tol=1e-9)
 
 
 def test_row_acceptance():
@@ -95,29 +89,6 @@ def test_depth_survival_learns_bursty_runs():
     assert short_runs.continuation(3)[1:] < [0.01, 0.01]
 
 
-@pytest.mark.parametrize(
-    "alpha,k,continuation,want",
-    [
-        (0.5, 3, [1.0, 0.5, 0.25, 0.1], 1 + 0.5 * 1.75),
-        (0.5, 0, [1.0, 0.5], 1.0),
-        (0.8, 2, [1.0, 1.0, 1.0], 1 + 0.8 * 2),  # runs never break once started
-        (0.8, 4, [1.0, 0.5], 1 + 0.8 * 1.5),  # a curve shorter than k: only what it covers
-        (0.0, 4, [1.0, 1.0, 1.0, 1.0], 1.0),
-    ],
-)
-def test_expected_tokens_with_continuation(alpha, k, continuation, want):
-    """1 + alpha * sum(continuation[:k]): the target's own token, plus each draft position's chance to be reached
-    (the row's first-token acceptance times the shared chance that a started run gets that far)."""
-    assert math.isclose(expected_tokens(alpha, k, continuation), want, rel_tol=1e-12)
-
-
-def test_expected_tokens_with_a_geometric_continuation_is_the_geometric_formula():
-    alpha = 0.7
-    geometric = [alpha**j for j in range(8)]
-    for k in range(8):
-        assert math.isclose(expected_tokens(alpha, k, geometric), expected_tokens(alpha, k), rel_tol=1e-12)
-
-
 def test_step_costs_estimates():
     c = StepCosts()
     assert c.estimate(1, 3) is None
@@ -139,48 +110,119 @@ def _policy_with_costs(per_width: dict[int, float], batch: int = 1, k_max: int =
     return p
 
 
-def test_chooses_no_drafting_when_acceptance_is_near_zero():
+def test_row_acceptance_remembers_the_last_first_token():
+    r = RowAcceptance(first_hits=0.2, first_tries=2.0)
+    assert r.last_hit is False  # a skeptical prior
+    assert RowAcceptance().last_hit is True  # prior 1/2
+    r.observe(2, rejected=True)
+    assert r.last_hit is True
+    r.observe(0, rejected=False)  # nothing checked: unchanged
+    assert r.last_hit is True
+    r.observe(0, rejected=True)
+    assert r.last_hit is False
+
+
+def test_accept_probs_without_confidence_are_the_first_token_rate_then_the_survival_ratios():
+    p = DraftPolicy(k_max=4)  # survival prior: c = [1, .5, .25, .125]
+    r = RowAcceptance(first_hits=0.2, first_tries=2.0)
+    assert p.accept_probs(r, 4) == [0.1, 0.5, 0.5, 0.5]
+    assert p.accept_probs(r, 0) == []
+    assert math.isclose(expected_tokens(p.accept_probs(r, 3), 3), 1 + 0.1 * (1 + 0.5 + 0.25))
+
+
+def test_accept_probs_with_confidence_are_calibrated():
+    p = DraftPolicy(k_max=4)
+    cold, copying = RowAcceptance(first_hits=0.2, first_tries=2.0), RowAcceptance(first_hits=1.8, first_tries=2.0)
+    # calibration priors: a cold row's first token at half its stated confidence; later tokens at theirs
+    assert p.accept_probs(cold, 3, [1.0, 1.0, 0.5]) == pytest.approx([0.475, 0.95, 0.55])
+    assert p.accept_probs(copying, 2, [1.0, 1.0]) == pytest.approx([0.95, 0.95])
+    assert p.accept_probs(copying, 1, [0.3, 1.0]) == pytest.approx([0.35])
+
+
+def test_observe_row_teaches_the_calibration_the_row_and_the_survival_curve():
+    p = DraftPolicy(k_max=4)
+    p.calibration.decay = 1.0
+    r = RowAcceptance(first_hits=0.2, first_tries=2.0)
+    p.observe_row(r, [1.0, 1.0, 1.0], run=1, checked=3)  # first accepted, second rejected, third never judged
+    assert p.calibration.tries[1][9] == 1 and p.calibration.hits[1][9] == 1  # first token of a cold row
+    assert p.calibration.tries[2][9] == 1 and p.calibration.hits[2][9] == 0  # the later token, rejected
+    assert r.last_hit and math.isclose(r.first, (0.2 * 0.9 + 1) / (2.0 * 0.9 + 1))
+    assert p.survival.reached[:2] == [2.0 * 0.995 + 1, 2.0 * 0.995 + 1]
+    p.observe_row(r, None, run=0, checked=0)  # nothing checked: no evidence anywhere
+    assert r.last_hit and p.calibration.tries[0] == [0.0] * 10
+
+
+# ---------------------------------------------------------------- plan: per-row lengths and the batch's width
+
+
+def test_plan_no_drafting_when_acceptance_is_near_zero():
     p = _policy_with_costs({1: 1.0, 2: 1.5, 5: 3.0, 9: 5.0})
-    assert p.choose(1, [0.01], [8]) == 0
+    assert p.plan(1, [[0.01] * 8]) == [0]
 
 
-def test_chooses_long_drafts_when_acceptance_is_near_one():
+def test_plan_long_drafts_when_acceptance_is_near_one():
     p = _policy_with_costs({1: 1.0, 2: 1.02, 5: 1.05, 9: 1.1})
-    assert p.choose(1, [0.999], [8]) == 8
-    assert p.choose(1, [0.999], [3]) == 3  # never more than the drafter can offer
+    assert p.plan(1, [[0.999] * 8]) == [8]
+    assert p.plan(1, [[0.999] * 3]) == [3]  # never more than the drafter can offer
 
 
-def test_large_batch_with_costly_width_switches_off():
+def test_plan_large_batch_with_costly_width_switches_off():
     """At a batch size where verifying k + 1 tokens per row costs about k + 1 plain steps, drafting does not pay."""
     p = _policy_with_costs({w: float(w) for w in (1, 2, 3, 5, 9)}, batch=64)
-    assert p.choose(64, [0.6] * 64, [8] * 64) == 0
+    assert p.plan(64, [[0.6] * 8] * 64) == [0] * 64
 
 
-def test_probes_now_and_then_while_switched_off():
+def test_plan_gives_rows_their_own_lengths_and_counts_the_padding():
+    """Costs 1.0 at width 1, +0.05 per extra token. A confident row and a hopeless one: the confident row drafts 16,
+    the hopeless one nothing (its chance to get even one token is under min_reach), and the width is paid once.
+    Expected tokens at k: 1 + sum_{j<=k} 0.95^j for the confident row, 1 for the other."""
+    costs = {w: 1.0 + 0.05 * (w - 1) for w in (1, 2, 3, 4, 5, 7, 9, 13, 17)}
+    p = _policy_with_costs(costs, batch=2, k_max=16)
+    assert p.plan(2, [[0.95] * 16, [0.04] * 16]) == [16, 0]
+    rate = {k: (2 + sum(0.95**j for j in range(1, k + 1))) / costs[1 + k] for k in (0, 1, 2, 3, 4, 6, 8, 12, 16)}
+    assert max(rate, key=rate.get) == 16
+    # a row with a short offer drafts what it has; the width follows the longest
+    assert p.plan(2, [[0.95] * 16, [0.95] * 3]) == [16, 3]
+
+
+def test_plan_stops_a_row_where_its_chance_to_get_there_falls_below_min_reach():
+    p = _policy_with_costs({w: 1.0 for w in (1, 2, 3, 4, 5, 7, 9)})  # width is free: only min_reach cuts
+    assert p.plan(1, [[0.5, 0.5, 0.5, 0.5, 0.5]]) == [4]  # 0.5^5 = 0.031 < 0.05
+    assert p.plan(1, [[1.0, 1.0, 0.01, 1.0]]) == [2]
+
+
+def test_plan_width_where_padding_makes_a_long_row_not_pay():
+    """One row could draft at 0.6 per token. Alone (batch 1) it drafts 2: rate(k) = (1 + sum_{j<=k} 0.6^j) /
+    cost(1 + k) is 1.0, 1.33, 1.40, 1.36 for k = 0..3. In a batch of 4 where the others have nothing, every
+    row pays the width: (4 + sum_{j<=k} 0.6^j) / cost(1 + k) is best at k = 0."""
+    costs = {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8, 7: 2.2, 9: 2.6}
+    p = _policy_with_costs(costs, batch=4)
+    offers = [[0.6] * 8, [], [], []]
+    rate = {k: (4 + sum(0.6**j for j in range(1, k + 1))) / costs[1 + k] for k in (0, 1, 2, 3, 4, 6, 8)}
+    assert max(rate, key=rate.get) == 0
+    assert p.plan(4, offers) == [0, 0, 0, 0]
+    p1 = _policy_with_costs(costs, batch=1)
+    rate1 = {k: (1 + sum(0.6**j for j in range(1, k + 1))) / costs[1 + k] for k in (0, 1, 2, 3, 4, 6, 8)}
+    assert p1.plan(1, [[0.6] * 8]) == [max(rate1, key=rate1.get)] == [2]
+
+
+def test_plan_probes_now_and_then_while_switched_off():
     p = _policy_with_costs({1: 1.0, 2: 2.0, 5: 5.0, 9: 9.0})
-    picks = [p.choose(1, [0.0], [8]) for _ in range(p.probe_every)]
-    assert picks[:-1] == [0] * (p.probe_every - 1) and picks[-1] == 2
+    picks = [p.plan(1, [[0.0] * 8]) for _ in range(p.probe_every)]
+    assert picks[:-1] == [[0]] * (p.probe_every - 1) and picks[-1] == [2]
 
 
-def test_never_probes_for_a_free_drafter():
+def test_plan_never_probes_for_a_free_drafter():
     p = _policy_with_costs({1: 1.0, 2: 2.0, 5: 5.0, 9: 9.0})
-    assert [p.choose(1, [0.0], [8], probe=False) for _ in range(3 * p.probe_every)] == [0] * (3 * p.probe_every)
+    assert [p.plan(1, [[0.0] * 8], probe=False) for _ in range(3 * p.probe_every)] == [[0]] * (3 * p.probe_every)
 
 
-def test_continuation_decides_between_short_and_long_drafts():
-    """Same first-token acceptance, same costs: a curve where runs go on picks the longest draft, one where they
-    stop after a token picks a short one."""
-    costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4, 7: 1.6, 9: 1.8}
-    assert _policy_with_costs(costs).choose(1, [0.9], [8], [1.0] * 8) == 8
-    assert _policy_with_costs(costs).choose(1, [0.9], [8], [1.0] + [0.01] * 7) == 1
-
-
-def test_simple_cases():
-    assert DraftPolicy(k_max=8).choose(1, [0.9], [0]) == 0  # nothing to offer
-    assert DraftPolicy(k_max=0).choose(1, [0.9], [5]) == 0
-    assert DraftPolicy(k_max=8, adaptive=False).choose(4, [0.0] * 4, [2, 7, 0, 1]) == 7
-    assert DraftPolicy(k_max=4, adaptive=False).choose(1, [0.0], [9]) == 4
-    assert DraftPolicy(k_max=8).choose(3, [0.5] * 3, [8, 8, 8]) == 4  # nothing measured yet: k_max // 2
+def test_plan_simple_cases():
+    assert DraftPolicy(k_max=8).plan(1, [[]]) == [0]  # nothing to offer
+    assert DraftPolicy(k_max=0).plan(1, [[0.9] * 5]) == [0]
+    assert DraftPolicy(k_max=8, adaptive=False).plan(4, [[0.0] * 2, [0.0] * 7, [], [0.0]]) == [2, 7, 0, 1]
+    assert DraftPolicy(k_max=4, adaptive=False).plan(1, [[0.0] * 9]) == [4]
+    assert DraftPolicy(k_max=8).plan(3, [[0.9] * 8] * 3) == [4, 4, 4]  # nothing measured yet: k_max // 2
     with pytest.raises(ValueError):
         DraftPolicy(k_max=-1)
     assert DraftPolicy(k_max=5).candidates[-1] == 5

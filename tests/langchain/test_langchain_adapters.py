@@ -187,7 +187,7 @@ def test_construction_does_not_load_and_config_shares_one_decoder(cls, fake_deco
         t.join()
     assert len(loads) == 1 and len({id(d) for d in results}) == 1
     assert loads[0] == (
-        ("default", "ngram", torch.device("cpu"), torch.float32),
+        ("default", "suffix", torch.device("cpu"), torch.float32),
         {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None},
     )
     assert c._get_decoder() is not a._get_decoder()
@@ -231,7 +231,7 @@ def test_ls_params_and_identifying_params(cls, kind, fake_decoder):
     ident = model._identifying_params
     assert {k: ident[k] for k in ("target", "draft", "device", "max_tokens", "temperature", "stop")} == {
         "target": "default",
-        "draft": "ngram",
+        "draft": "suffix",
         "device": "cpu",
         "max_tokens": 10,
         "temperature": 0.3,
