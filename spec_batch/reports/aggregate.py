@@ -6,8 +6,9 @@ compare with each other, not with a job's aggregate tokens/s.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from ..core.outputs import RequestStats
 from ..store.reports import BaselinePoint, RequestPoint
@@ -141,27 +142,44 @@ def baseline_request_tokens_per_s(points: Sequence[BaselinePoint]) -> float | No
 
 @dataclass(frozen=True)
 class ThroughputSeries:
-    """Output tokens per second of wall time, in equal time bins."""
+    """Output tokens per second of wall time, in equal time bins (seconds since the job's first request started)."""
 
-    bin_starts_s: list[float]  # seconds since the first request started
+    bin_starts_s: list[float]
     bin_width_s: float
     tokens_per_s: list[float]
+    baseline_window_s: tuple[float, float] | None  # when the baseline sample was measured (not in the bins)
 
 
-def throughput_over_time(requests: Sequence[RequestPoint], bins: int = 40) -> ThroughputSeries | None:
+def _seconds(t: datetime, t0: datetime) -> float:
+    return (t - t0).total_seconds()
+
+
+def throughput_over_time(
+    requests: Sequence[RequestPoint], baseline_ids: Collection[int] = (), bins: int = 40
+) -> ThroughputSeries | None:
     """Each finished request's output tokens spread evenly over its own decode interval (started_at to
-    completed_at; a request without a start counts at its completion), summed per time bin. None when fewer
+    completed_at; a request without a start counts at its completion), summed per time bin.
+
+    The baseline sample's requests are left out of the bins: their rows span the whole measurement (claimed
+    before, stored after decoding the sample twice), which is returned as a window instead. None when fewer
     than two requests finished (no time span to draw)."""
     done = [r for r in requests if r.completed_at is not None and r.output_tokens]
     if len(done) < 2:
         return None
     t0 = min(r.started_at or r.completed_at for r in done)  # type: ignore[type-var]
+    sample = [r for r in done if r.request_id in baseline_ids]
+    window = None
+    if sample:
+        window = (min(_seconds(r.started_at or r.completed_at, t0) for r in sample),  # type: ignore[arg-type]
+                  max(_seconds(r.completed_at, t0) for r in sample))  # type: ignore[arg-type]
     spans = []
     for r in done:
-        end = (r.completed_at - t0).total_seconds()  # type: ignore[operator]
-        start = (r.started_at - t0).total_seconds() if r.started_at is not None else end
+        if r.request_id in baseline_ids:
+            continue
+        end = _seconds(r.completed_at, t0)  # type: ignore[arg-type]
+        start = _seconds(r.started_at, t0) if r.started_at is not None else end
         spans.append((min(start, end), end, float(r.output_tokens or 0)))
-    total_s = max(end for _, end, _ in spans)
+    total_s = max([end for _, end, _ in spans] + [window[1] if window else 0.0])
     if total_s <= 0:
         return None
     width = total_s / bins
@@ -176,4 +194,4 @@ def throughput_over_time(requests: Sequence[RequestPoint], bins: int = 40) -> Th
             overlap = min(end, (b + 1) * width) - max(start, b * width)
             if overlap > 0:
                 tokens[b] += rate * overlap
-    return ThroughputSeries([i * width for i in range(bins)], width, [t / width for t in tokens])
+    return ThroughputSeries([i * width for i in range(bins)], width, [t / width for t in tokens], window)

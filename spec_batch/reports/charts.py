@@ -108,12 +108,16 @@ def throughput_over_time(series: ThroughputSeries, job_tokens_per_s: float | Non
         if job_tokens_per_s is not None:
             ax.axhline(job_tokens_per_s, color=REFERENCE, linestyle="--", linewidth=1,
                        label=f"job average: {job_tokens_per_s:.1f} tokens/s of decode time")
+        if series.baseline_window_s is not None:
+            start, end = (t / scale for t in series.baseline_window_s)
+            ax.axvspan(start, end, color=PLAIN, alpha=0.25, linewidth=0,
+                       label="baseline sample measured (with and without speculation; not in the bars)")
         ax.set_xlim(0, span / scale)
-        ax.set_ylim(bottom=0, top=max(series.tokens_per_s + [job_tokens_per_s or 0]) * 1.25 or 1)
+        ax.set_ylim(bottom=0, top=max(series.tokens_per_s + [job_tokens_per_s or 0]) * 1.45 or 1)
         ax.set_xlabel(f"time since the first request started ({unit})")
         ax.set_ylabel("output tokens/s")
         ax.set_title(f"Throughput over the job's time ({series.bin_width_s:.3g} s bins)")
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="upper left", fontsize=8)
         return to_svg(fig, chart_id)
 
 

@@ -108,7 +108,7 @@ def job_section(data: JobReportData) -> JobSection:
     rates = aggregate.request_rates(data.requests)
     positions = aggregate.acceptance_by_position(data.requests)
     lengths = aggregate.accepted_length_counts(data.requests)
-    series = aggregate.throughput_over_time(data.requests)
+    series = aggregate.throughput_over_time(data.requests, {b.request_id for b in data.baseline})
     pairs = aggregate.baseline_rates(data.baseline)
     base_tps = aggregate.baseline_request_tokens_per_s(data.baseline)
     job_tps = data.summary.get("tokens_per_s")
@@ -138,7 +138,7 @@ def job_section(data: JobReportData) -> JobSection:
         chart(
             "throughput", "Throughput over time",
             "Each request's output tokens spread over the time it was decoding, per second of wall time; gaps "
-            "are times the job was not decoding (queued, stopped, or between resumes).",
+            "are times the job was not decoding (queued, stopped, between resumes) or measured its baseline.",
             (lambda: charts.throughput_over_time(series, job_tps, cid + "throughput")) if series else None,
             "Fewer than two requests have finished.",
         ),

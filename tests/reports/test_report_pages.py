@@ -68,6 +68,11 @@ def test_throughput_spreads_each_request_over_its_own_interval():
     assert sum(r * s.bin_width_s for r in s.tokens_per_s) == pytest.approx(150)
     assert aggregate.throughput_over_time(rows[:1]) is None  # one request: no span to draw
 
+    sampled = point(3, output_tokens=500, started_at=T0, completed_at=T0 + timedelta(seconds=4))
+    s = aggregate.throughput_over_time([sampled, *rows], baseline_ids={3}, bins=2)
+    assert s.baseline_window_s == (0.0, 4.0)  # shown as a window, its tokens not in the bars
+    assert sum(r * s.bin_width_s for r in s.tokens_per_s) == pytest.approx(150)
+
 
 def test_baseline_rates_pair_each_sampled_request():
     pts = [BaselinePoint(1, "a", 1, 60, 20, 1.0, 60, 2.0), BaselinePoint(2, None, 7, 30, 30, 1.5, 30, 1.0)]

@@ -1,0 +1,64 @@
+"""`spec-batch report`: one self-contained HTML page of jobs' charts, or of every job over time."""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from ._common import open_store_or_exit, resolve_job
+from ._group import main
+
+
+def parse_since(value: str) -> datetime:
+    """A date or an ISO 8601 time; without a UTC offset it is UTC."""
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a date: give YYYY-MM-DD or an ISO 8601 time "
+                                 f"(2026-05-01T12:00, 2026-05-01T12:00+02:00)", param_hint="--since") from None
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+
+
+def _write(path: Path, html: str) -> None:
+    """Atomically: a reader never sees half a page, and a failed write leaves the previous page."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@main.command("report")
+@click.argument("jobs", nargs=-1)
+@click.option("--history", is_flag=True, help="Every job over time (speedup and tokens/s) instead of given jobs.")
+@click.option("--since", "since", default=None, metavar="DATE",
+              help="With --history: jobs created at or after DATE (YYYY-MM-DD or ISO 8601; UTC unless it says).")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The HTML file to write (self-contained: open it anywhere, offline).")
+def report_command(jobs: tuple[str, ...], history: bool, since: str | None, output: Path) -> None:
+    """An HTML report of JOB [JOB...] (ids, unique prefixes or "latest"): summary, acceptance by draft
+    position, accepted lengths, which requests paid, throughput over time, the baseline sample, and the
+    slowest and least-accepted requests. With --history: speedup and tokens/s of every job over time."""
+    from ..reports import history_report_html, job_report_html
+
+    if history and jobs:
+        raise click.UsageError("give JOB ids or --history, not both")
+    if not history and not jobs:
+        raise click.UsageError("give at least one JOB id (or \"latest\"), or --history")
+    if since is not None and not history:
+        raise click.UsageError("--since goes with --history")
+    since_at = parse_since(since) if since is not None else None
+    factory = open_store_or_exit(must_exist=True)
+    if history:
+        with factory() as s:
+            html = history_report_html(s, since=since_at)
+    else:
+        ids = list(dict.fromkeys(resolve_job(factory, ref) for ref in jobs))  # each job once, in the order given
+        with factory() as s:
+            html = job_report_html(s, ids)
+    try:
+        _write(output, html)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc}") from exc
+    click.echo(f"report -> {output} ({len(html.encode()) / 1024:.0f} KiB)")
