@@ -21,6 +21,28 @@ def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
     return out
 
 
+def _response_format(ctx: click.Context, param: click.Parameter, value: str | None) -> dict | None:
+    """--response-format: the batch field's object as JSON, or @FILE holding it; checked before any model loads."""
+    if value is None:
+        return None
+    from ..core.response_format import parse_response_format
+    from ..errors import InvalidParameterError
+
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {value[1:]}: {e.strerror}") from None
+    try:
+        fmt = parse_response_format(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e.msg} at column {e.colno}") from None
+    except InvalidParameterError as e:
+        raise click.BadParameter(str(e)) from None
+    return None if fmt is None else fmt.to_dict()
+
+
 @main.command("generate")
 @click.argument("prompts", nargs=-1)
 @click.option("--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin).")
@@ -33,6 +55,9 @@ def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Per-request seed (same output whatever the batch).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--response-format", callback=_response_format, metavar="JSON|@FILE",
+              help='The output\'s shape, as the batch field: \'{"type": "json_object"}\', a json_schema, regex or choice '
+                   "object (docs/structured-output.md); @FILE reads it from a file.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--num-draft-tokens", type=click.IntRange(min=0), default=8, show_default=True, help="Longest draft per step.")
 @click.option("--no-adaptive", is_flag=True, help="Always draft --num-draft-tokens (no adaptive draft length).")
@@ -51,6 +76,7 @@ def generate(
     top_k: int,
     seed: int | None,
     stop: tuple[str, ...],
+    response_format: dict | None,
     batch_size: int,
     num_draft_tokens: int,
     no_adaptive: bool,
@@ -70,6 +96,7 @@ def generate(
             top_k=top_k,
             seed=seed,
             stop=list(stop),
+            response_format=response_format,
         )
         dec = load_decoder(
             target=target or settings.default_target,
@@ -95,6 +122,7 @@ def generate(
             rate = f"{s.acceptance_rate:.2f}" if s.acceptance_rate is not None else "-"
             click.echo(
                 f"[{res.finish_reason}; {s.output_tokens} tokens in {s.wall_s:.2f}s; "
-                f"acceptance {rate}; {s.tokens_per_step or 0:.2f} tokens/step]",
+                f"acceptance {rate}; {s.tokens_per_step or 0:.2f} tokens/step"
+                + (f"; {s.forced_tokens} forced]" if s.forced_tokens else "]"),
                 err=True,
             )

@@ -8,7 +8,9 @@ Input line (one JSON object per line; blank lines are skipped)::
 Supported: ``url`` ``/v1/chat/completions`` (``body.messages``) or ``/v1/completions`` (``body.prompt``: a
 string or a list of token ids); body fields ``model`` (recorded, not used: the job's target decides),
 ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` [0, 2], ``top_p`` (0, 1], ``seed``,
-``stop`` (a string or up to 4), ``n`` (1 only). ``null`` means "the job's default". Any other field is an error
+``stop`` (a string or up to 4), ``n`` (1 only), ``response_format`` (``text``, ``json_object``, ``json_schema``,
+and the extensions ``regex`` and ``choice``: docs/structured-output.md; a schema the grammar engine cannot
+compile is an error for that line, with the engine's reason). ``null`` means "the job's default". Any other field is an error
 for that line, never ignored. A line's problems are reported with its line number; the other lines run.
 
 Output lines (``OUT.jsonl``, successes, in input order)::
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidParameterError, SpecBatchError
+from ..core.response_format import parse_response_format
 from ..core.sampling import SamplingParams
 from ..store.models import REQ_CANCELLED
 from .stats import stats_of_row
@@ -49,7 +52,7 @@ MAX_CUSTOM_ID = 512
 MAX_STOP = 4
 
 TOP_LEVEL_FIELDS = ("custom_id", "method", "url", "body")
-COMMON_BODY_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n")
+COMMON_BODY_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "response_format")
 BODY_FIELDS = {
     CHAT: ("messages", "max_completion_tokens") + COMMON_BODY_FIELDS,
     COMPLETIONS: ("prompt",) + COMMON_BODY_FIELDS,
@@ -101,6 +104,7 @@ class BatchRequest:
             "top_k": p.top_k,
             "seed": p.seed,
             "stop": list(p.stop),
+            "response_format": p.response_format,
         }
 
 
@@ -298,6 +302,11 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
         raise _bad("body.n", f"only n=1 is supported (one line per output), got {n!r}", cid_ok)
 
     try:
+        response_format = parse_response_format(body.get("response_format"))
+    except InvalidParameterError as e:  # the message starts with the field it names
+        param = "body." + str(e).split(" ", 1)[0]
+        raise BatchLineError(INVALID_VALUE, f"body.{e}", param, cid_ok) from None
+    try:
         params = SamplingParams(
             max_new_tokens=max_tokens if max_tokens is not None else int(defaults["max_new_tokens"]),
             temperature=float(temperature) if temperature is not None else float(defaults["temperature"]),
@@ -305,6 +314,7 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
             top_k=int(defaults.get("top_k", 0)),
             seed=seed,
             stop=stop_list,
+            response_format=response_format.to_dict() if response_format is not None else None,
         )
     except InvalidParameterError as e:
         raise BatchLineError(INVALID_VALUE, str(e), "body", cid_ok) from None
@@ -396,6 +406,7 @@ def _usage(req: Any, drafter: str) -> dict[str, Any]:
             "acceptance_rate": stats.acceptance_rate,
             "target_forwards": stats.target_forwards,
             "draft_forwards": stats.draft_forwards,
+            "forced_tokens": stats.forced_tokens,
             "tokens_per_step": stats.tokens_per_step,
             "accepted_length_histogram": stats.accepted_length_histogram,
             "wall_s": stats.wall_s,

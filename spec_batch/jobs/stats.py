@@ -24,6 +24,7 @@ def stats_of_row(row: Any) -> RequestStats:
         accepted_tokens=row.accepted_tokens or 0,
         target_forwards=row.target_forwards or 0,
         draft_forwards=row.draft_forwards or 0,
+        forced_tokens=row.forced_tokens or 0,
         accepted_length_histogram=list(row.accepted_length_histogram or []),
         wall_s=row.wall_s or 0.0,
     )

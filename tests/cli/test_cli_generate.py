@@ -70,6 +70,10 @@ def test_generate_json_chat_several_prompts_seeded(runner, default_decoder):
         (["--batch-size", "0"], "batch-size"),
         (["--seed", "x"], "seed"),
         (["--no-such-flag"], "no-such-flag"),
+        (["--response-format", "{json"], "not JSON"),
+        (["--response-format", '{"type": "xml"}'], "response_format.type"),
+        (["--response-format", '{"type": "regex", "pattern": "a["}'], "unclosed character class"),
+        (["--response-format", "@/no/such/file.json"], "cannot read"),
     ],
 )
 def test_bad_flag_values_are_usage_errors(runner, flags, needle):
@@ -89,3 +93,21 @@ def test_unknown_target_is_a_clean_error(runner, tmp_path):
     assert result.exit_code == 1, result.output
     assert "no-such-model" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_generate_with_a_response_format_from_a_file(runner, tmp_path, default_decoder):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}
+    path = tmp_path / "format.json"
+    path.write_text(json.dumps(fmt), encoding="utf-8")
+    prompt = "What is the capital of France? Answer in JSON."
+    result = runner.invoke(main, ["generate", prompt, "--chat", "--json", "--max-new-tokens", "30",
+                                  "--response-format", f"@{path}", *MODEL])
+    assert result.exit_code == 0, result.output
+    [out] = _json_lines(result.stdout)
+    assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"city"}
+    assert out["stats"]["forced_tokens"] > 0
+    inline = runner.invoke(main, ["generate", prompt, "--chat", "--json", "--max-new-tokens", "30",
+                                  "--response-format", json.dumps(fmt), *MODEL])
+    assert _json_lines(inline.stdout)[0]["token_ids"] == out["token_ids"]

@@ -57,7 +57,7 @@ def test_valid_line_values_override_defaults():
     p = req.params
     assert (p.max_new_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.7, 0.9, 42, ["END"])
     assert req.params_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
-                                 "stop": ["END"]}
+                                 "stop": ["END"], "response_format": None}
 
 
 def test_max_completion_tokens_and_content_parts_and_nulls():
@@ -184,7 +184,7 @@ def _row(**kw):
     base = dict(id=12, custom_id="r1", line_number=3, input=chat(custom_id="r1"), endpoint=CHAT, status="completed",
                 output="Hello.", finish_reason="stop", error_code=None, error_param=None, error=None,
                 prompt_tokens=20, output_tokens=6, draft_tokens=8, accepted_tokens=4, target_forwards=2,
-                draft_forwards=0, accepted_length_histogram=[0, 1, 1], wall_s=0.5,
+                draft_forwards=0, accepted_length_histogram=[0, 1, 1], wall_s=0.5, forced_tokens=3,
                 completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
     base.update(kw)
     return SimpleNamespace(**base)
@@ -202,7 +202,7 @@ def test_output_line_is_openai_shaped_with_speculative_usage():
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (20, 6, 26)
     spec = usage["speculative"]
     assert spec["acceptance_rate"] == 0.5 and spec["tokens_per_step"] == 3.0 and spec["drafter"] == "ngram"
-    assert spec["tokens_per_s"] == 12.0
+    assert spec["tokens_per_s"] == 12.0 and spec["forced_tokens"] == 3
     comp_line = output_line(_row(endpoint=COMPLETIONS, output=" there"), model="m", drafter="none")
     assert comp_line["response"]["body"]["object"] == "text_completion"
     assert comp_line["response"]["body"]["choices"][0]["text"] == " there"

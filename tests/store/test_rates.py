@@ -44,7 +44,7 @@ def test_the_view_and_the_python_rates_agree_on_a_real_job(db_url, tmp_path, tin
 def test_a_row_without_statistics_has_no_rates():
     class Row:
         prompt_tokens = output_tokens = draft_tokens = accepted_tokens = target_forwards = None
-        draft_forwards = accepted_length_histogram = wall_s = None
+        draft_forwards = accepted_length_histogram = wall_s = forced_tokens = None
 
     stats = stats_of_row(Row())
     assert (stats.acceptance_rate, stats.tokens_per_step, stats.tokens_per_s) == (None, None, None)
