@@ -42,6 +42,9 @@ class Settings:
     num_draft_tokens: int = 8
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
     metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
+    # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
+    suffix_memory_tokens: int = 50_000
+    suffix_memory_jobs: int = 4
 
 
 def _int_env(name: str, default: int) -> int:
@@ -87,6 +90,8 @@ def get_settings() -> Settings:
         num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 8),
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
         metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,
+        suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),
+        suffix_memory_jobs=_int_env("SPEC_BATCH_SUFFIX_MEMORY_JOBS", 4),
     )
 
 

@@ -251,6 +251,7 @@ class FakeDecoder:
         self.interrupt_after = interrupt_after
         self.results_given = 0
         self.generate_calls: list[tuple[list[Any], Any]] = []
+        self.memories: list[Any] = []  # the job memory each generate() call was given
         self.stream_calls: list[tuple[Any, SamplingParams]] = []
         self.templates: list[list[dict]] = []
         self.steps_run = 0
@@ -302,9 +303,11 @@ class FakeDecoder:
         self.steps_run += 1
 
     # --- the core's interface ---
-    def generate(self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None, should_stop=None):
+    def generate(self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None, should_stop=None,
+                 memory=None):
         prompts = list(prompts)
         self.generate_calls.append((prompts, params))
+        self.memories.append(memory)
         plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         if not return_errors:
             for p in prompts:

@@ -32,6 +32,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import measure_baseline
+from spec_batch.jobs.memory import JobMemories, uses_job_memory
 from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, finalize_job, run_requests
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
@@ -97,6 +98,8 @@ class Runtime:
         self.factory = open_store(self.settings.database_url)
         self.device = self.settings.device or _default_device()
         self._loaded: set[tuple[str, str]] = set()
+        # the suffix drafter's memory of each job's outputs, kept across the job's chunks
+        self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
         self._last_adopt = 0.0
         self.heartbeat = lease.Heartbeat(
             self.factory, lease_seconds=self.settings.lease_seconds, reap_fn=self.reap
@@ -305,6 +308,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         job = queries.get_job(s, chunk.job_id)
         if job.status in JOB_TERMINAL:
             qstore.finish_chunk(s, chunk.id, None)
+            rt.memories.drop(job.id)
             return {**out, "skipped": f"job {job.status}"}
         previous = chunk.worker if chunk.state == qstore.CHUNK_RUNNING else None
         take_from = previous if previous and lease.holder_is_dead(previous) else None
@@ -349,11 +353,13 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
 
         # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
         # another worker took the chunk over; rows it did not finish go back to pending.
+        # a job already partly done (by others too) warms this worker's memory of it from SQL on first use
+        memory = rt.memories.get(factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
         report = run_requests(
             factory, job_id, decoder,
             request_ids=request_ids, batch_size=batch_size, worker=token,
             lease_seconds=rt.settings.lease_seconds, keep_alive=False,  # the heartbeat renews this token's leases
-            should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True,
+            should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True, memory=memory,
         )
         stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped
         out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
@@ -375,6 +381,8 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
                 qstore.finish_chunk(s, chunk_id, token)
         if not open_ids and status not in JOB_TERMINAL and status != JOB_CANCELLING:
             out["finalized"] = finalize_job(factory, job_id) or out.get("finalized", False)
+        if out.get("finalized") or status in JOB_TERMINAL or stopped == STOPPED_CANCELLED:
+            rt.memories.drop(job_id)  # the job ended
         out["stopped"] = stopped
         return out
     finally:

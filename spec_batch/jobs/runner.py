@@ -3,7 +3,7 @@
 Used by the CLI's local mode (``spec-batch run`` / ``resume``, through ``spec_batch.jobs.service``) and by the
 Celery task (``workers/``): ``run_requests(session_factory, job_id, decoder, *, request_ids=None, batch_size=None,
 worker=None, lease_seconds=None, keep_alive=True, should_stop=None, on_progress=None, on_stored=None,
-finalize=True)``.
+finalize=True, memory=None)``.
 
 - ``request_ids``: the job's requests to run (``None``: all of them). Requests already completed, failed or
   cancelled are skipped, so running the same ids twice, or from two processes at once, stores nothing twice.
@@ -20,6 +20,9 @@ finalize=True)``.
   them), never stored as results. Ctrl-C or an error gives the claimed but unfinished requests back at once.
 - A decode-time error names the request by its line number and custom_id (the errors file), never by its
   place in a batch.
+- ``memory``: the job's JobMemory (the suffix drafter drafts from the job's other outputs; outputs never change).
+  None: for a suffix decoder, one for this call, warmed from the job's completed outputs (a resume starts with
+  the job's history); a worker passes the one it keeps for the job across chunks (jobs.memory.JobMemories).
 - ``finalize=True``: when no request of the job is open any more, ``finalize_job`` completes it (conditional
   updates: exactly one process, whichever finishes last, writes the output file and completes the job).
 """
@@ -34,6 +37,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.job_memory import JobMemory
 from ..core.outputs import RequestStats
 from ..core.sampling import SamplingParams
 from ..errors import ChatTemplateError, SpecBatchError
@@ -42,6 +46,7 @@ from ..store import queries
 from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
 from .export import write_results
 from .lease import LeaseKeeper, new_token
+from .memory import uses_job_memory, warm_memory
 from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
@@ -148,6 +153,7 @@ def run_requests(
     on_progress: Callable[[RunReport], None] | None = None,
     on_stored: OnStored | None = None,
     finalize: bool = True,
+    memory: JobMemory | None = None,
 ) -> RunReport:
     """Runs the job's open requests among `request_ids` (all when None) and stores each result as it completes.
 
@@ -155,14 +161,17 @@ def run_requests(
     on_stored(status, stats) follows each row this call stores (a worker's metrics count exactly what SQL has).
     """
     worker = worker or new_token()
+    settings = get_settings()
     if lease_seconds is None:
-        lease_seconds = get_settings().lease_seconds
+        lease_seconds = settings.lease_seconds
+    if memory is None and uses_job_memory(decoder):
+        memory = warm_memory(session_factory, job_id, decoder.tokenizer, settings.suffix_memory_tokens)
     if not keep_alive:
         return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
-                             should_stop, on_progress, on_stored, finalize)
+                             should_stop, on_progress, on_stored, finalize, memory)
     with LeaseKeeper(session_factory, worker, lease_seconds):
         return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
-                             should_stop, on_progress, on_stored, finalize)
+                             should_stop, on_progress, on_stored, finalize, memory)
 
 
 def _run_requests(
@@ -177,6 +186,7 @@ def _run_requests(
     on_progress: Callable[[RunReport], None] | None,
     on_stored: OnStored | None,
     finalize: bool,
+    memory: JobMemory | None,
 ) -> RunReport:
     report = RunReport(job_id=job_id)
     with session_factory.begin() as s:
@@ -200,7 +210,7 @@ def _run_requests(
         if stop(force_check=True):
             break
         _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
-                   lease_seconds, report, on_progress, on_stored, stop)
+                   lease_seconds, report, on_progress, on_stored, stop, memory)
         if stop.reason is not None:
             break
     report.stopped = report.stopped or stop.reason
@@ -250,6 +260,7 @@ def _run_group(
     on_progress: Callable[[RunReport], None] | None,
     on_stored: OnStored | None,
     stop: _Stop,
+    memory: JobMemory | None,
 ) -> None:
     with session_factory.begin() as s:
         claimed = queries.claim_requests(s, job_id, ids, worker=worker, lease_seconds=lease_seconds)
@@ -315,7 +326,7 @@ def _run_group(
                 on_progress(report)
 
         decoder.generate(prompts, params, batch_size=batch_size, return_errors=True, on_result=on_result,
-                         should_stop=stop)
+                         should_stop=stop, memory=memory)
     finally:
         if unfinished:  # stopped, Ctrl-C or an error in generate(): give the rest back at once
             with session_factory.begin() as s:

@@ -437,6 +437,25 @@ def _finish(session: Session, request_id: int, values: dict, *, worker: str | No
     return res.rowcount == 1
 
 
+def recent_outputs(session: Session, job_id: str, max_tokens: int) -> list[str]:
+    """The job's completed outputs, most recent first, until their output tokens reach max_tokens (the output
+    that crosses it included): what warms a worker's job memory for the suffix drafter."""
+    stmt = (
+        select(Request.output, Request.output_tokens)
+        .where(Request.job_id == job_id, Request.status == REQ_COMPLETED, Request.output.is_not(None))
+        .order_by(Request.completed_at.desc(), Request.id.desc())
+        .execution_options(yield_per=256)
+    )
+    outputs: list[str] = []
+    total = 0
+    for text, n in session.execute(stmt):
+        if total >= max_tokens:
+            break
+        outputs.append(text)
+        total += n or 0
+    return outputs
+
+
 def job_counts(session: Session, job_id: str) -> dict[str, int]:
     """{status: count} over the job's requests, every status present (0 when none)."""
     rows = session.execute(

@@ -24,7 +24,8 @@ KILLED_RUN = textwrap.dedent('''
     from spec_batch.store import make_session_factory
 
     class SlowDecoder:
-        def generate(self, prompts, params, batch_size=8, *, return_errors=False, on_result=None, should_stop=None):
+        def generate(self, prompts, params, batch_size=8, *, return_errors=False, on_result=None, should_stop=None,
+                     memory=None):
             for i, _ in enumerate(prompts):
                 if i == {killed_after}:
                     os.kill(os.getpid(), signal.SIGKILL)  # no finally block, no atexit: a crash

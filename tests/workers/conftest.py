@@ -61,6 +61,9 @@ class FakeRuntime:
         self.heartbeat = lease.Heartbeat(factory, lease_seconds=lease_seconds)
         self._decoder = decoder
         self.loads = 0
+        from spec_batch.jobs.memory import JobMemories
+
+        self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
 
     def decoder(self, target, drafter):
         self.loads += 1

@@ -21,7 +21,7 @@ def test_queue_names_are_plain_and_distinct():
 
 
 def test_parse_model_pair():
-    assert parse_model_pair("default") == ("default", "ngram")
+    assert parse_model_pair("default") == ("default", "suffix")
     assert parse_model_pair("default:none") == ("default", "none")
     assert parse_model_pair("./m/big:HuggingFaceTB/SmolLM2-135M") == ("./m/big", "HuggingFaceTB/SmolLM2-135M")
     assert parse_model_pair("default", "none") == ("default", "none")
