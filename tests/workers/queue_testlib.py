@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -93,6 +92,8 @@ def worker_env(db_url: str, broker_url: str, lease_seconds: int = 3, **extra: st
         SPEC_BATCH_BROKER_URL=broker_url,
         SPEC_BATCH_LEASE_SECONDS=str(lease_seconds),
         SPEC_BATCH_TORCH_THREADS="1",  # two workers on two cores
+        # the n-gram drafter: a request's statistics do not depend on which worker (and its job memory) ran it
+        SPEC_BATCH_DEFAULT_DRAFT="ngram",
         HF_HUB_DISABLE_PROGRESS_BARS="1",
         PYTHONUNBUFFERED="1",
     )
