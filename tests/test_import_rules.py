@@ -4,6 +4,8 @@ those inside functions included (only `if TYPE_CHECKING:` blocks, which never ru
 - spec_batch.core imports no sqlalchemy, alembic, celery, kombu, redis or langchain, and nothing of the layers
   above it (loading, jobs, store, cli, reports) nor workers;
 - spec_batch.jobs and spec_batch.store import no celery, kombu or langchain, and nothing of workers;
+- spec_batch.reports (store's read queries, matplotlib, jinja2) imports no celery, kombu, redis or langchain, and
+  nothing of workers, jobs, loading or the CLI;
 - no import cycles among the project's modules.
 """
 from __future__ import annotations
@@ -89,6 +91,8 @@ RULES = [
      ("spec_batch.cli",)),
     ("spec_batch.store", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
      ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.core")),
+    ("spec_batch.reports", {"celery", "kombu", "redis", "langchain", "langchain_core", "langchain_spec", "workers"},
+     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli")),
 ]
 
 
