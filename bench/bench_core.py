@@ -4,6 +4,8 @@ One process, the same prompts, greedy decoding, the same EOS and max_new_tokens 
 
   core none            the core with no drafter (plain decoding through the same loop): the speedup baseline
   core ngram           the core with prompt lookup (the n-gram drafter)
+  core suffix          the core with suffix drafting (the default drafter); each run of a set is one job, with
+                       one job memory (the set's earlier outputs help the later requests, as in `spec-batch run`)
   core self-draft      the target as its own draft model: acceptance must be 100% (checks the all-accepted path;
                        the ratio shows what the loop and the draft forwards cost)
   core tiny-draft      a tiny random Llama as draft (acceptance ~0: what a useless draft costs the adaptive loop)
@@ -25,6 +27,7 @@ Outputs are compared token for token with Hugging Face greedy at batch 1.
     python bench/bench_core.py --quick                    # a smoke run (~2 minutes)
     python bench/bench_core.py --threads 1 --clock cpu    # on a machine shared with other work (see --clock)
     python bench/bench_core.py --sets edits,free --batch 1 --repeats 3 --no-drafts
+    python bench/bench_core.py --sets templated,edits,free --drafter ngram,suffix --no-drafts   # issue 11
 
 At the end it prints the issue's targets with PASS/MISS and the measured ratios, and the time a new process
 takes to `load_decoder('default')` once the converted model is cached (issue 3; median of 3).
@@ -53,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from prompts import DESCRIPTIONS, MAX_NEW_TOKENS, SETS  # noqa: E402
 
 from spec_batch import SamplingParams, load_decoder  # noqa: E402
+from spec_batch.core.job_memory import JobMemory  # noqa: E402
 
 CLOCK = "wall"  # "wall": tokens per wall-clock second; "cpu": per CPU second of this process (--clock)
 COPY_NGRAM = 4  # an output token counts as copied when it lies in a run of >= 4 tokens that also occurs in the prompt
@@ -64,12 +68,17 @@ TARGETS_TEXT = {
     "T3": "free-form: core ngram >= 0.95x core none",
     "T4": "edits, batch 8: core ngram >= 2x HF batched greedy",
     "T5": "issue 3: load_decoder('default') in a new process <= 5 s (median of 3)",
+    "S1": "issue 11: templated job: core suffix >= 1.5x core none at batch 8, >= 1.8x at batch 1",
+    "S2": "issue 11: edits: core suffix b8 >= 1.3x core none b8; core suffix b1 >= 1.3x HF prompt lookup b1",
+    "S3": "issue 11: free-form: core suffix >= 0.97x core none at batch 1 and 8",
 }
 # the rows each target reads, per set: these get --repeats, the rest --other-repeats
 TARGET_ROWS = {
-    "edits": ("core-none-b1", "core-ngram-b1", "hf-pl", "core-ngram-b8", "hf-greedy-b8"),
+    "edits": ("core-none-b1", "core-ngram-b1", "hf-pl", "core-ngram-b8", "hf-greedy-b8", "core-suffix-b1",
+              "core-none-b8", "core-suffix-b8"),
     "json": ("core-none-b1", "core-ngram-b1", "hf-pl"),
-    "free": ("core-none-b1", "core-ngram-b1", "core-none-b8", "core-ngram-b8"),
+    "free": ("core-none-b1", "core-ngram-b1", "core-none-b8", "core-ngram-b8", "core-suffix-b1", "core-suffix-b8"),
+    "templated": ("core-none-b1", "core-suffix-b1", "core-none-b8", "core-suffix-b8"),
     "code": (),
 }
 
@@ -138,6 +147,7 @@ class Bench:
         t0 = time.perf_counter()
         self.dec = load_decoder("default", "ngram")
         self.none = self.dec.without_speculation()
+        self.drafters = {"ngram": self.dec, "suffix": load_decoder("default", "suffix")}  # one loaded target
         self.target = self.dec.target
         self.tok = self.dec.tokenizer
         self.eos = sorted(self.dec.eos_ids)
@@ -170,16 +180,17 @@ class Bench:
         def run(prompts: list[list[int]], max_new: int) -> RunResult:
             params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
             per_prompt = per_cpu = None
+            memory = JobMemory()  # each run of a set is one job (drafters other than suffix ignore it)
             t0, c0 = time.perf_counter(), time.process_time()
             if batch == 1:
                 results, per_prompt, per_cpu = [], [], []
                 for p in prompts:
                     t1, c1 = time.perf_counter(), time.process_time()
-                    results += decoder.generate([p], params, batch_size=1)
+                    results += decoder.generate([p], params, batch_size=1, memory=memory)
                     per_prompt.append(time.perf_counter() - t1)
                     per_cpu.append(time.process_time() - c1)
             else:
-                results = decoder.generate(prompts, params, batch_size=batch)
+                results = decoder.generate(prompts, params, batch_size=batch, memory=memory)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             st = [r.stats for r in results]
             return RunResult(
@@ -243,14 +254,12 @@ class Bench:
 
         return run
 
-    def configs(self, batches: list[int], hf_pl: list[int], with_drafts: bool) -> list[Config]:
+    def configs(self, batches: list[int], hf_pl: list[int], with_drafts: bool, drafters: list[str]) -> list[Config]:
         out: list[Config] = []
         for b in batches:
             bl = f"b{b}"
-            out += [
-                Config(f"core-none-{bl}", "core none", b, False, self.core(self.none, b)),
-                Config(f"core-ngram-{bl}", "core ngram", b, False, self.core(self.dec, b)),
-            ]
+            out.append(Config(f"core-none-{bl}", "core none", b, False, self.core(self.none, b)))
+            out += [Config(f"core-{d}-{bl}", f"core {d}", b, False, self.core(self.drafters[d], b)) for d in drafters]
             if with_drafts:
                 out += [
                     Config(f"core-self-{bl}", "core self-draft", b, True, self.core(self.self_draft, b)),
@@ -323,7 +332,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="sets on which the draft-model rows run (self-draft, tiny draft, HF assisted); 'all' or a comma list")
     ap.add_argument("--no-drafts", action="store_true", help="skip the draft-model rows")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="override every set's max_new_tokens")
-    ap.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
+    ap.add_argument("--prompts", "--limit", type=int, default=None, help="use only the first N prompts of each set")
+    ap.add_argument("--drafter", default="ngram,suffix",
+                    help="comma list of the core's drafters run side by side with core none: ngram, suffix")
     ap.add_argument("--hf-pl", default="10", help="comma list of prompt_lookup_num_tokens values for HF prompt lookup")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -408,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
           f"num_assistant_tokens {asst('num_assistant_tokens')} ({asst('num_assistant_tokens_schedule')}), "
           f"confidence threshold {asst('assistant_confidence_threshold')}; HF prompt lookup: "
           f"max_matching_ngram_size {asst('max_matching_ngram_size') or 2} (HF defaults)")
-    configs = bench.configs(batches, hf_pl, with_drafts=not args.no_drafts)
+    drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
+    if set(drafters) - set(bench.drafters):
+        raise SystemExit(f"unknown drafter(s) {sorted(set(drafters) - set(bench.drafters))}; known: {list(bench.drafters)}")
+    configs = bench.configs(batches, hf_pl, with_drafts=not args.no_drafts, drafters=drafters)
 
     tw = time.perf_counter()  # warm-up: every configuration once, on short generations
     warm = [bench.chat(m) for m in SETS["edits"][:8]]
@@ -530,7 +544,7 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
 
 
 def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -> None:
-    print("\n## Targets (issues 2 and 3)\n")
+    print("\n## Targets (issues 2, 3 and 11)\n")
     rows = []
 
     def get(name, key):
@@ -576,6 +590,23 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
     if "edits" in per_set:
         ng, hf = get("edits", "core-ngram-b8"), get("edits", "hf-greedy-b8")
         line("T4", "edits: core ngram b8 / HF batched greedy b8", ratio(ng, hf), 2.0, acceptance_text(ng))
+    for b, goal in (("b8", 1.5), ("b1", 1.8)):
+        sx, no = get("templated", f"core-suffix-{b}"), get("templated", f"core-none-{b}")
+        if sx and no:
+            line("S1", f"templated job: core suffix {b} / core none {b}", ratio(sx, no), goal, acceptance_text(sx))
+    if "edits" in per_set:
+        sx, no = get("edits", "core-suffix-b8"), get("edits", "core-none-b8")
+        if sx and no:
+            line("S2", "edits: core suffix b8 / core none b8", ratio(sx, no), 1.3, acceptance_text(sx))
+        sx = get("edits", "core-suffix-b1")
+        pls = [c for c in per_set["edits"]["configs"] if c.key.startswith("hf-pl") and c.batch == 1 and c.results]
+        best = max(pls, key=lambda c: c.tok_s()) if pls else None
+        if sx and best:
+            line("S2", f"edits: core suffix b1 / {best.label} b1", ratio(sx, best), 1.3, acceptance_text(sx))
+    for b in ("b1", "b8"):
+        sx, no = get("free", f"core-suffix-{b}"), get("free", f"core-none-{b}")
+        if sx and no:
+            line("S3", f"free: core suffix {b} / core none {b}", ratio(sx, no), 0.97, acceptance_text(sx))
     if load_times:
         med = statistics.median(load_times)
         rows.append(("T5", "new process: load_decoder('default')", f"{med:.2f} s", "PASS" if med <= 5.0 else "MISS",
