@@ -341,8 +341,12 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     job_id = resolve_job(factory, job)
     console = _console(stderr=True)
 
+    said: list[str] = []
+
     def on_wait(busy) -> None:
-        console.print(f"waiting: {busy}")
+        if str(busy) not in said:  # once per holder, not once per poll
+            said.append(str(busy))
+            console.print(f"waiting: {busy}")
 
     try:
         with _running(job_id) as display:
