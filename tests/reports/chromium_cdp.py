@@ -33,6 +33,13 @@ CHROMIUM_FLAGS = [
 ]
 
 
+def _above_4(fd: int) -> int:
+    """The same pipe end on a descriptor above 4 (the original is closed)."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return high
+
+
 def chromium_path() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)
@@ -60,18 +67,16 @@ class Chromium:
         self._profile = tempfile.mkdtemp(prefix="spec-batch-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
+        to_browser_r, from_browser_w = _above_4(to_browser_r), _above_4(from_browser_w)  # 3 and 4 are taken below
 
-        def child_fds() -> None:  # the browser reads commands on fd 3 and writes replies on fd 4
-            high_r = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)  # out of the way first: either end may be 3 or 4
-            high_w = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
-            os.dup2(high_r, 3)  # dup2 makes them inheritable across exec
-            os.dup2(high_w, 4)
-
+        # The browser reads commands on fd 3 and writes replies on fd 4; bash moves the pipe ends there
+        # (thread-safe, unlike a preexec_fn) and execs the browser.
+        redirect = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w} {to_browser_r}<&- {from_browser_w}>&-'
         self._proc = subprocess.Popen(
-            [path, *CHROMIUM_FLAGS, f"--user-data-dir={self._profile}", f"--window-size={window[0]},{window[1]}",
-             "about:blank"],
+            ["/bin/bash", "-c", redirect, path, *CHROMIUM_FLAGS, f"--user-data-dir={self._profile}",
+             f"--window-size={window[0]},{window[1]}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=child_fds, close_fds=False,
+            pass_fds=(to_browser_r, from_browser_w),
         )
         os.close(to_browser_r)
         os.close(from_browser_w)
