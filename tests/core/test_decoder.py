@@ -835,6 +835,21 @@ def test_default_model_greedy_equals_hf(default_decoder, default_refs):
 
 
 @pytest.mark.slow
+def test_default_model_suffix_with_job_memory_equals_hf(default_decoder, default_refs):
+    from spec_batch import load_decoder
+    from spec_batch.core.job_memory import JobMemory
+
+    dec = load_decoder("default", "suffix")
+    params = SamplingParams(max_new_tokens=N_DEFAULT)
+    prompts = [ids for ids, _ in default_refs]
+    memory = JobMemory()
+    _check_default([dec.generate([p], params, memory=memory)[0] for p in prompts], default_refs, dec.eos_ids)
+    batched = dec.generate(prompts, params, batch_size=4, memory=memory)  # the memory holds every output now
+    _check_default(batched, default_refs, dec.eos_ids)
+    assert sum(r.stats.accepted_tokens for r in batched) > 0
+
+
+@pytest.mark.slow
 def test_default_model_self_draft_equals_hf(default_decoder, default_refs):
     from spec_batch import load_decoder
 
