@@ -82,7 +82,11 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
 
     registry = CollectorRegistry()
     _ReapingCollector(registry)
-    start_http_server(port, addr=addr, registry=registry)
+    try:
+        start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:  # the worker still works; say loudly why nobody can scrape it
+        log.error("cannot serve metrics on %s:%d (SPEC_BATCH_METRICS_PORT): %s", addr, port, exc)
+        return
     log.warning("Prometheus metrics on http://%s:%d/metrics", addr, port)
 
 
