@@ -92,7 +92,7 @@ def test_llm_invoke_is_exact_and_reports_stats(decoder, llm_reference):
     gen = result.generations[0][0]
     assert gen.text == llm_reference[0].text
     info = gen.generation_info
-    assert info["model_name"] == decoder.target_name and info["draft_name"] == "ngram"
+    assert info["model_name"] == decoder.target_name and info["draft_name"] == "suffix"  # the default drafter
     assert info["finish_reason"] == llm_reference[0].finish_reason
     stats = info["speculative_stats"]
     assert stats["output_tokens"] == len(llm_reference[0].token_ids) == info["usage_metadata"]["output_tokens"]
