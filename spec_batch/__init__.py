@@ -1,5 +1,6 @@
 """spec-batch: exact, batched speculative decoding on Hugging Face models."""
 from .core.decoder import Decoder
+from .core.job_memory import JobMemory
 from .loading import load_decoder
 from .errors import (
     ChatTemplateError,
@@ -15,6 +16,7 @@ from .core.sampling import SamplingParams
 
 __all__ = [
     "Decoder",
+    "JobMemory",
     "load_decoder",
     "SamplingParams",
     "GenerationResult",

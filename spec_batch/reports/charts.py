@@ -85,7 +85,7 @@ def requests_paid(
         ax.annotate("1 token per step = plain decoding", (1.0, 0.0), xycoords=("data", "axes fraction"),
                     rotation=90, ha="right", va="bottom", fontsize=8, xytext=(-3, 4), textcoords="offset points")
         right = max([r.tokens_per_step or 1.0 for r in points] + [1.5])
-        ax.set_xlim(0.9, right * 1.05)
+        ax.set_xlim(0.8, right * 1.05)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("tokens per step (output tokens / target forwards)")
         ax.set_ylabel("request tokens/s")
