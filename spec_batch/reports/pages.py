@@ -204,7 +204,7 @@ def history_page(rows: Sequence[dict[str, Any]], *, now: datetime, since: dateti
             "history-speedup", "Speedup per job",
             "Measured speedup of each job (its sample with speculation over the same sample without); above the "
             "dashed line speculation paid.",
-            (lambda: charts.history(speedups, ylabel="speedup (×, 1 = no gain)", title="Speedup per job over time",
+            (lambda: charts.history(speedups, ylabel="speedup (×)", title="Speedup per job over time",
                                     chart_id="history-speedup", reference=1.0, reference_label="no gain (1×)"))
             if speedups else None,
             "No job in this period measured a baseline.",
