@@ -44,6 +44,9 @@ class SpeculativeParams(BaseModel):
     """With temperature > 0: the same seed gives the same output for the same prompt, in any batch."""
     stop: list[str] | None = None
     """Stop strings: output is cut before the first one. A per-call `stop` replaces these."""
+    response_format: dict[str, Any] | None = None
+    """The output's shape, as OpenAI's `response_format` ({"type": "json_object"}, a json_schema, or the
+    extensions regex, choice and lark): decoding is constrained to it (docs/structured-output.md)."""
 
     # --- how calls run ---
     batch_size: int = Field(default=8, ge=1)
@@ -75,6 +78,7 @@ class SpeculativeParams(BaseModel):
             top_k=self.top_k,
             seed=self.seed,
             stop=list(self.stop or []),
+            response_format=self.response_format,
         )
         return self
 
@@ -114,6 +118,7 @@ class SpeculativeParams(BaseModel):
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": self.stop,
+            "response_format": self.response_format,
         }
 
     def _ls_overrides(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:

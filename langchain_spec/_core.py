@@ -5,6 +5,7 @@ Nothing here imports LangChain; `llms.py` and `chat_models.py` turn these result
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 import time
@@ -43,16 +44,15 @@ def check_decoder(value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------------------
 
 # Per-call keyword arguments accepted by invoke/stream/batch (and .bind), each overriding the field of that name.
-CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "timeout")
+CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "timeout", "response_format")
 # LangChain's own switch (`invoke(..., stream=True)`); LangChain routes on it before the model sees it.
 ROUTING_OPTIONS = ("stream",)
 
 _HINTS = {
     "model": "the target is fixed per instance; create another instance with target=... instead",
-    "tools": "spec-batch models do not support tool calling",
-    "tool_choice": "spec-batch models do not support tool calling",
-    "functions": "spec-batch models do not support tool calling",
-    "response_format": "spec-batch models do not support structured output or JSON mode",
+    "tools": "tool calling is ChatSpeculative's: use ChatSpeculative.bind_tools",
+    "tool_choice": "tool calling is ChatSpeculative's: use ChatSpeculative.bind_tools",
+    "functions": "OpenAI's legacy functions are not supported: use ChatSpeculative.bind_tools",
     "n": "spec-batch returns one generation per prompt; repeat the prompt (with a seed each) instead",
     "max_new_tokens": "the LangChain name of this parameter is max_tokens",
 }
@@ -66,7 +66,8 @@ class CallOptions:
     @property
     def key(self) -> tuple:
         p = self.params
-        return (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop))
+        fmt = json.dumps(p.response_format, sort_keys=True) if p.response_format is not None else None
+        return (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop), fmt)
 
 
 def resolve_options(model: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:
@@ -97,6 +98,7 @@ def resolve_options(model: Any, stop: list[str] | None, kwargs: dict[str, Any]) 
         top_k=values["top_k"],
         seed=values["seed"],
         stop=list(chosen_stop or []),
+        response_format=values["response_format"],
     )
     return CallOptions(params=params, timeout=None if timeout is None else float(timeout))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
@@ -25,13 +26,15 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict
 
-from spec_batch import GenerationResult, SpecBatchError
+from spec_batch import GenerationResult, InvalidParameterError, SpecBatchError
 from spec_batch.loading import MessageError, validate_messages
 
 from ._base import SpeculativeParams
+from .structured import Method, structured_output
+from .tools import CallStream, ToolPlan, call_text, parse_calls
 from ._core import (
     CallOptions,
     StreamWorker,
@@ -49,14 +52,18 @@ class UnsupportedMessageError(MessageError):
     """A message ChatSpeculative cannot put into the chat template (images, tool calls, unknown roles or types)."""
 
 
-def messages_to_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+def messages_to_dicts(messages: Sequence[BaseMessage], *, calls_in_content: bool = True) -> list[dict[str, Any]]:
     """LangChain messages -> chat messages, checked by spec-batch's one chat-message validator.
 
-    system -> "system", human -> "user", ai -> "assistant", tool -> "tool", ChatMessage -> its own role (which
-    must be a chat role). Content must be text (a string, or text blocks, which are joined); a `name` is ignored.
+    system -> "system", human -> "user", ai -> "assistant", tool -> "tool" (with its tool_call_id), ChatMessage ->
+    its own role (which must be a chat role). Content must be text (a string, or text blocks, which are joined);
+    a `name` is ignored. An AIMessage's tool calls go along as OpenAI `tool_calls`, and, for templates that do
+    not render those (calls_in_content), also as the JSON the model writes for a call, after its text.
     """
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
+        extra: dict[str, Any] = {}
+        content = message.content
         if isinstance(message, ChatMessage):
             role = message.role
         elif isinstance(message, SystemMessage):
@@ -65,22 +72,37 @@ def messages_to_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
             role = "user"
         elif isinstance(message, AIMessage):
             role = "assistant"
-            if message.tool_calls or message.invalid_tool_calls:
-                raise UnsupportedMessageError(
-                    f"messages[{i}]", "is an AIMessage with tool calls; ChatSpeculative does not support tool calling"
-                )
+            if message.tool_calls:
+                content, extra = _with_calls(message, calls_in_content)
         elif isinstance(message, ToolMessage):
             role = "tool"
+            extra = {"tool_call_id": message.tool_call_id}
         else:
             raise UnsupportedMessageError(
                 f"messages[{i}]",
                 f"is a {type(message).__name__}; ChatSpeculative accepts system, human, AI, tool and chat messages",
             )
-        out.append({"role": role, "content": _as_parts(message.content)})
+        out.append({"role": role, "content": _as_parts(content), **extra})
     try:
         return validate_messages(out)
     except MessageError as exc:
         raise UnsupportedMessageError(exc.param, exc.problem, unsupported_field=exc.unsupported_field) from None
+
+
+def _with_calls(message: AIMessage, calls_in_content: bool) -> tuple[str | list[Any], dict[str, Any]]:
+    """An AIMessage's content without its tool-use blocks (the calls are in tool_calls), and its calls."""
+    content: str | list[Any] = message.content
+    if isinstance(content, list):  # Anthropic-style content repeats each call as a tool_use block
+        content = [b for b in content if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_call"))]
+    calls = [{"id": c.get("id") or "", "type": "function",
+              "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)}}
+             for c in message.tool_calls]
+    if calls_in_content:
+        written = "\n".join(call_text(c["name"], c["args"]) for c in message.tool_calls)
+        text = content if isinstance(content, str) else "".join(
+            b if isinstance(b, str) else str(b.get("text", "")) for b in content)
+        content = f"{text}\n{written}" if text else written
+    return content, {"tool_calls": calls}
 
 
 def _as_parts(content: str | list[Any]) -> str | list[Any]:
@@ -158,8 +180,9 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
     Messages become the target's chat template (system, user, assistant, tool turns; text content only).
     `batch()` makes one batched call of the core. Each AIMessage carries `usage_metadata` (input, output and
     total tokens) and `response_metadata` with model_name, draft_name, finish_reason and speculative_stats
-    (draft_tokens, accepted_tokens, acceptance_rate, tokens_per_step, ...). Tool calling, structured output
-    and non-text inputs are not supported.
+    (draft_tokens, accepted_tokens, acceptance_rate, tokens_per_step, ...). Structured output
+    (`with_structured_output`, `response_format`) and tool calls (`bind_tools`) are decoded under a grammar, so
+    they always parse (docs/structured-output.md). Inputs are text only.
 
     Example:
         ```python
@@ -183,40 +206,84 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         return params
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
-        """Exact prompt length: the token ids of the target's chat template (with the generation prompt)."""
-        if tools:
-            raise UnsupportedMessageError("tools", "ChatSpeculative does not support tool calling")
-        return len(self._prompt_ids(self._get_decoder(), messages))
+        """Exact prompt length: the token ids of the target's chat template (with the generation prompt), the
+        tools' description included."""
+        plan = ToolPlan.from_kwargs({"tools": tools}) if tools else None
+        return len(self._prompt_ids(self._get_decoder(), messages, plan))
 
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Any:
-        """Not supported: the model returns text only (no tool calls); named here rather than left unexplained."""
-        raise NotImplementedError(
-            "ChatSpeculative does not support tool calling: bind_tools(), tool_choice and with_structured_output() "
-            "(which relies on tools) are not available; the model returns text only. Describe the tools in the "
-            "prompt and parse the text, or use another chat model for tool calls."
-        )
+    def bind_tools(
+        self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """The model with tools: answers are plain text or a call (AIMessage.tool_calls, with ids), written under
+        a grammar of the call. tool_choice: "auto" (default), "any"/"required" (a call), a tool's name (a call of
+        it) or "none". One call per answer. Tools are anything LangChain converts (functions, pydantic classes,
+        BaseTools, OpenAI tool dicts)."""
+        ToolPlan.from_kwargs({"tools": list(tools), "tool_choice": tool_choice})  # bad tools fail here, not later
+        return self.bind(tools=list(tools), tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: Any = None,
+        *,
+        method: Method = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """Parsed objects of a schema (a pydantic class: its instances; a TypedDict or JSON-schema dict: dicts).
+        method "json_schema" (default) and "json_mode" decode under a grammar of the schema ("json_mode" without
+        a schema: any JSON object); "function_calling" goes through bind_tools. include_raw=True gives
+        {"raw": AIMessage, "parsed": ..., "parsing_error": ...}. strict=False keeps keys the schema leaves open."""
+        if kwargs:
+            raise InvalidParameterError(f"unsupported with_structured_output argument(s) {sorted(kwargs)}")
+        return structured_output(self, schema, method=method, include_raw=include_raw, strict=strict)
 
     # --- prompt and results ---
 
-    @staticmethod
-    def _prompt_ids(decoder: Any, messages: Sequence[BaseMessage]) -> list[int]:
-        return list(decoder.apply_chat_template(messages_to_dicts(messages)))
+    def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[CallOptions, ToolPlan | None]:
+        """A call's sampling options and tools; the tools' grammar becomes the call's response_format."""
+        kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY}
+        plan = ToolPlan.from_kwargs(kwargs)
+        if plan is not None and plan.choice != "none":
+            if kwargs.get("response_format") is not None or self.response_format is not None:
+                raise InvalidParameterError("give tools or response_format, not both: a tool call has its own format")
+            kwargs["response_format"] = plan.response_format()
+        return self._options(stop, kwargs), plan
 
     @staticmethod
-    def _message(decoder: Any, result: GenerationResult) -> AIMessage:
+    def _prompt_ids(decoder: Any, messages: Sequence[BaseMessage], plan: ToolPlan | None = None) -> list[int]:
+        template = getattr(getattr(decoder, "tokenizer", None), "chat_template", None) or ""
+        dicts = messages_to_dicts(messages, calls_in_content="tool_calls" not in template)
+        if plan is not None:
+            dicts = plan.with_tools_prompt(dicts)
+        return list(decoder.apply_chat_template(dicts))
+
+    @staticmethod
+    def _message(decoder: Any, result: GenerationResult, plan: ToolPlan | None = None) -> AIMessage:
+        content, calls, invalid = parse_calls(result.text) if plan is not None else (result.text, [], [])
         return AIMessage(
-            content=result.text,
+            content=content,
+            tool_calls=calls,
+            invalid_tool_calls=invalid,
             usage_metadata=usage(result.stats),  # type: ignore[arg-type]
             response_metadata=response_metadata(decoder, result.finish_reason, result.stats),
         )
 
-    def _chunk(self, decoder: Any, text: str, finish_reason: Any, stats: Any) -> ChatGenerationChunk | None:
-        """A step's accepted text; the last chunk carries usage and metadata. Steps with no text yet are skipped."""
-        if finish_reason is None:
-            return ChatGenerationChunk(message=AIMessageChunk(content=text)) if text else None
+    def _chunk(
+        self, decoder: Any, text: str, finish_reason: Any, stats: Any, calls: CallStream | None = None
+    ) -> ChatGenerationChunk | None:
+        """A step's accepted text (with tools: content, or a call's tool_call_chunks); the last chunk carries
+        usage and metadata. Steps with nothing new yet are skipped."""
+        final = finish_reason is not None
+        content, call_chunks = calls.feed(text, final) if calls is not None else (text, [])
+        if not final:
+            if not content and not call_chunks:
+                return None
+            return ChatGenerationChunk(message=AIMessageChunk(content=content, tool_call_chunks=call_chunks))
         return ChatGenerationChunk(
             message=AIMessageChunk(
-                content=text,
+                content=content,
+                tool_call_chunks=call_chunks,
                 chunk_position="last",
                 usage_metadata=usage(stats),  # type: ignore[arg-type]
                 response_metadata=response_metadata(decoder, finish_reason, stats),
@@ -244,11 +311,11 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        options = self._options(stop, kwargs)
+        options, plan = self._call(stop, kwargs)
         decoder = self._get_decoder()
-        ids = self._prompt_ids(decoder, messages)
+        ids = self._prompt_ids(decoder, messages, plan)
         result = self._take_prefetched(ids, options) or decode_one(decoder, ids, options)
-        return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result))])
+        return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result, plan))])
 
     async def _agenerate(
         self,
@@ -257,11 +324,11 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        options = self._options(stop, kwargs)
+        options, plan = self._call(stop, kwargs)
         decoder = self._get_decoder()
-        ids = self._prompt_ids(decoder, messages)
+        ids = self._prompt_ids(decoder, messages, plan)
         result = self._take_prefetched(ids, options) or await adecode_one(decoder, ids, options)
-        return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result))])
+        return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result, plan))])
 
     def _stream(
         self,
@@ -271,18 +338,19 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         # LangChain itself reports each yielded chunk to the callbacks (on_llm_new_token).
-        options = self._options(stop, kwargs)
+        options, plan = self._call(stop, kwargs)
         decoder = self._get_decoder()
-        ids = self._prompt_ids(decoder, messages)
+        ids = self._prompt_ids(decoder, messages, plan)
+        calls = CallStream() if plan is not None else None
         done = self._take_prefetched(ids, options)
         if done is not None:  # a batch with streaming=True: decoded already, delivered as one chunk
-            chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats)
+            chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats, calls)
             assert chunk is not None
             yield chunk
             return
         worker = StreamWorker(decoder, ids, options.params)
         for core_chunk in worker.iter(deadline_for(options.timeout), options.timeout):
-            chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats)
+            chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats, calls)
             if chunk is not None:
                 yield chunk
 
@@ -293,18 +361,19 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        options = self._options(stop, kwargs)
+        options, plan = self._call(stop, kwargs)
         decoder = self._get_decoder()
-        ids = self._prompt_ids(decoder, messages)
+        ids = self._prompt_ids(decoder, messages, plan)
+        calls = CallStream() if plan is not None else None
         done = self._take_prefetched(ids, options)
         if done is not None:
-            chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats)
+            chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats, calls)
             assert chunk is not None
             yield chunk
             return
         worker = StreamWorker(decoder, ids, options.params, loop=asyncio.get_running_loop())
         async for core_chunk in worker.aiter(deadline_for(options.timeout), options.timeout):
-            chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats)
+            chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats, calls)
             if chunk is not None:
                 yield chunk
 
@@ -320,14 +389,14 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         if self.cache is not False and (isinstance(self.cache, BaseCache) or get_llm_cache() is not None):
             return None
         try:
-            options = self._options(stop, {k: v for k, v in kwargs.items() if k != "stop"})
+            options, plan = self._call(stop, {k: v for k, v in kwargs.items() if k != "stop"})
             decoder = self._get_decoder()
         except Exception:  # noqa: BLE001 - reported per input by LangChain's path
             return None
         prompts: list[list[int]] = []
         for messages in message_lists:
             try:
-                prompts.append(self._prompt_ids(decoder, messages))
+                prompts.append(self._prompt_ids(decoder, messages, plan))
             except Exception:  # noqa: BLE001 - that input raises the same error on its own path
                 continue
         return _BatchPlan(decoder, options, prompts) if len(prompts) >= 2 else None

@@ -5,6 +5,8 @@
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}
     {"type": "regex", "pattern": "..."}                extension: the whole output matches the pattern
     {"type": "choice", "choices": ["yes", "no"]}       extension: the output is exactly one of the strings
+    {"type": "lark", "grammar": "start: ..."}          extension: a grammar in llguidance's Lark syntax (which
+                                                       embeds JSON schemas with %json; "text or a tool call")
 
 A ResponseFormat is tokenizer-independent; spec_batch.core.grammar compiles it for one tokenizer. The grammar
 text is checked here by the engine (without a tokenizer), so a schema or pattern it cannot compile is an
@@ -22,13 +24,14 @@ from llguidance import LLMatcher
 
 from ..errors import InvalidParameterError
 
-FormatType = Literal["json_object", "json_schema", "regex", "choice"]
-FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "choice")
+FormatType = Literal["json_object", "json_schema", "regex", "choice", "lark"]
+FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "choice", "lark")
 
 # JSON is generated compactly with Python's separators: no free whitespace (the model cannot pad with newlines
 # forever) and every separator is a fixed string, so keys and punctuation become forced tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_FIELDS: dict[str, set[str]] = {"text": set(), "json_object": set(), "json_schema": {"json_schema"}, "regex": {"pattern"}, "choice": {"choices"}}
+_FIELDS: dict[str, set[str]] = {"text": set(), "json_object": set(), "json_schema": {"json_schema"}, "regex": {"pattern"},
+                                "choice": {"choices"}, "lark": {"grammar"}}
 _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
 
@@ -66,6 +69,8 @@ class ResponseFormat:
             return {"type": "regex", "pattern": self.spec}
         if self.type == "choice":
             return {"type": "choice", "choices": json.loads(self.spec)}
+        if self.type == "lark":
+            return {"type": "lark", "grammar": self.spec}
         inner: dict[str, Any] = {"name": self.name, "schema": json.loads(self.spec)}
         if self.description is not None:
             inner["description"] = self.description
@@ -97,6 +102,11 @@ def parse_response_format(obj: Any) -> ResponseFormat | None:
         if not isinstance(pattern, str) or not pattern:
             raise _bad("response_format.pattern", f"must be a non-empty string, got {pattern!r}")
         fmt = ResponseFormat("regex", pattern)
+    elif kind == "lark":
+        grammar = obj.get("grammar")
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise _bad("response_format.grammar", f"must be a non-empty Lark grammar, got {grammar!r}")
+        fmt = ResponseFormat("lark", grammar)
     else:
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
@@ -104,7 +114,8 @@ def parse_response_format(obj: Any) -> ResponseFormat | None:
         fmt = ResponseFormat("choice", json.dumps(choices, ensure_ascii=False))
     reason = _engine_error(fmt.type, fmt.spec)
     if reason:
-        field = {"json_schema": "response_format.json_schema.schema", "regex": "response_format.pattern"}.get(fmt.type, "response_format")
+        field = {"json_schema": "response_format.json_schema.schema", "regex": "response_format.pattern",
+                 "lark": "response_format.grammar"}.get(fmt.type, "response_format")
         raise _bad(field, f"the grammar engine cannot compile it: {reason}")
     return fmt
 
@@ -146,6 +157,8 @@ def _grammar(kind: str, spec: str) -> str:
         return LLMatcher.grammar_from_json_schema(spec, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     if kind == "regex":
         return LLMatcher.grammar_from_regex(spec)
+    if kind == "lark":
+        return LLMatcher.grammar_from_lark(spec)
     choices = json.loads(spec)
     return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
 

@@ -31,6 +31,7 @@ FORMS = [
     {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
     {"type": "regex", "pattern": "[a-c]{2,3}"},
     {"type": "choice", "choices": ["yes", "ye", "no"]},
+    {"type": "lark", "grammar": 'start: "ab" NUM\nNUM: /[0-9]+/'},
 ]
 
 
@@ -89,6 +90,7 @@ def test_json_object_validates_as_any_object():
         ({"type": "regex", "pattern": ""}, "response_format.pattern"),
         ({"type": "choice", "choices": []}, "response_format.choices"),
         ({"type": "choice", "choices": ["a", 1]}, "response_format.choices"),
+        ({"type": "lark", "grammar": " "}, "response_format.grammar"),
     ],
 )
 def test_bad_shapes_name_the_field(form, field):
@@ -100,6 +102,7 @@ def test_bad_shapes_name_the_field(form, field):
     "form, reason",
     [
         ({"type": "regex", "pattern": "a["}, "unclosed character class"),
+        ({"type": "lark", "grammar": "start: missing_rule"}, "missing_rule"),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}, "Invalid type: foo"),
         (
             {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(?=a)"}}},

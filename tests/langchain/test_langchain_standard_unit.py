@@ -29,14 +29,18 @@ class TestChatSpeculativeUnit(ChatModelUnitTests):
         params.pop("max_retries")
         return params
 
-    # Honest capability flags (the base class infers tool calling and structured output from the class).
+    # Honest capability flags (tool calls and structured output are decoded under a grammar).
     @property
     def has_tool_calling(self) -> bool:
-        return False
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
 
     @property
     def has_structured_output(self) -> bool:
-        return False
+        return True
 
     @property
     def supports_image_inputs(self) -> bool:

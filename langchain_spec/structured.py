@@ -1,0 +1,64 @@
+"""ChatSpeculative.with_structured_output: the model bound to a grammar of the schema, then a parser.
+
+- method="json_schema" (default): the output is constrained to the schema (made strict: no keys the schema
+  does not list), so it always parses, unless max_tokens cuts it short;
+- method="json_mode": constrained to a JSON object; with a schema, to the schema as well (a local model has
+  nothing to gain from an answer its parser then rejects);
+- method="function_calling": through bind_tools, the schema as the one tool, which the model must call.
+
+A pydantic class gives instances of it; a TypedDict or a JSON-schema dict gives dicts.
+"""
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+
+from spec_batch import InvalidParameterError
+
+from .schemas import strict_schema
+
+Method = Literal["json_schema", "json_mode", "function_calling"]
+METHODS = ("json_schema", "json_mode", "function_calling")
+
+
+def structured_output(
+    model: Any, schema: Any, *, method: Method, include_raw: bool, strict: bool | None
+) -> Runnable[LanguageModelInput, Any]:
+    if method not in METHODS:
+        raise InvalidParameterError(f"method must be one of {list(METHODS)}, got {method!r}")
+    if schema is None and method != "json_mode":
+        raise InvalidParameterError(f"with_structured_output(method={method!r}) needs a schema")
+    is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+    json_schema = convert_to_json_schema(schema) if schema is not None else None
+    ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": json_schema}
+    if method == "function_calling":
+        tool_name = convert_to_openai_tool(schema)["function"]["name"]
+        llm = model.bind_tools([schema], tool_choice=tool_name, ls_structured_output_format=ls_format)
+        parser: Runnable = (
+            PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+            if is_pydantic
+            else JsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
+        )
+    else:
+        llm = model.bind(response_format=response_format_for(json_schema, strict), ls_structured_output_format=ls_format)
+        parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+    if not include_raw:
+        return llm | parser
+    parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+    no_parse = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=llm) | parsed.with_fallbacks([no_parse], exception_key="parsing_error")
+
+
+def response_format_for(json_schema: dict[str, Any] | None, strict: bool | None) -> dict[str, Any]:
+    """The response_format of a schema (strict unless strict=False); any JSON object without one."""
+    if json_schema is None:
+        return {"type": "json_object"}
+    schema = json_schema if strict is False else strict_schema(json_schema)
+    name = str(json_schema.get("title") or "output")
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict is not False}}
