@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from spec_batch.jobs.lease import pid_alive
+
 log = logging.getLogger("spec_batch.workers.metrics")
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -106,21 +108,6 @@ def shutdown() -> None:
         _created_dir = None
 
 
-def _pid_alive(pid: int) -> bool:
-    """False for a process that is gone or a zombie (exited, not yet reaped by the pool)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 class _ReapingCollector:
     """MultiProcessCollector that first drops the live gauges of processes that died without shutting down
     (a pool child killed by the time limit or the OOM killer)."""
@@ -137,7 +124,7 @@ class _ReapingCollector:
 
         for path in glob.glob(os.path.join(self._path, "gauge_live*_*.db")):
             m = _LIVE_GAUGE_FILE.search(os.path.basename(path))
-            if m and not _pid_alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 multiprocess.mark_process_dead(int(m.group(1)), self._path)
         return self._inner.collect()
 

@@ -60,13 +60,18 @@ def token_pid(token: str) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
+    """False for a process that is gone or a zombie (exited, not yet reaped by its parent, e.g. a pool)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): signal 0 answered, so it lives
+        return True
 
 
 def holder_is_dead(token: str | None) -> bool:
