@@ -288,25 +288,34 @@ def _single(mask: torch.Tensor) -> int | None:
 
 # ---------------------------------------------------------------- masking logits
 
-_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()  # [256, 8]: bit j of byte b
+def _forbidden(bits: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    """Bitmask [..., words] int32 -> [..., vocab] on device, nonzero where a token is not allowed (tokens past
+    the bitmask, such as a model's padding rows, are not allowed)."""
+    if device.type == "cpu":
+        packed = np.invert(bits.contiguous().view(torch.uint8).numpy())  # little-endian: byte i = tokens 8i..8i+7
+        forbidden = torch.from_numpy(np.unpackbits(packed, axis=-1, bitorder="little"))
+    else:
+        shifts = torch.arange(32, device=device, dtype=torch.int32)
+        forbidden = ((bits.to(device, non_blocking=True).unsqueeze(-1) >> shifts) & 1).eq(0).flatten(-2)
+    have = forbidden.shape[-1]
+    if have >= vocab:
+        return forbidden[..., :vocab]
+    return torch.nn.functional.pad(forbidden, (0, vocab - have), value=1)
 
 
 def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Bitmask [..., words] int32 -> allowed [..., vocab] bool; tokens past the bitmask are not allowed."""
-    as_bytes = bits.contiguous().view(torch.uint8)  # little-endian: byte i of a row holds tokens 8i .. 8i + 7
-    table = _BYTE_BITS.to(bits.device)
-    allowed = table[as_bytes.long()].flatten(-2)  # [..., words * 32]
-    have = allowed.shape[-1]
-    if have >= vocab:
-        return allowed[..., :vocab]
-    return torch.nn.functional.pad(allowed, (0, vocab - have), value=False)
+    """Bitmask [..., words] int32 -> allowed [..., vocab] bool (on the bitmask's device)."""
+    return _forbidden(bits, vocab, bits.device).eq(0)
 
 
 def apply_bitmask(logits: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """-inf where a token is not allowed, in place. logits [..., V] (any float dtype, CPU or CUDA);
-    bits [..., words] int32 on any device (moved to logits' device). Returns logits."""
-    allowed = unpack_bitmask(bits.to(logits.device, non_blocking=True), logits.shape[-1])
-    return logits.masked_fill_(~allowed, float("-inf"))
+    bits [..., words] int32 (moved to logits' device). Returns logits."""
+    forbidden = _forbidden(bits, logits.shape[-1], logits.device)
+    # 0 -> -0.0, which adds nothing; 1 -> -3e38 * 2, which overflows to -inf. An add is several times faster
+    # than masked_fill over a [B, k + 1, V] block on a CPU.
+    bias = forbidden.to(torch.float32).mul_(-3.0e38).mul_(2.0)
+    return logits.add_(bias.to(logits.dtype))
 
 
 def stack_masks(states: Sequence[GrammarState | None], width: int, words: int) -> torch.Tensor:
