@@ -19,14 +19,12 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from langchain_spec import ChatSpeculative
 
+from langchain_capabilities import SpeculativeCapabilities
+
 pytestmark = pytest.mark.slow
 
 
-class TestChatSpeculativeIntegration(ChatModelIntegrationTests):
-    @property
-    def chat_model_class(self) -> type[ChatSpeculative]:
-        return ChatSpeculative
-
+class TestChatSpeculativeIntegration(SpeculativeCapabilities, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         # Short answers keep the suite quick on a CPU; every check of the suite still applies to them.
@@ -41,59 +39,6 @@ class TestChatSpeculativeIntegration(ChatModelIntegrationTests):
         elif "tool" in name or "agent" in name or "structured" in name:
             params.update(max_tokens=64)
         return self.chat_model_class(**{**params, **(getattr(request, "param", None) or {})})
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return True
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
-
-    @property
-    def supports_image_inputs(self) -> bool:
-        return False
-
-    @property
-    def supports_image_urls(self) -> bool:
-        return False
-
-    @property
-    def supports_pdf_inputs(self) -> bool:
-        return False
-
-    @property
-    def supports_audio_inputs(self) -> bool:
-        return False
-
-    @property
-    def supports_image_tool_message(self) -> bool:
-        return False
-
-    @property
-    def supports_pdf_tool_message(self) -> bool:
-        return False
-
-    @property
-    def supports_anthropic_inputs(self) -> bool:
-        return False
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
-
-    @property
-    def supports_model_override(self) -> bool:
-        # One target per instance; a per-call `model=` is an error rather than silently ignored.
-        return False
 
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     @pytest.mark.xfail(strict=True, reason=(

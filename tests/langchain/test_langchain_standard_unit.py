@@ -9,12 +9,10 @@ from pydantic import ValidationError
 
 from langchain_spec import ChatSpeculative
 
+from langchain_capabilities import SpeculativeCapabilities
 
-class TestChatSpeculativeUnit(ChatModelUnitTests):
-    @property
-    def chat_model_class(self) -> type[ChatSpeculative]:
-        return ChatSpeculative
 
+class TestChatSpeculativeUnit(SpeculativeCapabilities, ChatModelUnitTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         return {"target": "default", "draft": "ngram"}
@@ -28,32 +26,6 @@ class TestChatSpeculativeUnit(ChatModelUnitTests):
         params.pop("api_key")
         params.pop("max_retries")
         return params
-
-    # Honest capability flags (tool calls and structured output are decoded under a grammar).
-    @property
-    def has_tool_calling(self) -> bool:
-        return True
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def supports_image_inputs(self) -> bool:
-        return False
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
-
-    @property
-    def supports_model_override(self) -> bool:
-        # The target is fixed per instance (a per-call `model=` is an error); other targets are other instances.
-        return False
 
 
 @pytest.mark.parametrize("param", [{"api_key": "test"}, {"max_retries": 2}])
