@@ -61,11 +61,6 @@ def brief(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text[0][:240] if text else ''}"
 
 
-def node_prefix() -> str:
-    """The start of the holder tokens of this machine's processes: a pool child knows its siblings by it."""
-    return holder_prefix()
-
-
 # Tokens this process gave up (a failed attempt that could not hand its chunk back): the process may take them.
 _abandoned: set[str] = set()
 
@@ -209,7 +204,7 @@ def reap(
     # 1. chunks of vanished holders
     with factory.begin() as s:
         lost = [(c.id, c.worker) for c in qstore.expired_chunks(s, now=now)]
-        lost += [(c.id, c.worker) for c in qstore.running_chunks_of(s, node_prefix()) if holder_is_dead(c.worker)]
+        lost += [(c.id, c.worker) for c in qstore.running_chunks_of(s, holder_prefix()) if holder_is_dead(c.worker)]
         lost += [(c.id, c.worker) for c in qstore.running_chunks_held_by(s, _abandoned)]
     seen: set[str] = set()
     for chunk_id, holder in lost:
@@ -410,6 +405,5 @@ __all__ = [
     "broker_epoch",
     "holder_is_dead",
     "new_token",
-    "node_prefix",
     "reap",
 ]

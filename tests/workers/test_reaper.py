@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 
 from batch_lines import completion_line, write_batch
 
+from spec_batch.jobs.lease import holder_prefix
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job, Request, utcnow
@@ -115,7 +116,7 @@ def test_reaper_takes_over_a_dead_sibling_at_once(factory, monkeypatch, queued_j
     _, chunks = queued_job(n=2, chunk_size=2)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    token = f"{lease.node_prefix()}{proc.pid}/dead"
+    token = f"{holder_prefix()}{proc.pid}/dead"
     _hold(factory, chunks[0], token, expired=False)
     pub = Published()
     rep = _reap(factory, pub, monkeypatch=monkeypatch)
