@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongError
 from .drafters import Draft, Drafter, NoDrafter
+from .grammar import GrammarState
 from .grammar_step import GrammarStep, row_grammar
 from .inputs import Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
@@ -29,7 +30,7 @@ from .sampling import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
 from .verify import verify, verify_input
 
-Request = tuple[int, list[int], SamplingParams]  # (index in the prompts, prompt ids, params)
+Request = tuple[int, list[int], SamplingParams, GrammarState | None]  # (index in the prompts, ids, params, matcher)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Decoder:
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, plist)):
             try:
-                requests.append((i, self._prompt_ids(prompt, p, i), p))
+                requests.append(self._request(i, prompt, p))
             except (PromptTooLongError, InvalidParameterError) as exc:
                 if not return_errors:
                     raise
@@ -134,8 +135,7 @@ class Decoder:
         The decoder is locked per step, not for the whole stream, so an abandoned stream blocks nobody.
         """
         p = params or SamplingParams()
-        ids = self._prompt_ids(prompt, p, 0)
-        events = self._run([(0, ids, p)], 1)
+        events = self._run([self._request(0, prompt, p)], 1)
         while True:
             with self._lock, torch.inference_mode():
                 event = next(events, None)
@@ -170,14 +170,14 @@ class Decoder:
 
     # ---------------------------------------------------------------- rows and the loop
 
-    def _prompt_ids(self, prompt: Prompt, params: SamplingParams, index: int) -> list[int]:
+    def _request(self, index: int, prompt: Prompt, params: SamplingParams) -> Request:
+        """Checks a prompt and builds its matcher now, so a bad prompt or grammar fails before decoding."""
         ids = prompt_ids(prompt, params, index, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
                          max_context=self.max_context, model_name=self.target_name)
-        row_grammar(self.tokenizer, self.eos_ids, params)  # a grammar this tokenizer cannot take fails here
-        return ids
+        return index, ids, params, row_grammar(self.tokenizer, self.eos_ids, params)
 
     def _new_row(self, request: Request, drafter: Drafter) -> Row:
-        index, ids, params = request
+        index, ids, params, grammar = request
         first_hits, first_tries = drafter.initial_acceptance
         return Row(
             index=index,
@@ -188,7 +188,7 @@ class Decoder:
             text=OutputText(self.tokenizer, params.stop, self.eos_ids),
             acceptance=RowAcceptance(first_hits=first_hits, first_tries=first_tries),
             stats=RequestStats(prompt_tokens=len(ids)),
-            grammar=row_grammar(self.tokenizer, self.eos_ids, params),
+            grammar=grammar,
         )
 
     def _new_drafter(self, memory: JobMemory | None) -> Drafter:
