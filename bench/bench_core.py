@@ -335,7 +335,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", "--limit", type=int, default=None, help="use only the first N prompts of each set")
     ap.add_argument("--drafter", default="ngram,suffix",
                     help="comma list of the core's drafters run side by side with core none: ngram, suffix; NAME@K sets "
-                         "num_draft_tokens=K (e.g. suffix@16)")
+                         "num_draft_tokens=K (e.g. suffix@16), +OPTION=VALUE a drafter option (suffix@16+max_spec_factor=2)")
     ap.add_argument("--hf-pl", default="10", help="comma list of prompt_lookup_num_tokens values for HF prompt lookup")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -421,10 +421,12 @@ def main(argv: list[str] | None = None) -> int:
           f"confidence threshold {asst('assistant_confidence_threshold')}; HF prompt lookup: "
           f"max_matching_ngram_size {asst('max_matching_ngram_size') or 2} (HF defaults)")
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
-    for d in drafters:  # NAME@K: the drafter NAME with num_draft_tokens=K (the longest draft), e.g. suffix@16
-        name, _, k = d.partition("@")
-        if k and name in bench.drafters:
-            bench.drafters[d] = load_decoder("default", name, num_draft_tokens=int(k))
+    for d in drafters:  # NAME[@K][+OPTION=VALUE...]: num_draft_tokens=K, drafter_options, e.g. suffix@16+max_spec_factor=2
+        head, *opts = d.split("+")
+        name, _, k = head.partition("@")
+        if (k or opts) and name in bench.drafters:
+            options = {key: float(value) for key, _, value in (o.partition("=") for o in opts)}
+            bench.drafters[d] = load_decoder("default", name, num_draft_tokens=int(k or 8), drafter_options=options)
     if set(drafters) - set(bench.drafters):
         raise SystemExit(f"unknown drafter(s) {sorted(set(drafters) - set(bench.drafters))}; known: {list(bench.drafters)}")
     configs = bench.configs(batches, hf_pl, with_drafts=not args.no_drafts, drafters=drafters)

@@ -161,7 +161,7 @@ def print_table(rows, batches, drafter, schemas, n_prompts, args) -> dict:
     print(f"# JSON-schema set: {n_prompts} prompts (extraction, classification, invoices), greedy, "
           f"max_new_tokens={args.max_new_tokens}, median of {args.repeats}, device {args.device}")
     head = f"{'batch':>5}  {'row':<24} {'tok/s':>8} {'ratio':>7} {'tok/step':>8} {'forced':>7} {'valid':>7} " \
-           f"{'grammar ms/step':>15} {'target ms/fwd':>13} {'share':>6}"
+           f"{'stop/length':>11} {'grammar ms/step':>15} {'target ms/fwd':>13} {'share':>6}"
     print(head)
     report: dict = {"drafter": drafter, "prompts": n_prompts, "rows": []}
     for batch in batches:
@@ -181,10 +181,13 @@ def print_table(rows, batches, drafter, schemas, n_prompts, args) -> dict:
                 ok = sum(_valid(r, s) for r, s in zip(res, schemas))
                 valid = f"{ok}/{len(res)}"
             ratio = row.tok_s / plain.tok_s
+            # an output cut by max_new_tokens inside the structure is invalid by design (finish_reason "length")
+            ends = f"{sum(r.finish_reason == 'stop' for r in res)}/{sum(r.finish_reason == 'length' for r in res)}"
             print(f"{batch:>5}  {label:<24} {row.tok_s:>8.1f} {ratio:>6.2f}x {out / per_row_steps:>8.2f} {forced:>6.0%} "
-                  f"{valid:>7} {grammar_ms:>15.2f} {target_ms:>13.1f} {share:>6.1%}")
+                  f"{valid:>7} {ends:>11} {grammar_ms:>15.2f} {target_ms:>13.1f} {share:>6.1%}")
             report["rows"].append({"batch": batch, "row": label, "tok_s": row.tok_s, "ratio_to_constrained_none": ratio,
                                    "tokens_per_step": out / per_row_steps, "forced_share": forced, "valid": valid,
+                                   "finish_stop_length": ends,
                                    "grammar_ms_per_step": grammar_ms, "target_ms_per_forward": target_ms})
         same = all(a.token_ids == b.token_ids for a, b in
                    zip(rows[("constrained none", batch)].results, rows[(f"constrained {drafter}", batch)].results))

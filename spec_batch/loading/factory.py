@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -36,15 +36,28 @@ def build_decoder(
     adaptive: bool = True,
     ngram_min: int = 1,
     ngram_max: int = 3,
+    drafter_options: Mapping[str, Any] | None = None,
 ) -> Decoder:
-    """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model."""
+    """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model.
+    drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`: max_spec_factor,
+    min_token_prob), to tune it for a workload; checked here, not at the first decode."""
     max_context = context_length(target_model)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if drafter_options and draft != "suffix":
+        raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
     if draft == "none":
         factory: Callable[[], Drafter] = NoDrafter
         name = "none"
     elif draft == "suffix":
-        factory, name = SuffixDrafter, "suffix"
+        options = dict(drafter_options or {})
+        unknown = sorted(set(options) - set(SuffixDrafter.OPTIONS))
+        if unknown:
+            raise InvalidParameterError(f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}")
+        try:
+            SuffixDrafter(**options)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"drafter_options for 'suffix' {options}: {exc}") from exc
+        factory, name = (lambda: SuffixDrafter(**options)), "suffix"  # noqa: E731
     elif draft == "ngram":
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
         factory = lambda: NgramDrafter(ngram_min, ngram_max)  # noqa: E731
@@ -81,6 +94,7 @@ def load_decoder(
     adaptive: bool = True,
     ngram_min: int = 1,
     ngram_max: int = 3,
+    drafter_options: Mapping[str, Any] | None = None,
     cache_dir: str | None = None,
     trust_remote_code: bool = False,
 ) -> Decoder:
@@ -130,6 +144,7 @@ def load_decoder(
         adaptive=adaptive,
         ngram_min=ngram_min,
         ngram_max=ngram_max,
+        drafter_options=drafter_options,
     )
 
 

@@ -15,6 +15,8 @@ import torch
 
 from ..errors import IncompatibleModelsError, InvalidParameterError, UnknownModelError
 from . import gguf_cache
+from .cpu_attention import use_gqa_attention
+from .cpu_linear import pack_linear_weights
 from .gguf_cache import CacheEntry
 from .resolve import resolve_spec
 
@@ -186,6 +188,9 @@ def _load_dir(
         model = model.to(device)
     model.eval()
     model.requires_grad_(False)
+    # CPU only: a verify step of several tokens then costs little more than one token
+    pack_linear_weights(model)
+    use_gqa_attention(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path))
 
 

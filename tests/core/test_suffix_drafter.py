@@ -35,7 +35,7 @@ DOC = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
 
 
 def test_rows_get_their_own_drafts_and_confidences():
-    drafter = SuffixDrafter()
+    drafter = SuffixDrafter(max_spec_factor=1.0)
     copying = row(DOC + [99], [10, 11, 12, 13])  # the output copies the prompt's document
     free = row([1, 2, 3, 4], [5, 6])  # nothing repeats
     drafter.admit([copying, free])
@@ -70,9 +70,9 @@ def test_job_memory_offers_other_requests_outputs_and_never_an_own_trailing_occu
     without = SuffixDrafter()
     without.admit([b])
     assert without.available([b], 8) == [0]
-    with_memory = SuffixDrafter(memory)
+    with_memory = SuffixDrafter(memory, max_spec_factor=1.0)
     with_memory.admit([b])
-    assert with_memory.available([b], 8) == [3]
+    assert with_memory.available([b], 8) == [3]  # factor 1 x the match "50 51 52"
     assert with_memory.propose([b], [3]).tokens == [[53, 54, 55]]
 
 

@@ -107,6 +107,25 @@ def test_shared_decoder_takes_names_only(tiny_llama):
         shared_decoder(tiny_llama(1))
 
 
+def test_drafter_options_reach_the_suffix_drafter_and_are_checked(tiny_target, fake_tokenizer):
+    from spec_batch.core.suffix_drafter import SuffixDrafter
+    from spec_batch.loading import build_decoder
+
+    def build(draft: str, options: dict) -> Any:
+        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=draft, device=torch.device("cpu"),
+                             drafter_options=options)
+
+    drafter = build("suffix", {"max_spec_factor": 3.0, "min_token_prob": 0.2})._drafter_factory()
+    assert isinstance(drafter, SuffixDrafter)
+    assert (drafter.max_spec_factor, drafter.min_token_prob) == (3.0, 0.2)
+    with pytest.raises(InvalidParameterError, match=r"unknown drafter_options \['depth'\]"):
+        build("suffix", {"depth": 3})
+    with pytest.raises(InvalidParameterError, match="max_spec_factor must be > 0, got -1"):
+        build("suffix", {"max_spec_factor": -1})
+    with pytest.raises(InvalidParameterError, match="options of the 'suffix' drafter, not of 'ngram'"):
+        build("ngram", {"max_spec_factor": 2})
+
+
 # ------------------------------------------------------------------ the oracle on the real default model
 
 

@@ -1,0 +1,91 @@
+"""Prepacked oneDNN weights for the linear layers of a model that runs on the CPU.
+
+Speculation makes the target read several tokens per forward. On a GPU a forward of 9 tokens costs about what
+one of 1 token costs; on the CPU, torch's default matmul for a few rows (MKL sgemm) repacks every weight matrix
+on each call, so on the default model (1 thread, fp32) a forward of 9 tokens cost 2.2x one of 1 token. oneDNN
+with the weight packed once, at load, reads each weight once per forward: 9 tokens cost ~1.4x, 17 tokens ~1.7x,
+and plain decoding is no slower. That is what lets a verify step pay on the CPU (docs/benchmarks.md).
+
+Only models this package loads are packed (a model passed in already loaded is the caller's and left alone).
+The results differ from torch's default kernel by rounding only (checked at packing time), as do the results
+of any two matmul kernels, or of one kernel at two batch sizes. SPEC_BATCH_PACK_WEIGHTS=0 turns it off.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from torch import nn
+
+ENV = "SPEC_BATCH_PACK_WEIGHTS"
+_DTYPES = (torch.float32, torch.bfloat16)
+_LINEAR = torch.ops.mkldnn._linear_pointwise.default if hasattr(torch.ops.mkldnn, "_linear_pointwise") else None
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear with its weight in oneDNN's blocked layout. `weight` is kept only where something else reads it
+    (the output embeddings, often tied to the input ones); elsewhere the plain copy is dropped."""
+
+    def __init__(self, linear: nn.Linear, keep_weight: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = linear.bias
+        self.weight = linear.weight if keep_weight else None
+
+    def plain(self) -> nn.Linear:
+        """An nn.Linear with these weights (the plain layout, a new copy unless the weight was kept)."""
+        weight = self.weight if self.weight is not None else nn.Parameter(self.packed.to_dense(), requires_grad=False)
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight, linear.bias = weight, self.bias
+        return linear
+
+    def __deepcopy__(self, memo: dict) -> "PackedLinear":
+        # oneDNN's blocked tensors cannot be copied as they are (a deep-copied model is a common draft): repack
+        plain = copy.deepcopy(self.plain(), memo)
+        return PackedLinear(plain, keep_weight=self.weight is not None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _LINEAR(x, self.packed, self.bias, "none", [], "")  # any leading dims, any strides
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN"
+
+
+def available() -> bool:
+    return torch.backends.mkldnn.is_available() and _LINEAR is not None
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _same_results(packed: PackedLinear, linear: nn.Linear) -> bool:
+    """The packed layer computes what the plain one does, up to rounding, on a few random rows."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, linear.in_features, generator=gen).to(linear.weight.dtype)
+    with torch.inference_mode():
+        want, got = linear(x).float(), packed(x).float()
+    tol = 1e-3 if linear.weight.dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max().clamp_min(1.0))))
+
+
+def pack_linear_weights(model: nn.Module) -> int:
+    """Replaces each nn.Linear of a CPU model in fp32/bf16 by a PackedLinear, in place; returns how many.
+    Does nothing (0) where oneDNN is missing, the model is elsewhere or in another dtype, or SPEC_BATCH_PACK_WEIGHTS=0."""
+    if not (enabled() and available()):
+        return 0
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            weight = getattr(child, "weight", None)
+            if type(child) is not nn.Linear or weight is None or weight.device.type != "cpu" or weight.dtype not in _DTYPES:
+                continue
+            packed = PackedLinear(child, keep_weight=child is output)
+            if replaced == 0 and not _same_results(packed, child):
+                return 0  # this oneDNN build disagrees with torch: keep the plain kernels
+            setattr(parent, name, packed)
+            replaced += 1
+    return replaced

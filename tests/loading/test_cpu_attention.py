@@ -1,0 +1,69 @@
+"""`spec_batch_sdpa`: grouped-query attention on the CPU without copying the cache, bit for bit what `sdpa` computes,
+used for the masked multi-token forwards of verify steps."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spec_batch.core.kv_batch import KVBatch, left_padded
+from spec_batch.loading import cpu_attention
+from spec_batch.loading.cpu_attention import NAME, use_gqa_attention
+
+CPU = torch.device("cpu")
+
+
+def _gqa_llama(attn: str = "sdpa") -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=64, attn_implementation=attn)
+    return LlamaForCausalLM(config).eval()
+
+
+def _verify_step_logits(model: LlamaForCausalLM) -> torch.Tensor:
+    """A prefill of two ragged rows, a rollback (a hole in the mask), then a 4-token step: what a verify does."""
+    kv = KVBatch(model, CPU, 2)
+    ids, valid = left_padded([[5, 9, 11, 3, 7, 1], [8, 2, 6]], 0, CPU)
+    with torch.inference_mode():
+        kv.forward(ids, valid)
+        kv.rollback(torch.tensor([2, 0]))
+        step = torch.tensor([[4, 12, 13, 14], [15, 16, 0, 0]])
+        return kv.forward(step, step != 0)
+
+
+def test_the_same_logits_bit_for_bit_without_copying_the_cache(monkeypatch):
+    plain = _gqa_llama()
+    fast = copy.deepcopy(plain)
+    assert use_gqa_attention(fast) and fast.config._attn_implementation == NAME
+    fallbacks: list[int] = []
+    original = cpu_attention.sdpa_attention_forward
+
+    def counting(module, query, *args, **kwargs):
+        fallbacks.append(query.shape[2])
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_attention, "sdpa_attention_forward", counting)
+    want, got = _verify_step_logits(plain), _verify_step_logits(fast)
+    assert torch.equal(got, want)
+    assert fallbacks == []  # every forward here had several tokens and a mask: none fell back to `sdpa`
+
+
+def test_single_token_steps_keep_huggingface_sdpa(monkeypatch):
+    model = _gqa_llama()
+    use_gqa_attention(model)
+    seen: list[int] = []
+    original = cpu_attention.sdpa_attention_forward
+    monkeypatch.setattr(cpu_attention, "sdpa_attention_forward",
+                        lambda module, query, *a, **k: seen.append(query.shape[2]) or original(module, query, *a, **k))
+    kv = KVBatch(model, CPU, 1)
+    with torch.inference_mode():
+        kv.forward(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.bool))
+        kv.forward(torch.tensor([[4]]), torch.ones(1, 1, dtype=torch.bool))
+    assert seen and seen[-1] == 1
+
+
+def test_other_attention_implementations_are_left_alone():
+    model = _gqa_llama("eager")
+    assert not use_gqa_attention(model)
+    assert model.config._attn_implementation == "eager"

@@ -1,0 +1,93 @@
+"""Prepacked oneDNN linear layers: the same numbers as nn.Linear (up to rounding), the same greedy tokens, only
+for models this package loads, and off with SPEC_BATCH_PACK_WEIGHTS=0."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from spec_batch.loading import cpu_linear
+from spec_batch.loading.cpu_linear import PackedLinear, pack_linear_weights
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no oneDNN linear")
+
+
+def _linears(model: nn.Module) -> int:
+    return sum(1 for m in model.modules() if type(m) is nn.Linear)
+
+
+def test_packed_model_computes_the_same_logits_and_greedy_tokens(tiny_llama, hf_greedy):
+    plain = tiny_llama(11, vocab=64, layers=2, lm_head_scale=4.0)
+    packed = copy.deepcopy(plain)
+    n_linear = _linears(plain)
+    assert pack_linear_weights(packed) == n_linear > 0
+    assert _linears(packed) == 0
+    ids = torch.tensor([[3, 9, 27, 5, 1, 44, 8]])
+    with torch.inference_mode():
+        want, got = plain(ids).logits, packed(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    prompt = [3, 9, 27, 5]
+    assert hf_greedy(packed, prompt, 24) == hf_greedy(plain, prompt, 24)
+
+
+def test_only_the_output_embeddings_keep_a_plain_weight(tiny_llama):
+    model = copy.deepcopy(tiny_llama(12))
+    pack_linear_weights(model)
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    kept = [m for m in packed if m.weight is not None]
+    assert kept == [model.get_output_embeddings()]
+    assert model.get_output_embeddings().weight.shape == (64, 32)  # the vocabulary size stays readable
+
+
+def test_bfloat16_layers_pack_too(tiny_llama):
+    plain = copy.deepcopy(tiny_llama(13)).to(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+    if pack_linear_weights(packed) == 0:
+        pytest.skip("this oneDNN build has no bf16 linear on this CPU")
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x).logits.float(), plain(x).logits.float(), rtol=5e-2, atol=5e-2)
+
+
+def test_switched_off_by_the_environment(tiny_llama, monkeypatch):
+    model = copy.deepcopy(tiny_llama(14))
+    monkeypatch.setenv(cpu_linear.ENV, "0")
+    assert pack_linear_weights(model) == 0
+    assert _linears(model) == _linears(tiny_llama(14))
+
+
+def test_float16_and_non_cpu_layers_are_left_alone(tiny_llama):
+    model = copy.deepcopy(tiny_llama(15)).to(torch.float16)
+    assert pack_linear_weights(model) == 0
+
+
+def test_a_disagreeing_kernel_leaves_the_model_unpacked(tiny_llama, monkeypatch):
+    model = copy.deepcopy(tiny_llama(16))
+    monkeypatch.setattr(cpu_linear, "_same_results", lambda packed, linear: False)
+    assert pack_linear_weights(model) == 0
+    assert _linears(model) == _linears(tiny_llama(16))
+
+
+def test_models_passed_in_are_not_packed_but_loaded_ones_are(tiny_dir, tiny_target, fake_tokenizer):
+    from spec_batch.loading import load_decoder
+    from spec_batch.loading.load import load_model
+
+    before = _linears(tiny_target)
+    load_decoder(tiny_target, "none", tokenizer=fake_tokenizer)
+    assert _linears(tiny_target) == before  # the caller's model is the caller's
+    loaded = load_model(str(tiny_dir))
+    assert _linears(loaded.model) == 0
+    assert any(isinstance(m, PackedLinear) for m in loaded.model.modules())
+
+
+def test_a_packed_model_can_be_deep_copied(tiny_llama):
+    """Bench and users copy a target to use it as its own draft; oneDNN's blocked tensors do not copy as they are."""
+    packed = copy.deepcopy(tiny_llama(17))
+    pack_linear_weights(packed)
+    twin = copy.deepcopy(packed)
+    assert twin.get_output_embeddings().weight is not packed.get_output_embeddings().weight
+    x = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        torch.testing.assert_close(twin(x).logits, packed(x).logits, rtol=0, atol=0)
