@@ -52,5 +52,8 @@ def use_gqa_attention(model: Any) -> bool:
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
         return False
-    model.set_attn_implementation(NAME)
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, NotImplementedError, AttributeError):  # a model class without attention backends: as it is
+        return False
     return model.config._attn_implementation == NAME

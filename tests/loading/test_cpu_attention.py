@@ -67,3 +67,14 @@ def test_other_attention_implementations_are_left_alone():
     model = _gqa_llama("eager")
     assert not use_gqa_attention(model)
     assert model.config._attn_implementation == "eager"
+
+
+def test_a_model_that_refuses_the_switch_loads_as_it_is(monkeypatch):
+    model = _gqa_llama()
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not supported by this model class")
+
+    monkeypatch.setattr(model, "set_attn_implementation", refuse)
+    assert not use_gqa_attention(model)
+    assert model.config._attn_implementation == "sdpa"
