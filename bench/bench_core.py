@@ -426,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         name, _, k = head.partition("@")
         if (k or opts) and name in bench.drafters:
             options = {key: float(value) for key, _, value in (o.partition("=") for o in opts)}
-            bench.drafters[d] = load_decoder("default", name, num_draft_tokens=int(k or 8), drafter_options=options)
+            sizes = {"num_draft_tokens": int(k)} if k else {}  # else load_decoder's own default
+            bench.drafters[d] = load_decoder("default", name, drafter_options=options, **sizes)
     if set(drafters) - set(bench.drafters):
         raise SystemExit(f"unknown drafter(s) {sorted(set(drafters) - set(bench.drafters))}; known: {list(bench.drafters)}")
     configs = bench.configs(batches, hf_pl, with_drafts=not args.no_drafts, drafters=drafters)

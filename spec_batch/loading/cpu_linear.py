@@ -3,8 +3,9 @@
 Speculation makes the target read several tokens per forward. On a GPU a forward of 9 tokens costs about what
 one of 1 token costs; on the CPU, torch's default matmul for a few rows (MKL sgemm) repacks every weight matrix
 on each call, so on the default model (1 thread, fp32) a forward of 9 tokens cost 2.2x one of 1 token. oneDNN
-with the weight packed once, at load, reads each weight once per forward: 9 tokens cost ~1.4x, 17 tokens ~1.7x,
-and plain decoding is no slower. That is what lets a verify step pay on the CPU (docs/benchmarks.md).
+with the weight packed once, at load, reads each weight once per forward: 9 tokens cost ~1.35x, 17 tokens ~1.55x
+(with cpu_attention.py), and a batch-8 step of 1 token is ~30% faster; plain decoding at batch 1 is ~8% slower
+(oneDNN's one-row kernel against MKL's GEMV). That is what lets a verify step pay on the CPU (docs/benchmarks.md).
 
 Only models this package loads are packed (a model passed in already loaded is the caller's and left alone).
 The results differ from torch's default kernel by rounding only (checked at packing time), as do the results
@@ -80,8 +81,7 @@ def pack_linear_weights(model: nn.Module) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            weight = getattr(child, "weight", None)
-            if type(child) is not nn.Linear or weight is None or weight.device.type != "cpu" or weight.dtype not in _DTYPES:
+            if type(child) is not nn.Linear or child.weight.device.type != "cpu" or child.weight.dtype not in _DTYPES:
                 continue
             packed = PackedLinear(child, keep_weight=child is output)
             if replaced == 0 and not _same_results(packed, child):
