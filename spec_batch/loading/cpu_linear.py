@@ -83,9 +83,15 @@ def pack_linear_weights(model: nn.Module) -> int:
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear or child.weight.device.type != "cpu" or child.weight.dtype not in _DTYPES:
                 continue
-            packed = PackedLinear(child, keep_weight=child is output)
-            if replaced == 0 and not _same_results(packed, child):
-                return 0  # this oneDNN build disagrees with torch: keep the plain kernels
+            if replaced == 0:  # the first layer decides for all (one dtype, one device)
+                try:
+                    packed = PackedLinear(child, keep_weight=child is output)
+                except RuntimeError:
+                    return 0  # this CPU lacks oneDNN's kernel for the dtype (bf16 needs AVX-512 or AVX-NE-CONVERT)
+                if not _same_results(packed, child):
+                    return 0  # this oneDNN build disagrees with torch: keep the plain kernels
+            else:
+                packed = PackedLinear(child, keep_weight=child is output)
             setattr(parent, name, packed)
             replaced += 1
     return replaced
