@@ -24,6 +24,7 @@ from .inputs import Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded, supports_model
 from .outputs import GenerationResult, RequestStats, StreamChunk
+from .padding import skips_padding
 from .policy import DraftPolicy, RowAcceptance
 from .rows import Row, matched_run
 from .sampling import SamplingParams, fresh_seed
@@ -72,7 +73,8 @@ class Decoder:
         self.max_context = max_context
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self._drafter_factory = drafter_factory
-        self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive)
+        self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive,
+                                  ragged=skips_padding(target))
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos_ids = eos_ids(target, tokenizer)
@@ -291,5 +293,5 @@ class Decoder:
             new_ids = row.append(emitted)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
-        self.policy.observe_step(len(rows), ids.shape[1], time.perf_counter() - t0)
+        self.policy.observe_step(len(rows), self.policy.cost_key([len(d) for d in draft.tokens]), time.perf_counter() - t0)
         return events

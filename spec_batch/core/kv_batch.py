@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from . import padding
+
 
 class SlabLayer(DynamicLayer):
     """A cache layer with preallocated, doubling capacity: appends write in place instead of torch.cat."""
@@ -136,14 +138,15 @@ class KVBatch:
         valid_l = valid.long()
         positions = (self.next_pos.unsqueeze(1) + valid_l.cumsum(dim=1) - 1).clamp_min(0)
         mask = torch.cat([self.mask, valid_l], dim=1)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        with padding.real_positions(valid):  # layers that can skip the padded positions do (core/padding.py)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
         self.mask = mask
         self.next_pos = self.next_pos + valid_l.sum(dim=1)
         return out.logits

@@ -8,6 +8,11 @@ where its chance to get that far falls below `min_reach`, so a low-confidence ro
 draft 16. For each candidate width the step yields the rows' expected tokens at that width and costs what a step
 of that width is measured to cost at this batch size (every row pays the width: short rows waste padding); the
 best tokens per second wins. Width 1 is plain decoding, so speculation switches itself off where it does not pay.
+
+Where the target skips padded positions (`ragged`: core/padding.py; the packed CPU linears), a step costs what
+its real tokens cost, not its width: then each row drafts its own length. A row drafts token j while its chance
+to get there is at least a threshold shared by the batch; the threshold with the best expected tokens per
+second wins, the cost looked up by the mean row width (1 + mean draft) in the same measured table.
 """
 from __future__ import annotations
 
@@ -140,6 +145,7 @@ class DraftPolicy:
         adaptive: bool = True,
         candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16),
         min_reach: float = 0.05,
+        ragged: bool = False,
     ):
         if k_max < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
@@ -147,6 +153,7 @@ class DraftPolicy:
         self.adaptive = adaptive
         self.candidates = sorted({c for c in candidates if c <= k_max} | {k_max})
         self.min_reach = min_reach
+        self.ragged = ragged  # a step costs its real tokens (the target skips padding), not its width
         # learned across calls (the workload's): step costs, run lengths, what stated confidence is worth
         self.costs = StepCosts()
         self.survival = DepthSurvival(depth=max(1, k_max) + 1)
@@ -172,10 +179,14 @@ class DraftPolicy:
             return [min(self.k_max, len(q)) for q in offers]
         gains = [_gains(q[: self.k_max], self.min_reach) for q in offers]
         lengths = [len(g) - 1 for g in gains]
-        k = self._best_width(batch, gains, max(lengths)) - 1
-        if k > 0:
+        if self.ragged:
+            ks = self._best_lengths(batch, gains)
+        else:
+            k = self._best_width(batch, gains, max(lengths)) - 1
+            ks = [min(k, n) for n in lengths]
+        if any(ks):
             self._idle_steps = 0
-            return [min(k, n) for n in lengths]
+            return ks
         # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay (the
         # output began copying the prompt) is noticed
         self._idle_steps += 1
@@ -197,6 +208,30 @@ class DraftPolicy:
             if rate > best_rate * 1.0001:
                 best_width, best_rate = 1 + k, rate
         return best_width
+
+    def _best_lengths(self, batch: int, gains: list[list[float]]) -> list[int]:
+        """Per-row lengths when a step costs its real tokens: row b drafts token j while the chance to reach it
+        (gains[b][j] - gains[b][j - 1], falling with j) is >= a threshold; the best threshold wins."""
+        reach = [[g[j] - g[j - 1] for j in range(1, len(g))] for g in gains]
+        if self.costs.estimate(batch, 1) is None:  # nothing measured at this batch size yet: a middling draft
+            return [min(len(r), max(1, self.k_max // 2)) for r in reach]
+        best, best_rate = [0] * len(gains), -1.0
+        for threshold in [float("inf")] + sorted({p for r in reach for p in r}, reverse=True):
+            ks = [sum(1 for p in r if p >= threshold) for r in reach]
+            cost = self.costs.estimate(batch, self.cost_key(ks))
+            rate = sum(1.0 + g[k] for g, k in zip(gains, ks)) / cost  # type: ignore[operator]
+            if rate > best_rate * 1.0001:
+                best, best_rate = ks, rate
+        return best
+
+    def cost_key(self, lengths: list[int]) -> float:
+        """The step-cost table's width for a step drafting these lengths: 1 + the longest draft, or where the
+        target skips padding, 1 + the mean draft."""
+        if not lengths:
+            return 1
+        if self.ragged:
+            return 1.0 + sum(lengths) / len(lengths)
+        return 1 + max(lengths)
 
     def observe_row(self, acceptance: RowAcceptance, confidence: list[float] | None, run: int, checked: int) -> None:
         """A row's proposal matched the step's emitted tokens for `run` tokens of the `checked` compared."""

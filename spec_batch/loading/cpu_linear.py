@@ -19,6 +19,8 @@ import os
 import torch
 from torch import nn
 
+from ..core import padding
+
 ENV = "SPEC_BATCH_PACK_WEIGHTS"
 _DTYPES = (torch.float32, torch.bfloat16)
 _LINEAR = torch.ops.mkldnn._linear_pointwise.default if hasattr(torch.ops.mkldnn, "_linear_pointwise") else None
@@ -26,7 +28,12 @@ _LINEAR = torch.ops.mkldnn._linear_pointwise.default if hasattr(torch.ops.mkldnn
 
 class PackedLinear(nn.Module):
     """nn.Linear with its weight in oneDNN's blocked layout. `weight` is kept only where something else reads it
-    (the output embeddings, often tied to the input ones); elsewhere the plain copy is dropped."""
+    (the output embeddings, often tied to the input ones); elsewhere the plain copy is dropped.
+
+    Inside a forward that published its real positions (core/padding.py), only those rows are computed; the
+    padded ones are zeros. A row's numbers do not depend on which other rows are computed with it."""
+
+    skips_padding = True
 
     def __init__(self, linear: nn.Linear, keep_weight: bool):
         super().__init__()
@@ -48,7 +55,13 @@ class PackedLinear(nn.Module):
         return PackedLinear(plain, keep_weight=self.weight is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _LINEAR(x, self.packed, self.bias, "none", [], "")  # any leading dims, any strides
+        real = padding.current()
+        if real is None or tuple(x.shape[:-1]) != real.shape:
+            return _LINEAR(x, self.packed, self.bias, "none", [], "")  # any leading dims, any strides
+        rows = x.reshape(-1, x.shape[-1]).index_select(0, real.index)
+        out = x.new_zeros(x.shape[0] * x.shape[1], self.out_features)
+        out.index_copy_(0, real.index, _LINEAR(rows, self.packed, self.bias, "none", [], ""))
+        return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN"

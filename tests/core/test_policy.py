@@ -226,3 +226,50 @@ def test_plan_simple_cases():
     with pytest.raises(ValueError):
         DraftPolicy(k_max=-1)
     assert DraftPolicy(k_max=5).candidates[-1] == 5
+
+
+# ---------------------------------------------------------------- a target that skips padding (ragged)
+
+
+def _ragged_policy(per_width: dict[float, float], batch: int, k_max: int = 8) -> DraftPolicy:
+    p = DraftPolicy(k_max=k_max, ragged=True)
+    for width, seconds in per_width.items():
+        p.observe_step(batch, width, seconds)
+    return p
+
+
+def test_cost_key_is_the_longest_draft_or_the_mean_where_padding_is_skipped():
+    assert DraftPolicy(k_max=8).cost_key([4, 0, 2, 0]) == 5
+    assert DraftPolicy(k_max=8, ragged=True).cost_key([4, 0, 2, 0]) == 2.5
+    assert DraftPolicy(k_max=8, ragged=True).cost_key([]) == 1
+
+
+def test_ragged_plan_lets_a_long_row_draft_beside_rows_with_nothing():
+    """The dense case of test_plan_width_where_padding_makes_a_long_row_not_pay: at batch 4 drafting did not pay
+    because every row paid the width. When a step costs its real tokens (cost by mean width: 1.0 + 0.2 per token
+    of the mean), row 0 drafts alone: rate(k) = (4 + sum_{j<=k} 0.6^j) / (1 + 0.2 k / 4) is best at k = 2."""
+    costs = {1 + j / 4: 1.0 + 0.2 * j / 4 for j in range(0, 33)}
+    p = _ragged_policy(costs, batch=4)
+    rate = {k: (4 + sum(0.6**j for j in range(1, k + 1))) / (1.0 + 0.2 * k / 4) for k in range(0, 9)}
+    best = max(rate, key=rate.get)
+    assert best == 2 and rate[2] > rate[0]
+    assert p.plan(4, [[0.6] * 8, [], [], []]) == [best, 0, 0, 0]
+
+
+def test_ragged_plan_cuts_every_row_at_one_threshold():
+    """Each row drafts while its chance to reach the next token is at least a shared threshold: the confident row
+    goes further than the doubtful one, and a hopeless row drafts nothing."""
+    costs = {1 + j / 3: 1.0 + 0.1 * j / 3 for j in range(0, 25)}
+    p = _ragged_policy(costs, batch=3)
+    offers = [[0.95] * 8, [0.7] * 8, [0.02] * 8]
+    ks = p.plan(3, offers)
+    assert ks[0] == 8 and 0 < ks[1] < 8 and ks[2] == 0
+    reach = [[q[0] ** (j + 1) for j in range(len(q))] for q in offers]  # chance to get to token j
+    drafted = [r for row, k in zip(reach, ks) for r in row[:k]]
+    left = [r for row, k in zip(reach, ks) for r in row[k:] if r >= p.min_reach]
+    assert min(drafted) >= max(left)  # one threshold: nothing left out is likelier than anything drafted
+
+
+def test_ragged_plan_switches_off_when_tokens_cost_as_much_as_steps():
+    p = _ragged_policy({1.0: 1.0, 2.0: 2.0, 3.0: 3.0, 5.0: 5.0}, batch=8)
+    assert p.plan(8, [[0.6] * 8] * 8) == [0] * 8

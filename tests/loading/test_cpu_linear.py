@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from spec_batch.loading import cpu_linear
+from spec_batch.core import padding
+from spec_batch.core.sampling import SamplingParams
+from spec_batch.loading import build_decoder, cpu_linear
 from spec_batch.loading.cpu_linear import PackedLinear, pack_linear_weights
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no oneDNN linear")
@@ -91,3 +93,35 @@ def test_a_packed_model_can_be_deep_copied(tiny_llama):
     x = torch.tensor([[5, 6, 7]])
     with torch.inference_mode():
         torch.testing.assert_close(twin(x).logits, packed(x).logits, rtol=0, atol=0)
+
+
+def test_packed_layers_compute_only_the_real_positions(tiny_llama):
+    """Inside a forward that published its real positions, the real positions get the dense forward's logits
+    and the padded ones zeros (nothing reads them: they are masked out of attention and never verified)."""
+    packed = copy.deepcopy(tiny_llama(15, vocab=64, layers=2, lm_head_scale=4.0))
+    pack_linear_weights(packed)
+    ids = torch.tensor([[3, 9, 27, 5], [4, 8, 1, 1], [7, 1, 1, 1]])
+    valid = torch.tensor([[True] * 4, [True, True, False, False], [True, False, False, False]])
+    with torch.inference_mode():
+        dense = packed(ids).logits
+        with padding.real_positions(valid):
+            ragged = packed(ids).logits
+    torch.testing.assert_close(ragged[valid], dense[valid], rtol=1e-5, atol=1e-6)
+    assert torch.equal(ragged[valid].argmax(-1), dense[valid].argmax(-1))
+    assert bool((ragged[~valid] == 0).all())
+
+
+@pytest.mark.parametrize("drafter", ["suffix", "ngram"])
+def test_decoder_on_a_packed_target_plans_per_row_and_stays_greedy_exact(drafter, tiny_llama, hf_greedy,
+                                                                        fake_tokenizer):
+    """A packed target skips padding, so the policy plans each row's own length (rows of a batch draft different
+    lengths); every row's output is still the target's own greedy output."""
+    target = copy.deepcopy(tiny_llama(16, vocab=64, layers=2, lm_head_scale=4.0))
+    pack_linear_weights(target)
+    dec = build_decoder(target, fake_tokenizer, target_name="tiny-packed", draft=drafter, device=torch.device("cpu"))
+    assert dec.policy.ragged
+    prompts = [[3, 9, 27, 5, 3, 9, 27, 5, 3, 9], [4, 8, 15, 16, 23, 42, 4, 8], [7, 1, 2], [11, 12, 11, 12, 11]]
+    results = dec.generate(prompts, SamplingParams(max_new_tokens=24), batch_size=4)
+    assert [r.token_ids for r in results] == [hf_greedy(target, p, 24) for p in prompts]
+    assert not build_decoder(tiny_llama(16, vocab=64, layers=2, lm_head_scale=4.0), fake_tokenizer,
+                             target_name="tiny", draft=drafter, device=torch.device("cpu")).policy.ragged
