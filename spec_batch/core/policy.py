@@ -7,7 +7,8 @@ j tokens then yields 1 + sum_{i<j} prod_{l<=i} q[l] tokens in expectation (`expe
 where its chance to get that far falls below `min_reach`, so a low-confidence row drafts nothing while others
 draft 16. For each candidate width the step yields the rows' expected tokens at that width and costs what a step
 of that width is measured to cost at this batch size (every row pays the width: short rows waste padding); the
-best tokens per second wins. Width 1 is plain decoding, so speculation switches itself off where it does not pay.
+best tokens per second wins. Width 1 is plain decoding, so speculation switches itself off where it does not pay;
+drafting must beat it by a margin (10%), since a wrong "on" costs a step and the estimates are noisy.
 
 Where the target skips padded positions (`ragged`: core/padding.py; the packed CPU linears), a step costs what
 its real tokens cost, not its width: then each row drafts its own length. A row drafts token j while its chance
@@ -116,15 +117,26 @@ class StepCosts:
         self.seconds[key] = seconds if old is None else old + self.smoothing * (seconds - old)
 
     def estimate(self, batch: int, width: int) -> float | None:
-        """Measured, else interpolated/extrapolated linearly in width from this batch size's measurements."""
+        """Measured, else interpolated/extrapolated linearly in width from this batch size's measurements. A batch
+        size with fewer than two widths measured (a job's tail, as rows finish) takes its shape from the nearest
+        batch size that has two, scaled to its own measurement if it has one: the policy compares widths at one
+        batch size, so it needs their relative costs, and a CPU's first draft token can cost 15-30% of a step
+        (more than a made-up prior would say). None: nothing measured at all."""
         if (batch, width) in self.seconds:
             return self.seconds[(batch, width)]
         known = sorted((w, s) for (b, w), s in self.seconds.items() if b == batch)
-        if not known:
-            return None
-        if len(known) == 1:
+        if len(known) < 2:
+            shaped = {b for b, _ in self.seconds if b != batch and sum(1 for bb, _ in self.seconds if bb == b) >= 2}
+            if shaped:
+                nearest = min(shaped, key=lambda b: (abs(b - batch), -b))  # ties: the larger (costlier widths)
+                if not known:
+                    return self.estimate(nearest, width)
+                w0, s0 = known[0]
+                return s0 * self.estimate(nearest, width) / self.estimate(nearest, w0)  # type: ignore[operator]
+            if not known:
+                return None
             w0, s0 = known[0]
-            # optimistic prior: each extra token per row costs 5% of a step; measuring it corrects this
+            # nothing to take the shape from: each extra token per row costs 5% of a step; measuring corrects it
             return s0 * max(0.05, 1.0 + 0.05 * (width - w0))
         below = [p for p in known if p[0] < width]
         above = [p for p in known if p[0] > width]
@@ -146,6 +158,7 @@ class DraftPolicy:
         candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16),
         min_reach: float = 0.05,
         ragged: bool = False,
+        margin: float = 1.1,
     ):
         if k_max < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
@@ -154,6 +167,9 @@ class DraftPolicy:
         self.candidates = sorted({c for c in candidates if c <= k_max} | {k_max})
         self.min_reach = min_reach
         self.ragged = ragged  # a step costs its real tokens (the target skips padding), not its width
+        # drafting must beat plain decoding's expected rate by this much: the estimates are noisy, and a wrong
+        # "on" costs a whole step (a CPU's first draft token costs 15-35% of one), a wrong "off" a few tokens
+        self.margin = margin
         # learned across calls (the workload's): step costs, run lengths, what stated confidence is worth
         self.costs = StepCosts()
         self.survival = DepthSurvival(depth=max(1, k_max) + 1)
@@ -204,7 +220,7 @@ class DraftPolicy:
             if cost is None:  # nothing measured at this batch size yet: start from a middling draft
                 return 1 + min(longest, max(1, self.k_max // 2))
             tokens = sum(1.0 + g[min(k, len(g) - 1)] for g in gains)
-            rate = tokens / cost
+            rate = tokens / cost * (self.margin if k == 0 else 1.0)
             if rate > best_rate * 1.0001:
                 best_width, best_rate = 1 + k, rate
         return best_width
@@ -220,6 +236,7 @@ class DraftPolicy:
             ks = [sum(1 for p in r if p >= threshold) for r in reach]
             cost = self.costs.estimate(batch, self.cost_key(ks))
             rate = sum(1.0 + g[k] for g, k in zip(gains, ks)) / cost  # type: ignore[operator]
+            rate *= self.margin if not any(ks) else 1.0
             if rate > best_rate * 1.0001:
                 best, best_rate = ks, rate
         return best

@@ -95,12 +95,24 @@ def test_step_costs_estimates():
     c.observe(1, 1, 0.10)
     assert c.estimate(1, 1) == 0.10
     assert math.isclose(c.estimate(1, 5), 0.10 * (1 + 0.05 * 4))  # optimistic prior from one measurement
-    assert c.estimate(2, 1) is None  # other batch sizes are not guessed from this one
+    assert c.estimate(2, 1) is None  # nothing to take another batch size's shape from yet
     c.observe(1, 5, 0.30)
     assert math.isclose(c.estimate(1, 3), 0.20)  # interpolated
     assert math.isclose(c.estimate(1, 9), 0.50)  # extrapolated past the widest
     c.observe(1, 1, 0.20)  # moving average
     assert math.isclose(c.estimate(1, 1), 0.10 + 0.3 * 0.10)
+
+
+def test_step_costs_of_a_batch_size_take_their_shape_from_the_nearest_measured_one():
+    c = StepCosts()
+    for width, seconds in {1: 0.20, 3: 0.30, 5: 0.40}.items():
+        c.observe(8, width, seconds)
+    c.observe(2, 1, 0.05)  # widths 1 and 2 cost the same here: one measurement gives no shape
+    assert math.isclose(c.estimate(6, 3), 0.30)  # nothing at batch 6: batch 8's costs
+    assert math.isclose(c.estimate(2, 3), 0.05 * 0.30 / 0.20)  # batch 8's shape, scaled to batch 2's width 1
+    assert math.isclose(c.estimate(3, 5), 0.40)  # nothing at batch 3: the nearest batch size with a shape, 8
+    c.observe(2, 3, 0.06)
+    assert math.isclose(c.estimate(2, 5), 0.07)  # two widths of its own: its own line
 
 
 def _policy_with_costs(per_width: dict[int, float], batch: int = 1, k_max: int = 8) -> DraftPolicy:
