@@ -7,6 +7,7 @@ memory, not correctness; `compact` squeezes them out with a gather when they pil
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -124,6 +125,8 @@ class KVBatch:
         self.cache = Cache(layer_class_to_replicate=SlabLayer)
         self.mask = torch.zeros(batch, 0, dtype=torch.long, device=device)  # [B, cache_len], 1 = the row's token
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # [B] = valid entries per row
+        # publish each forward's real positions only to a model with a layer that reads them (no sync elsewhere)
+        self.skips_padding = padding.skips_padding(model)
 
     @property
     def batch(self) -> int:
@@ -138,7 +141,8 @@ class KVBatch:
         valid_l = valid.long()
         positions = (self.next_pos.unsqueeze(1) + valid_l.cumsum(dim=1) - 1).clamp_min(0)
         mask = torch.cat([self.mask, valid_l], dim=1)
-        with padding.real_positions(valid):  # layers that can skip the padded positions do (core/padding.py)
+        hint = padding.real_positions(valid) if self.skips_padding else contextlib.nullcontext()
+        with hint:  # layers that can skip the padded positions do (core/padding.py)
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=mask,

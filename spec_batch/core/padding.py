@@ -23,7 +23,6 @@ _local = threading.local()
 class RealPositions:
     shape: tuple[int, int]  # [rows, width] of the forward's input
     index: torch.Tensor  # flat indices (row * width + column) of the real tokens
-    count: int
 
 
 def current() -> RealPositions | None:
@@ -34,12 +33,12 @@ def current() -> RealPositions | None:
 @contextlib.contextmanager
 def real_positions(valid: torch.Tensor) -> Iterator[None]:
     """Publishes valid [rows, width] (True on real tokens) while the block runs; nothing if all are real."""
-    count = int(valid.sum())
-    if count == valid.numel():
+    index = valid.reshape(-1).nonzero().squeeze(1)
+    if index.numel() == valid.numel():
         yield
         return
     previous = current()
-    _local.positions = RealPositions(tuple(valid.shape), valid.reshape(-1).nonzero().squeeze(1), count)
+    _local.positions = RealPositions(tuple(valid.shape), index)
     try:
         yield
     finally:

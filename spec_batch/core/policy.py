@@ -17,6 +17,7 @@ second wins, the cost looked up by the mean row width (1 + mean draft) in the sa
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .calibration import ConfidenceCalibration
@@ -126,7 +127,8 @@ class StepCosts:
             return self.seconds[(batch, width)]
         known = sorted((w, s) for (b, w), s in self.seconds.items() if b == batch)
         if len(known) < 2:
-            shaped = {b for b, _ in self.seconds if b != batch and sum(1 for bb, _ in self.seconds if bb == b) >= 2}
+            widths = Counter(b for b, _ in self.seconds)
+            shaped = [b for b, n in widths.items() if n >= 2 and b != batch]
             if shaped:
                 nearest = min(shaped, key=lambda b: (abs(b - batch), -b))  # ties: the larger (costlier widths)
                 if not known:

@@ -96,15 +96,14 @@ def pack_linear_weights(model: nn.Module) -> int:
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear or child.weight.device.type != "cpu" or child.weight.dtype not in _DTYPES:
                 continue
-            if replaced == 0:  # the first layer decides for all (one dtype, one device)
-                try:
-                    packed = PackedLinear(child, keep_weight=child is output)
-                except RuntimeError:
-                    return 0  # this CPU lacks oneDNN's kernel for the dtype (bf16 needs AVX-512 or AVX-NE-CONVERT)
-                if not _same_results(packed, child):
-                    return 0  # this oneDNN build disagrees with torch: keep the plain kernels
-            else:
+            try:
                 packed = PackedLinear(child, keep_weight=child is output)
+            except RuntimeError:
+                if replaced:
+                    raise
+                return 0  # this CPU lacks oneDNN's kernel for the dtype (bf16 needs AVX-512 or AVX-NE-CONVERT)
+            if replaced == 0 and not _same_results(packed, child):  # the first layer decides for all
+                return 0  # this oneDNN build disagrees with torch: keep the plain kernels
             setattr(parent, name, packed)
             replaced += 1
     return replaced

@@ -15,7 +15,7 @@ def test_real_positions_are_published_for_the_block_only():
     with padding.real_positions(valid):
         real = padding.current()
         assert real is not None
-        assert real.shape == (2, 3) and real.count == 3
+        assert real.shape == (2, 3) and real.index.numel() == 3
         assert real.index.tolist() == [0, 1, 3]  # flat row * width + column of each real token
     assert padding.current() is None
 
