@@ -179,7 +179,7 @@ def main() -> None:
         t = time.perf_counter()
         decoder = load_decoder("default", "ngram")
         out["in_process_load_s"] = time.perf_counter() - t
-        from spec_batch.core.sampling import SamplingParams
+        from spec_batch.core.params import SamplingParams
 
         decoder.generate(["Warm up."], SamplingParams(max_new_tokens=4), batch_size=1)
         run_in_process(factory, write_batch(work / "warm-ip.jsonl", 2, 4), decoder, args.batch_size)

@@ -35,7 +35,7 @@ from spec_batch.core.drafters import Drafter, NgramDrafter  # noqa: E402
 from spec_batch.core.job_memory import JobMemory  # noqa: E402
 from spec_batch.core.policy import DraftPolicy, RowAcceptance, StepCosts  # noqa: E402
 from spec_batch.core.rows import matched_run  # noqa: E402
-from spec_batch.core.sampling import SamplingParams  # noqa: E402
+from spec_batch.core.params import SamplingParams  # noqa: E402
 from spec_batch.core.suffix_drafter import SuffixDrafter  # noqa: E402
 
 Request = tuple[list[int], list[int]]  # (prompt ids, output ids)

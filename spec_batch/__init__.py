@@ -1,7 +1,13 @@
-"""spec-batch: exact, batched speculative decoding on Hugging Face models."""
-from .core.decoder import Decoder
-from .core.job_memory import JobMemory
-from .loading import load_decoder
+"""spec-batch: exact, batched speculative decoding on Hugging Face models.
+
+The names below are imported on first use (PEP 562), so `import spec_batch.store` or a CLI command that only
+reads the database does not pay for torch and transformers (seconds at every `spec-batch status`).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ChatTemplateError,
     DefaultModelMissingError,
@@ -11,8 +17,32 @@ from .errors import (
     SpecBatchError,
     UnknownModelError,
 )
-from .core.outputs import GenerationResult, RequestStats, StreamChunk
-from .core.sampling import SamplingParams
+
+_LAZY = {
+    "Decoder": ".core.decoder",
+    "JobMemory": ".core.job_memory",
+    "load_decoder": ".loading",
+    "GenerationResult": ".core.outputs",
+    "RequestStats": ".core.outputs",
+    "StreamChunk": ".core.outputs",
+    "SamplingParams": ".core.params",
+}
+
+if TYPE_CHECKING:
+    from .core.decoder import Decoder
+    from .core.job_memory import JobMemory
+    from .core.outputs import GenerationResult, RequestStats, StreamChunk
+    from .core.params import SamplingParams
+    from .loading import load_decoder
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Decoder",

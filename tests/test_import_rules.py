@@ -160,3 +160,18 @@ def test_the_cycle_finder_sees_function_level_imports(tmp_path):
     assert len(nodes) == 1 and nodes[0].module == "runner" and nodes[0].level == 1
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import y\n"
     assert [n.module for n in _import_nodes(ast.parse(typed))] == ["typing"]
+
+
+def test_commands_that_only_read_or_queue_do_not_import_torch():
+    """`spec-batch submit/status/cancel/jobs/report` and the enqueue path load in about a second: torch and
+    transformers (8-10 s to import on a small CPU) come in only where a model is loaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, spec_batch, spec_batch.cli, spec_batch.jobs, spec_batch.loading, workers.enqueue;"
+        "spec_batch.SamplingParams(max_new_tokens=4); spec_batch.loading.validate_messages;"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

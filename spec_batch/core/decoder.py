@@ -27,7 +27,7 @@ from .outputs import GenerationResult, RequestStats, StreamChunk
 from .padding import skips_padding
 from .policy import DraftPolicy, RowAcceptance
 from .rows import Row, matched_run
-from .sampling import SamplingParams, fresh_seed
+from .params import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
 from .verify import verify, verify_input
 

@@ -17,7 +17,8 @@ import torch
 from .grammar import mask_next
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
-from .sampling import STREAM_DRAFT, SamplingParams, exponential_noise, logits_to_probs, sample_from, sampling_tensors
+from .params import SamplingParams
+from .sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
 
 class DraftRow(Protocol):

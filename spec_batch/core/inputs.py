@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidParameterError, PromptTooLongError
-from .sampling import SamplingParams
+from .params import SamplingParams
 
 Prompt = str | list[int]
 

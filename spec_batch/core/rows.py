@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .grammar import GrammarState
 from .outputs import FinishReason, GenerationResult, RequestStats
 from .policy import RowAcceptance
-from .sampling import SamplingParams
+from .params import SamplingParams
 from .text import OutputText
 
 

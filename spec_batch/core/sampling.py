@@ -1,4 +1,4 @@
-"""Sampling parameters and the one way logits become probabilities.
+"""The one way logits become probabilities, and seeded per-position randomness (parameters: core/params.py).
 
 Temperature, top-k and top-p are applied by the same function to the target's and the draft's logits, so
 both distributions are shaped the same way (a trap real systems shipped as a bug).
@@ -6,67 +6,11 @@ both distributions are shaped the same way (a trap real systems shipped as a bug
 from __future__ import annotations
 
 import hashlib
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
 
 import torch
 
-from ..errors import InvalidParameterError
-from .response_format import parse_response_format
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 64
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None  # None: fresh randomness for this request
-    stop: list[str] = field(default_factory=list)
-    # the shape the output must have (OpenAI's response_format; see response_format.py); None: free text.
-    # Kept as the normalized plain dict, so params stay plain JSON for the job store
-    response_format: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
-            raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not (0.0 <= float(self.temperature) <= 100.0):
-            raise InvalidParameterError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < float(self.top_p) <= 1.0):
-            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise InvalidParameterError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise InvalidParameterError(f"seed must be an integer or None, got {self.seed!r}")
-        for s in self.stop:
-            if not isinstance(s, str) or s == "":
-                raise InvalidParameterError(f"stop strings must be non-empty strings, got {s!r}")
-        self.temperature = float(self.temperature)
-        self.top_p = float(self.top_p)
-        fmt = parse_response_format(self.response_format)
-        self.response_format = None if fmt is None else fmt.to_dict()
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "SamplingParams":
-        """Builds params from a plain dict; an unknown key is an error, not ignored."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InvalidParameterError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
-
-
-def fresh_seed() -> int:
-    return secrets.randbits(63)
+from .params import SamplingParams
 
 
 def _key(seed: int, position: int, stream: int) -> int:

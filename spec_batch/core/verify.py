@@ -25,9 +25,9 @@ from typing import Protocol
 
 import torch
 
+from .params import SamplingParams
 from .sampling import (
     STREAM_TARGET,
-    SamplingParams,
     accept_uniform,
     exponential_noise,
     logits_to_probs,

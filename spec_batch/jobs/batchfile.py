@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import InvalidParameterError, SpecBatchError
 from ..core.response_format import parse_response_format
-from ..core.sampling import SamplingParams
+from ..core.params import SamplingParams
 from ..store.models import REQ_CANCELLED
 from .stats import stats_of_row
 from ..loading.chat import MessageError, validate_messages

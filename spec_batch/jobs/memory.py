@@ -12,12 +12,13 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.job_memory import JobMemory
-from ..core.suffix_drafter import SuffixDrafter
 from ..store import queries
 
 
 def uses_job_memory(decoder: Any) -> bool:
     """Whether the decoder's drafter drafts from a job memory (only then is one worth warming)."""
+    from ..core.suffix_drafter import SuffixDrafter  # here: the drafters import torch, the job service must not
+
     return getattr(decoder, "draft_name", None) == SuffixDrafter.name
 
 

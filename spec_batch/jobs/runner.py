@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.job_memory import JobMemory
 from ..core.outputs import RequestStats
-from ..core.sampling import SamplingParams
+from ..core.params import SamplingParams
 from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.outputs import RequestStats
-from ..core.sampling import SamplingParams
+from ..core.params import SamplingParams
 from ..errors import SpecBatchError
 from ..store import chunks as qstore
 from ..store import queries

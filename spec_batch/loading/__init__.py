@@ -2,19 +2,39 @@
 
 resolve (what a model name refers to) -> load (model + tokenizer on a device) -> factory (decoders, and the
 one per-process cache of models and decoders); chat validates chat messages and applies chat templates.
-"""
-from .chat import MessageError, apply_chat_template, validate_messages
-from .factory import build_decoder, clear_cache, load_decoder, shared_decoder, shared_model
-from .resolve import resolve_spec
 
-__all__ = [
-    "MessageError",
-    "apply_chat_template",
-    "build_decoder",
-    "clear_cache",
-    "load_decoder",
-    "resolve_spec",
-    "shared_decoder",
-    "shared_model",
-    "validate_messages",
-]
+The names are imported on first use (PEP 562): validating a batch file's chat messages (`chat`) or resolving
+a model name must not pay for torch and transformers.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "MessageError": ".chat",
+    "apply_chat_template": ".chat",
+    "validate_messages": ".chat",
+    "build_decoder": ".factory",
+    "clear_cache": ".factory",
+    "load_decoder": ".factory",
+    "shared_decoder": ".factory",
+    "shared_model": ".factory",
+    "resolve_spec": ".resolve",
+}
+
+if TYPE_CHECKING:
+    from .chat import MessageError, apply_chat_template, validate_messages
+    from .factory import build_decoder, clear_cache, load_decoder, shared_decoder, shared_model
+    from .resolve import resolve_spec
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -16,7 +16,7 @@ from spec_batch.core.grammar import (
     parse_response_format,
     unpack_bitmask,
 )
-from spec_batch.core.sampling import SamplingParams
+from spec_batch.core.params import SamplingParams
 from spec_batch.errors import InvalidParameterError
 
 EOS = 0

@@ -7,14 +7,13 @@ from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec_batch.errors import InvalidParameterError
+from spec_batch.core.params import SamplingParams, fresh_seed
 from spec_batch.core.sampling import (
     STREAM_ACCEPT,
     STREAM_DRAFT,
     STREAM_TARGET,
-    SamplingParams,
     accept_uniform,
     exponential_noise,
-    fresh_seed,
     logits_to_probs,
     sample_from,
     sampling_tensors,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from spec_batch.core.sampling import SamplingParams
+from spec_batch.core.params import SamplingParams
 from spec_batch.core.job_memory import JobMemory
 from spec_batch.core.suffix_drafter import SuffixDrafter
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from spec_batch.core.sampling import STREAM_TARGET, SamplingParams, exponential_noise
+from spec_batch.core.params import SamplingParams
+from spec_batch.core.sampling import STREAM_TARGET, exponential_noise
 from spec_batch.core.verify import accept_matching, accept_rejection_sampling, verify, verify_input
 
 T = torch.tensor

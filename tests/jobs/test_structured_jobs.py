@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from batch_lines import chat_line, completion_line, write_batch
-from spec_batch.core.sampling import SamplingParams
+from spec_batch.core.params import SamplingParams
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.jobs.batchfile import CHAT, COMPLETIONS, INVALID_VALUE, BatchLineError, errors_path_for, iter_jsonl, parse_line, parse_lines
 from spec_batch.store import Request, make_session_factory, queries

@@ -182,7 +182,9 @@ def test_postgres_two_workers_and_a_database_outage(tmp_path, pg_admin, redis_ur
         proxy.up()
         assert _wait_job(factory, res.job_id, workers) == "completed"
         rs = _assert_exactly_once(factory, res.job_id, 8)
-        assert len({token_pid(r.worker) for r in rs}) >= 2  # both workers' processes ran requests
+        # both workers took chunks; which of them completes each is Celery's and the outage's business (a worker
+        # whose attempts all fell in the outage may leave every request to the other one's retries)
+        assert all("process_chunk" in w.log() and "received" in w.log() for w in workers)
         logs = "".join(w.log() for w in workers)
         assert "transient failure" in logs or "lease renewal failed" in logs  # the outage was seen
     finally:
