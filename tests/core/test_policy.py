@@ -234,7 +234,12 @@ def test_plan_simple_cases():
     assert DraftPolicy(k_max=0).plan(1, [[0.9] * 5]) == [0]
     assert DraftPolicy(k_max=8, adaptive=False).plan(4, [[0.0] * 2, [0.0] * 7, [], [0.0]]) == [2, 7, 0, 1]
     assert DraftPolicy(k_max=4, adaptive=False).plan(1, [[0.0] * 9]) == [4]
-    assert DraftPolicy(k_max=8).plan(3, [[0.9] * 8] * 3) == [4, 4, 4]  # nothing measured yet: k_max // 2
+    cold = DraftPolicy(k_max=8)
+    assert cold.plan(3, [[0.9] * 8] * 3) == [0, 0, 0]  # nothing measured yet: a plain step, the anchor
+    cold.observe_step(3, 1, 1.0)
+    assert all(k > 0 for k in cold.plan(3, [[0.9] * 8] * 3))  # then the prior (5% a token) lets it draft
+    ragged = DraftPolicy(k_max=8, ragged=True)
+    assert ragged.plan(2, [[0.9] * 8] * 2) == [0, 0]
     with pytest.raises(ValueError):
         DraftPolicy(k_max=-1)
     assert DraftPolicy(k_max=5).candidates[-1] == 5
