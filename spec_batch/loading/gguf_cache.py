@@ -5,8 +5,8 @@ on two cores). The first load of a GGUF file converts it once into an ordinary H
 directory (model.safetensors, config.json, tokenizer files); later loads read that directory.
 
 Layout: ``<cache_dir>/gguf/<entry key>/`` where the key is the file's stem plus a hash of
-(resolved path, size, mtime_ns, format version), so a different or modified GGUF file gets its own
-entry. An entry is written into a temporary directory beside it and renamed into place only when
+(content, size, format version), so a different or modified GGUF file gets its own entry and the same file
+installed elsewhere (a new virtualenv) reuses its conversion. An entry is written into a temporary directory beside it and renamed into place only when
 complete; the last file written is ``spec_batch_entry.json`` (the marker), which records every file's
 size. An entry without a valid marker, with a missing or short file, an unreadable config.json or a
 safetensors file whose header does not match its length is treated as corrupt and rebuilt.
@@ -33,6 +33,7 @@ CACHE_FORMAT = 1
 MARKER = "spec_batch_entry.json"
 GGUF_MAGIC = b"GGUF"
 SUBDIR = "gguf"
+DIGESTS = ".digests"  # under the cache root: content digests by (path, size, mtime), see entry_key
 
 try:  # POSIX: serialize concurrent conversions of the same file across processes.
     import fcntl
@@ -59,12 +60,32 @@ def is_gguf_file(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def entry_key(gguf_path: Path) -> str:
-    """Cache key for a GGUF file: its stem (readable) and a hash of its identity (path, size, mtime)."""
+def entry_key(gguf_path: Path, memo_dir: Path | None = None) -> str:
+    """Cache key for a GGUF file: its stem (readable) and a hash of its content and size. By content, not by
+    path: a reinstalled package (a new virtualenv, a fresh clone) has the same file elsewhere, and converting
+    it again costs ~30 s. Hashing reads the file (~0.2 s for the default's 90 MB); memo_dir keeps each
+    (path, size, mtime)'s digest so a later load does not read it again."""
     resolved = Path(gguf_path).resolve()
     st = resolved.stat()
-    ident = f"{CACHE_FORMAT}\0{resolved}\0{st.st_size}\0{st.st_mtime_ns}"
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    ident = hashlib.sha256(f"{resolved}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    memo = memo_dir / ident if memo_dir is not None else None
+    content = None
+    if memo is not None:
+        with contextlib.suppress(OSError):
+            content = memo.read_text().strip() or None
+    if content is None:
+        h = hashlib.blake2b(digest_size=16)
+        with open(resolved, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        content = h.hexdigest()
+        if memo is not None:
+            with contextlib.suppress(OSError):
+                memo.parent.mkdir(parents=True, exist_ok=True)
+                tmp = memo.with_name(f".{ident}.{os.getpid()}")
+                tmp.write_text(content)
+                os.replace(tmp, memo)  # atomic: a concurrent reader sees the whole digest or none
+    digest = hashlib.sha256(f"{CACHE_FORMAT}\0{st.st_size}\0{content}".encode()).hexdigest()[:16]
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", resolved.stem)[:64] or "model"
     return f"{stem}-{digest}"
 
@@ -192,12 +213,12 @@ def ensure_converted(
             raise UnknownModelError(
                 f"{str(gguf_path)!r} is not a GGUF file (it does not start with the GGUF magic bytes)"
             )
-        key = entry_key(src)
+        root = cache_root(cache_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        key = entry_key(src, root / DIGESTS)
     except OSError as exc:
         raise UnknownModelError(f"GGUF file {str(gguf_path)!r} cannot be read: {exc}") from exc
 
-    root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / key
     if entry_problem(final) is None:
         return final

@@ -99,7 +99,7 @@ def test_gguf_file_converts_once_then_loads_from_cache(tiny_gguf, tiny_tokenizer
     assert (entry / gguf_cache.MARKER).stat().st_mtime_ns == marker_mtime
     assert torch.equal(second.model.lm_head.weight, first.model.lm_head.weight)
     # no temporary directories are left behind
-    assert [p.name for p in (tmp_path / "gguf").iterdir() if not p.name.endswith(".lock")] == [entry.name]
+    assert [p.name for p in (tmp_path / "gguf").iterdir() if not p.name.startswith(".")] == [entry.name]
 
 
 def test_cache_dir_defaults_to_spec_batch_cache_env(tiny_gguf, tmp_path, monkeypatch):
@@ -163,13 +163,18 @@ def test_crash_mid_conversion_leaves_nothing_that_loads(tiny_gguf, tmp_path):
     assert gguf_cache.entry_problem(entry) is None and not stale.exists()
 
 
-def test_a_different_or_modified_gguf_gets_its_own_entry(tiny_gguf, tmp_path):
-    copy = tmp_path / "copy.gguf"
-    shutil.copy2(tiny_gguf, copy)
-    assert gguf_cache.entry_key(copy) != gguf_cache.entry_key(tiny_gguf)
-    key = gguf_cache.entry_key(copy)
-    st = copy.stat()
-    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+def test_a_modified_gguf_gets_its_own_entry_and_a_reinstalled_one_reuses_it(tiny_gguf, tmp_path):
+    copy = tmp_path / "elsewhere" / tiny_gguf.name
+    copy.parent.mkdir()
+    shutil.copy(tiny_gguf, copy)  # the same file installed elsewhere (a new virtualenv): new path, new mtime
+    assert gguf_cache.entry_key(copy) == gguf_cache.entry_key(tiny_gguf)
+    memo = tmp_path / "digests"
+    key = gguf_cache.entry_key(copy, memo)
+    assert key == gguf_cache.entry_key(copy, memo) and len(list(memo.iterdir())) == 1  # read once, then the memo
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF  # same size, other content
+    copy.write_bytes(bytes(data))
+    assert gguf_cache.entry_key(copy, memo) != key  # the write changed the mtime: the memo is not consulted
     assert gguf_cache.entry_key(copy) != key
 
 
