@@ -347,6 +347,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     ap.add_argument("--quick", action="store_true", help="smoke run: edits+free, 2 prompts, 32 tokens, 1 repeat")
     args = ap.parse_args(argv)
+    if args.other_repeats < 1 or args.repeats < 1:
+        ap.error("--repeats and --other-repeats must be >= 1 (the Hugging Face rows are the reference every output is checked against)")
     if args.quick:
         args.sets, args.prompts, args.max_new_tokens, args.repeats = "edits,free", 2, 32, 1
     return args
