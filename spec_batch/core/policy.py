@@ -236,7 +236,7 @@ class DraftPolicy:
         for k in sorted({min(c, longest) for c in self.candidates}):
             cost = self.costs.estimate(batch, 1 + k)
             tokens = sum(1.0 + g[min(k, len(g) - 1)] for g in gains)
-            rate = tokens / cost  # type: ignore[operator] * (self.margin if k == 0 else 1.0)
+            rate = tokens / cost * (self.margin if k == 0 else 1.0)  # type: ignore[operator]
             if rate > best_rate * 1.0001:
                 best_width, best_rate = 1 + k, rate
         return best_width

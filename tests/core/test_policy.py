@@ -229,6 +229,16 @@ def test_plan_never_probes_for_a_free_drafter():
     assert [p.plan(1, [[0.0] * 8], probe=False) for _ in range(3 * p.probe_every)] == [[0]] * (3 * p.probe_every)
 
 
+@pytest.mark.parametrize("ragged", [False, True])
+def test_drafting_must_beat_plain_decoding_by_the_margin(ragged):
+    """Widths 1 and 2 cost the same: a draft worth 5% more tokens stays off (margin 10%), one worth 20% is taken."""
+    p = DraftPolicy(k_max=1, ragged=ragged)
+    p.observe_step(1, 1, 1.0)
+    p.observe_step(1, 2, 1.0)
+    assert p.plan(1, [[0.05]], probe=False) == [0]
+    assert p.plan(1, [[0.2]], probe=False) == [1]
+
+
 def test_plan_simple_cases():
     assert DraftPolicy(k_max=8).plan(1, [[]]) == [0]  # nothing to offer
     assert DraftPolicy(k_max=0).plan(1, [[0.9] * 5]) == [0]
