@@ -5,9 +5,9 @@ reads the database does not pay for torch and transformers (seconds at every `sp
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_exports
 from .errors import (
     ChatTemplateError,
     DefaultModelMissingError,
@@ -35,14 +35,7 @@ if TYPE_CHECKING:
     from .core.params import SamplingParams
     from .loading import load_decoder
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "Decoder",

@@ -8,8 +8,9 @@ a model name must not pay for torch and transformers.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 _LAZY = {
     "MessageError": ".chat",
@@ -28,13 +29,6 @@ if TYPE_CHECKING:
     from .factory import build_decoder, clear_cache, load_decoder, shared_decoder, shared_model
     from .resolve import resolve_spec
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)

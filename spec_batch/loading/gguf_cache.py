@@ -6,10 +6,11 @@ directory (model.safetensors, config.json, tokenizer files); later loads read th
 
 Layout: ``<cache_dir>/gguf/<entry key>/`` where the key is the file's stem plus a hash of
 (content, size, format version), so a different or modified GGUF file gets its own entry and the same file
-installed elsewhere (a new virtualenv) reuses its conversion. An entry is written into a temporary directory beside it and renamed into place only when
-complete; the last file written is ``spec_batch_entry.json`` (the marker), which records every file's
-size. An entry without a valid marker, with a missing or short file, an unreadable config.json or a
-safetensors file whose header does not match its length is treated as corrupt and rebuilt.
+installed elsewhere (a new virtualenv) reuses its conversion. An entry is written into a temporary directory
+beside it and renamed into place only when complete; the last file written is ``spec_batch_entry.json``
+(the marker), which records every file's size. An entry without a valid marker, with a missing or short file,
+an unreadable config.json or a safetensors file whose header does not match its length is treated as corrupt
+and rebuilt.
 """
 from __future__ import annotations
 
