@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from spec_batch.core.drafters import Drafter, NgramDrafter  # noqa: E402
 from spec_batch.core.job_memory import JobMemory  # noqa: E402
-from spec_batch.core.policy import DraftPolicy, RowAcceptance, StepCosts  # noqa: E402
+from spec_batch.core.policy import DraftPolicy, PaddedCosts, RowAcceptance, StepCosts  # noqa: E402
 from spec_batch.core.rows import matched_run  # noqa: E402
 from spec_batch.core.params import SamplingParams  # noqa: E402
 from spec_batch.core.suffix_drafter import SuffixDrafter  # noqa: E402
@@ -82,7 +82,7 @@ def replay(requests: list[Request], new_drafter: Callable[[], Drafter], costs: S
            adaptive: bool, initial_acceptance: tuple[float, float]) -> ReplayStats:
     """Greedy decoding of known outputs at batch 1, request after request, with one policy for the whole job."""
     policy = DraftPolicy(k_max=k_max, adaptive=adaptive)
-    policy.costs = costs  # fixed: the measured (or assumed) costs, not this simulation's timings
+    policy.costs = PaddedCosts.fixed(costs)  # the measured (or assumed) costs, not this simulation's timings
     stats = ReplayStats()
     for prompt, output in requests:
         if not prompt or not output:

@@ -293,5 +293,5 @@ class Decoder:
             new_ids = row.append(emitted)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
-        self.policy.observe_step(len(rows), self.policy.cost_key([len(d) for d in draft.tokens]), time.perf_counter() - t0)
+        self.policy.observe_step(len(rows), [len(d) for d in draft.tokens], time.perf_counter() - t0)
         return events

@@ -13,10 +13,12 @@ drafting must beat it by a margin (10%), since a wrong "on" costs a step and the
 Where the target skips padded positions (`ragged`: core/padding.py; the packed CPU linears), a step costs what
 its real tokens cost, not its width: then each row drafts its own length. A row drafts token j while its chance
 to get there is at least a threshold shared by the batch; the threshold with the best expected tokens per
-second wins, the cost looked up by the mean row width (1 + mean draft) in the same measured table.
+second wins. Its cost is looked up at an effective width between 1 + the mean draft (padding free) and 1 + the
+longest (padding as dear as a real token), weighted by what a padded position is measured to cost (PaddedCosts).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .calibration import ConfidenceCalibration
@@ -163,6 +165,63 @@ class StepCosts:
         return max(1e-6, s1 + slope * (width - w1))
 
 
+class PaddedCosts:
+    """Step costs where a padded position may cost less than a real token, and how much is measured.
+
+    A step of batch b drafting lengths ks computes b * (1 + mean) real tokens and b * (max - mean) padded ones.
+    Where the target skips padding in its linear layers (core/padding.py) a padded position still costs
+    something (attention and the elementwise layers run on the padded width): measured on the default model at
+    batch 8 on a CPU, a row drafting 16 beside seven drafting nothing cost as much as every row drafting 4. So a
+    step's cost is read from a StepCosts table at the effective width u = 1 + mean + rho * (max - mean), for
+    candidate weights rho of a padded position (0: free, 1: as dear as a real token, the dense case). Every
+    table is updated on every step; the one whose predictions erred least lately is used. Keying on the mean
+    alone (rho 0) mistook one long row's padding for the price of drafting at all: the policy stopped drafting
+    for the rest of a job."""
+
+    RHOS = (0.0, 0.25, 0.5, 1.0)
+
+    def __init__(self, ragged: bool, error_decay: float = 0.95):
+        self.tables = {rho: StepCosts() for rho in (self.RHOS if ragged else (1.0,))}
+        self.errors = {rho: 0.0 for rho in self.tables}  # decayed squared log errors of each table's predictions
+        self.error_decay = error_decay
+
+    @classmethod
+    def fixed(cls, table: StepCosts) -> "PaddedCosts":
+        """Given costs by verify width (a replay's, not measured here): a padded position costs a real token's."""
+        costs = cls(ragged=False)
+        costs.tables[1.0] = table
+        return costs
+
+    @staticmethod
+    def width(rho: float, lengths: list[int]) -> float:
+        """The effective verify width of a step drafting these lengths (quarter steps: nearby plans share a key)."""
+        if not lengths:
+            return 1.0
+        longest, mean = max(lengths), sum(lengths) / len(lengths)
+        return 1.0 + round((mean + rho * (longest - mean)) * 4) / 4
+
+    @property
+    def rho(self) -> float:
+        return min(self.tables, key=lambda r: (self.errors[r], -r))  # ties: the dearer padding (the safe side)
+
+    def estimate(self, batch: int, lengths: list[int]) -> float | None:
+        rho = self.rho
+        return self.tables[rho].estimate(batch, self.width(rho, lengths))
+
+    def observe(self, batch: int, lengths: list[int], seconds: float) -> None:
+        for rho, table in self.tables.items():
+            width = self.width(rho, lengths)
+            predicted = table.estimate(batch, width)
+            if predicted is not None and len(self.tables) > 1:
+                self.errors[rho] = self.errors[rho] * self.error_decay + math.log(seconds / predicted) ** 2
+            table.observe(batch, width, seconds)
+
+    def observe_width(self, batch: int, width: float, seconds: float) -> None:
+        """A step in which every row read `width` tokens (no padding: every table's key is the width)."""
+        for table in self.tables.values():
+            table.observe(batch, width, seconds)
+
+
 class DraftPolicy:
     def __init__(
         self,
@@ -184,7 +243,7 @@ class DraftPolicy:
         # "on" costs a whole step (a CPU's first draft token costs 15-35% of one), a wrong "off" a few tokens
         self.margin = margin
         # learned across calls (the workload's): step costs, run lengths, what stated confidence is worth
-        self.costs = StepCosts()
+        self.costs = PaddedCosts(ragged)
         self.survival = DepthSurvival(depth=max(1, k_max) + 1)
         self.calibration = ConfidenceCalibration()
         self.probe_every = 32
@@ -206,7 +265,7 @@ class DraftPolicy:
             return [0] * len(offers)
         if not self.adaptive:
             return [min(self.k_max, len(q)) for q in offers]
-        if self.costs.estimate(batch, 1) is None:
+        if self.costs.estimate(batch, [0]) is None:
             # nothing measured yet: a plain step first, the cost every draft length is weighed against (drafting
             # first left the policy with one drafted width and a guess for plain decoding: a cold start drafted
             # 4 tokens per row at 25% acceptance, 20% slower than plain on a CPU at batch 8)
@@ -234,7 +293,7 @@ class DraftPolicy:
             return 1
         best_width, best_rate = 1, -1.0
         for k in sorted({min(c, longest) for c in self.candidates}):
-            cost = self.costs.estimate(batch, 1 + k)
+            cost = self.costs.estimate(batch, [k])
             tokens = sum(1.0 + g[min(k, len(g) - 1)] for g in gains)
             rate = tokens / cost * (self.margin if k == 0 else 1.0)  # type: ignore[operator]
             if rate > best_rate * 1.0001:
@@ -248,21 +307,12 @@ class DraftPolicy:
         best, best_rate = [0] * len(gains), -1.0
         for threshold in [float("inf")] + sorted({p for r in reach for p in r}, reverse=True):
             ks = [sum(1 for p in r if p >= threshold) for r in reach]
-            cost = self.costs.estimate(batch, self.cost_key(ks))
+            cost = self.costs.estimate(batch, ks)
             rate = sum(1.0 + g[k] for g, k in zip(gains, ks)) / cost  # type: ignore[operator]
             rate *= self.margin if not any(ks) else 1.0
             if rate > best_rate * 1.0001:
                 best, best_rate = ks, rate
         return best
-
-    def cost_key(self, lengths: list[int]) -> float:
-        """The step-cost table's width for a step drafting these lengths: 1 + the longest draft, or where the
-        target skips padding, 1 + the mean draft."""
-        if not lengths:
-            return 1
-        if self.ragged:
-            return 1.0 + sum(lengths) / len(lengths)
-        return 1 + max(lengths)
 
     def observe_row(self, acceptance: RowAcceptance, confidence: list[float] | None, run: int, checked: int) -> None:
         """A row's proposal matched the step's emitted tokens for `run` tokens of the `checked` compared."""
@@ -273,5 +323,6 @@ class DraftPolicy:
         acceptance.observe(run, rejected=run < checked)
         self.survival.observe(checked, run)
 
-    def observe_step(self, batch: int, width: float, seconds: float) -> None:
-        self.costs.observe(batch, width, seconds)
+    def observe_step(self, batch: int, lengths: list[int], seconds: float) -> None:
+        """A step of `batch` rows drafting these lengths took `seconds`."""
+        self.costs.observe(batch, lengths, seconds)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from spec_batch.core.policy import DepthSurvival, DraftPolicy, RowAcceptance, StepCosts, expected_tokens
+from spec_batch.core.policy import DepthSurvival, DraftPolicy, PaddedCosts, RowAcceptance, StepCosts, expected_tokens
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_step_costs_of_a_batch_size_take_their_shape_from_the_nearest_measured_o
 def _policy_with_costs(per_width: dict[int, float], batch: int = 1, k_max: int = 8) -> DraftPolicy:
     p = DraftPolicy(k_max=k_max)
     for width, seconds in per_width.items():
-        p.observe_step(batch, width, seconds)
+        p.costs.observe_width(batch, width, seconds)
     return p
 
 
@@ -233,8 +233,8 @@ def test_plan_never_probes_for_a_free_drafter():
 def test_drafting_must_beat_plain_decoding_by_the_margin(ragged):
     """Widths 1 and 2 cost the same: a draft worth 5% more tokens stays off (margin 10%), one worth 20% is taken."""
     p = DraftPolicy(k_max=1, ragged=ragged)
-    p.observe_step(1, 1, 1.0)
-    p.observe_step(1, 2, 1.0)
+    p.costs.observe_width(1, 1, 1.0)
+    p.costs.observe_width(1, 2, 1.0)
     assert p.plan(1, [[0.05]], probe=False) == [0]
     assert p.plan(1, [[0.2]], probe=False) == [1]
 
@@ -246,7 +246,7 @@ def test_plan_simple_cases():
     assert DraftPolicy(k_max=4, adaptive=False).plan(1, [[0.0] * 9]) == [4]
     cold = DraftPolicy(k_max=8)
     assert cold.plan(3, [[0.9] * 8] * 3) == [0, 0, 0]  # nothing measured yet: a plain step, the anchor
-    cold.observe_step(3, 1, 1.0)
+    cold.costs.observe_width(3, 1, 1.0)
     assert all(k > 0 for k in cold.plan(3, [[0.9] * 8] * 3))  # then the prior (5% a token) lets it draft
     ragged = DraftPolicy(k_max=8, ragged=True)
     assert ragged.plan(2, [[0.9] * 8] * 2) == [0, 0]
@@ -259,16 +259,39 @@ def test_plan_simple_cases():
 
 
 def _ragged_policy(per_width: dict[float, float], batch: int, k_max: int = 8) -> DraftPolicy:
+    """A ragged policy that measured steps costing per_width[1 + mean draft] whatever their padding (a target
+    whose padded positions are free): one row drafting w - 1 beside rows drafting nothing, and every row alike."""
     p = DraftPolicy(k_max=k_max, ragged=True)
     for width, seconds in per_width.items():
-        p.observe_step(batch, width, seconds)
+        p.costs.observe_width(batch, width, seconds)
+    for width, seconds in per_width.items():
+        extra = round((width - 1) * batch)
+        if extra > 0:
+            p.observe_step(batch, [extra] + [0] * (batch - 1), seconds)  # the same real tokens, all on one row
     return p
 
 
-def test_cost_key_is_the_longest_draft_or_the_mean_where_padding_is_skipped():
-    assert DraftPolicy(k_max=8).cost_key([4, 0, 2, 0]) == 5
-    assert DraftPolicy(k_max=8, ragged=True).cost_key([4, 0, 2, 0]) == 2.5
-    assert DraftPolicy(k_max=8, ragged=True).cost_key([]) == 1
+def test_effective_width_weighs_padding_by_rho():
+    assert PaddedCosts.width(1.0, [4, 0, 2, 0]) == 5  # padding as dear as a real token: the longest draft
+    assert PaddedCosts.width(0.0, [4, 0, 2, 0]) == 2.5  # padding free: the mean draft
+    assert PaddedCosts.width(0.5, [4, 0, 2, 0]) == 1 + 1.5 + 0.5 * 2.5
+    assert PaddedCosts.width(0.25, []) == 1
+    assert DraftPolicy(k_max=8).costs.tables.keys() == {1.0}  # a dense target: only the longest draft counts
+
+
+@pytest.mark.parametrize("true_rho", [0.0, 0.25, 1.0])
+def test_padded_costs_learn_what_a_padded_position_costs(true_rho):
+    """Steps cost 1 + 0.1 a real token per row + 0.1 * true_rho a padded one: the table keyed by that weight
+    predicts them best and is the one used; plans are then costed by it."""
+    costs = PaddedCosts(ragged=True)
+    patterns = [[0] * 8, [4] + [0] * 7, [2] * 8, [8, 8] + [0] * 6, [1, 3, 0, 0, 5, 0, 2, 0], [8] * 8, [6] + [1] * 7]
+    for _ in range(6):
+        for lengths in patterns:
+            mean = sum(lengths) / 8
+            costs.observe(8, lengths, 1.0 + 0.1 * mean + 0.1 * true_rho * (max(lengths) - mean))
+    assert costs.rho == true_rho
+    lone = [8] + [0] * 7
+    assert math.isclose(costs.estimate(8, lone), 1.0 + 0.1 * (1 + true_rho * 7), rel_tol=0.02)
 
 
 def test_ragged_plan_lets_a_long_row_draft_beside_rows_with_nothing():

@@ -1,0 +1,49 @@
+"""bench/bench_replay.py's simulation (no model, no database): known outputs replayed through the drafters."""
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "bench" / "bench_replay.py"
+_spec = importlib.util.spec_from_file_location("bench_replay", _PATH)
+bench_replay = importlib.util.module_from_spec(_spec)
+sys.modules["bench_replay"] = bench_replay  # its dataclasses look their module up
+_spec.loader.exec_module(bench_replay)  # type: ignore[union-attr]
+
+
+def _copying_job(n: int = 6) -> list[tuple[list[int], list[int]]]:
+    """Requests whose outputs copy a long stretch of their prompts (an edit job)."""
+    rng = random.Random(0)
+    job = []
+    for _ in range(n):
+        text = [rng.randrange(10, 5000) for _ in range(120)]
+        job.append((text + [1, 2], text[:100] + [7]))
+    return job
+
+
+def _free_job(n: int = 6) -> list[tuple[list[int], list[int]]]:
+    rng = random.Random(1)
+    return [([rng.randrange(10, 5000) for _ in range(40)], [rng.randrange(10, 5000) for _ in range(60)])
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", ["ngram", "suffix", "suffix + job memory"])
+def test_replay_of_a_copying_job_drafts_long_runs(name):
+    costs = bench_replay.step_costs(None)
+    for adaptive in (False, True):
+        stats = bench_replay.replay(_copying_job(), bench_replay.drafters()[name](), costs, 16, adaptive, (0.2, 2.0))
+        assert stats.tokens == 6 * 101  # every output token replayed, none twice
+        assert stats.tokens_per_step > 3.0
+        assert stats.speedup(costs.estimate(1, 1)) > 2.0
+
+
+def test_replay_of_free_text_stays_near_plain_decoding_with_the_adaptive_policy():
+    costs = bench_replay.step_costs("1:1.0,2:1.2,5:1.6,9:2.2,17:3.4")  # drafting is dear: a wrong draft costs
+    stats = bench_replay.replay(_free_job(), bench_replay.drafters()["suffix"](), costs, 16, True, (0.2, 2.0))
+    assert stats.tokens == 6 * 60
+    assert stats.accepted <= stats.drafted
+    assert stats.speedup(1.0) >= 0.95
