@@ -39,7 +39,7 @@ class Settings:
     torch_threads: int | None = None  # per worker process; None: all cores / concurrency
     device: str | None = None  # workers' device (cpu, cuda, cuda:1); None: cuda when available, else cpu
     # Decoder options of queue workers (load_decoder's num_draft_tokens / adaptive).
-    num_draft_tokens: int = 8
+    num_draft_tokens: int | None = None  # None: the drafter's default (16 for suffix, 8 otherwise)
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
     metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
     # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
@@ -87,7 +87,7 @@ def get_settings() -> Settings:
         max_attempts=_int_env("SPEC_BATCH_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS),
         torch_threads=_int_env("SPEC_BATCH_TORCH_THREADS", 0) or None,
         device=os.environ.get("SPEC_BATCH_DEVICE") or None,
-        num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 8),
+        num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 0) or None,
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
         metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),

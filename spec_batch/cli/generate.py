@@ -59,7 +59,8 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
               help='The output\'s shape, as the batch field: \'{"type": "json_object"}\', a json_schema, regex or choice '
                    "object (docs/structured-output.md); @FILE reads it from a file.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--num-draft-tokens", type=click.IntRange(min=0), default=8, show_default=True, help="Longest draft per step.")
+@click.option("--num-draft-tokens", type=click.IntRange(min=0), default=None,
+              help="Longest draft per step.  [default: the drafter's: 16 for suffix, 8 otherwise]")
 @click.option("--no-adaptive", is_flag=True, help="Always draft --num-draft-tokens (no adaptive draft length).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, finish_reason, stats.")
 def generate(
@@ -78,7 +79,7 @@ def generate(
     stop: tuple[str, ...],
     response_format: dict | None,
     batch_size: int,
-    num_draft_tokens: int,
+    num_draft_tokens: int | None,
     no_adaptive: bool,
     as_json: bool,
 ) -> None:

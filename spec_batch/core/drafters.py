@@ -67,6 +67,9 @@ class Drafter(Protocol):
         """The job's memory of its requests' outputs, for drafts; drafters with no use for it ignore it."""
 
 
+DEFAULT_DRAFT_TOKENS = 8  # num_draft_tokens of drafters without a default of their own (`default_draft_tokens`)
+
+
 class NoDrafter:
     """Plain decoding through the same loop: the baseline speedups are measured against."""
 

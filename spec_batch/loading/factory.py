@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from ..core.decoder import Decoder
-from ..core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..core.drafters import DEFAULT_DRAFT_TOKENS, Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
@@ -24,6 +24,11 @@ __all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "sh
 DRAFTERS_WITHOUT_MODEL = ("suffix", "ngram", "none")
 
 
+def default_draft_tokens(draft: Any) -> int:
+    """num_draft_tokens where none is given: the drafter's own default (a model drafter's is the core's)."""
+    return SuffixDrafter.default_draft_tokens if isinstance(draft, str) and draft == "suffix" else DEFAULT_DRAFT_TOKENS
+
+
 def build_decoder(
     target_model: Any,
     tokenizer: Any,
@@ -32,15 +37,16 @@ def build_decoder(
     draft: str | Any,
     draft_name: str | None = None,
     device: torch.device,
-    num_draft_tokens: int = 8,
+    num_draft_tokens: int | None = None,
     adaptive: bool = True,
     ngram_min: int = 1,
     ngram_max: int = 3,
     drafter_options: Mapping[str, Any] | None = None,
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model.
-    drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`: max_spec_factor,
-    min_token_prob), to tune it for a workload; checked here, not at the first decode."""
+    num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
+    cost nothing, 8 otherwise). drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`:
+    max_spec_factor, min_token_prob), to tune it for a workload; checked here, not at the first decode."""
     max_context = context_length(target_model)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if drafter_options and draft != "suffix":
@@ -68,6 +74,8 @@ def build_decoder(
         max_context = min(max_context, context_length(draft_model))
         vocab = target_model.get_output_embeddings().weight.shape[0]
         factory = lambda: ModelDrafter(draft_model, name, device, placeholder, vocab)  # noqa: E731
+    if num_draft_tokens is None:
+        num_draft_tokens = default_draft_tokens(draft)
     return Decoder(
         target_model,
         tokenizer,
@@ -90,7 +98,7 @@ def load_decoder(
     *,
     tokenizer: Any = None,
     draft_tokenizer: Any = None,
-    num_draft_tokens: int = 8,
+    num_draft_tokens: int | None = None,
     adaptive: bool = True,
     ngram_min: int = 1,
     ngram_max: int = 3,
@@ -215,7 +223,7 @@ def shared_decoder(
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
-    num_draft_tokens: int = 8,
+    num_draft_tokens: int | None = None,
     adaptive: bool = True,
     cache_dir: str | os.PathLike | None = None,
 ) -> Decoder:
@@ -233,6 +241,8 @@ def shared_decoder(
             )
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    if num_draft_tokens is None:  # the default and its value are one configuration
+        num_draft_tokens = default_draft_tokens(os.fspath(draft))
     key = (
         os.fspath(target), os.fspath(draft), str(dev), torch_dtype, num_draft_tokens, adaptive, _cache_dir_key(cache_dir)
     )

@@ -63,14 +63,17 @@ def test_shared_model_keys_on_resolved_device_and_dtype(tiny_dir):
 
 def test_shared_decoder_is_one_per_configuration_over_shared_models(tiny_dir):
     a = shared_decoder(str(tiny_dir), "suffix")
-    assert shared_decoder(tiny_dir, device=torch.device("cpu"), dtype="float32", num_draft_tokens=8) is a
+    assert shared_decoder(tiny_dir, device=torch.device("cpu"), dtype="float32", num_draft_tokens=16) is a
+    assert a.policy.k_max == 16  # the suffix drafter's own default
     assert (a.target_name, a.draft_name) == (str(tiny_dir), "suffix")
     others = [
         shared_decoder(tiny_dir, "none"),
         shared_decoder(tiny_dir, "ngram", num_draft_tokens=4),
+        shared_decoder(tiny_dir, "suffix", num_draft_tokens=8),
         shared_decoder(tiny_dir, "ngram", adaptive=False),
     ]
-    assert len({id(d) for d in [a, *others]}) == 4
+    assert len({id(d) for d in [a, *others]}) == 5
+    assert [d.policy.k_max for d in others] == [0, 4, 8, 8]  # `none` never drafts; ngram's default is the core's
     assert all(d.target is a.target for d in others)  # one loaded target model under all of them
     with_draft = shared_decoder(tiny_dir, tiny_dir)  # a draft model: itself, loaded once as well
     assert with_draft.draft_name == str(tiny_dir) and with_draft.target is a.target
