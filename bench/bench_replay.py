@@ -17,8 +17,16 @@ each under two policies: `fixed` drafts all that is offered (up to --k-max), `ad
 
     python bench/bench_replay.py JOB_ID [--database-url URL] [--costs W:S,...] [--k-max 16] [--limit N]
 
+--batch B replays the job as `spec-batch run --batch-size B` decodes it: B rows at a time, a row joining as one
+finishes, one policy planning every row's length per step and learning the steps' costs as the decoder does
+(`none` is replayed the same way for the ratio). A step's cost, in plain steps of its batch, is
+1 + T x real draft tokens + P x padded positions (rows shorter than the longest) + J once any row drafts:
+--padding-costs T,P,J, measured on your machine (default: the default model at batch 8 on a 2-core CPU,
+docs/benchmarks.md; on a GPU all three are near 0). The `oracle` policy knows each row's accepted run and drafts
+exactly it (at batch > 1 the best shared minimum run): the ceiling of a policy on these proposals and costs.
+
 Caveats: SQL keeps output text, so outputs are re-tokenized (a token boundary can differ from the original
-ids); the simulation is batch 1 (at larger batches a step's width is the longest row's draft).
+ids); timing noise, caches and the prompt's prefill are not replayed.
 """
 from __future__ import annotations
 
@@ -116,6 +124,77 @@ def replay(requests: list[Request], new_drafter: Callable[[], Drafter], costs: S
     return stats
 
 
+@dataclass
+class _BatchRow(_Row):
+    output: list[int] = field(default_factory=list)
+    pos: int = 0
+    acceptance: RowAcceptance = field(default_factory=RowAcceptance)
+
+
+def padded_step_cost(lengths: list[int], per_token: float, per_pad: float, jump: float) -> float:
+    """A step's cost in plain steps of its batch (see --padding-costs)."""
+    longest = max(lengths, default=0)
+    real = sum(lengths)
+    return 1.0 + per_token * real + per_pad * (len(lengths) * longest - real) + (jump if longest else 0.0)
+
+
+def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], batch: int, k_max: int,
+                 policy_name: str | None, step_cost: Callable[[list[int]], float],
+                 initial_acceptance: tuple[float, float]) -> ReplayStats:
+    """Greedy decoding of known outputs `batch` rows at a time, as the decoder's loop runs a job (policy_name None:
+    plain decoding). The adaptive policy learns the steps' costs from step_cost, as the decoder from its clock."""
+    policy = DraftPolicy(k_max=k_max, adaptive=policy_name != "fixed", ragged=batch > 1)
+    waiting = [(p, o) for p, o in requests if p and o][::-1]
+    active: list[_BatchRow] = []
+    drafter = new_drafter()
+    stats = ReplayStats()
+    while waiting or active:
+        joining = [waiting.pop() for _ in range(min(batch - len(active), len(waiting)))]
+        if joining:
+            rows = [_BatchRow(tokens=list(p), output=o, acceptance=RowAcceptance(*initial_acceptance)) for p, o in joining]
+            drafter.admit(rows)
+            active += rows
+        proposals: list[list[int]] = [[] for _ in active]
+        confidence: list[list[float] | None] = [None] * len(active)
+        ks = [0] * len(active)
+        if policy_name is not None:
+            budget = [len(r.output) - r.pos - 1 for r in active]
+            available = [min(a, b) for a, b in zip(drafter.available(active, k_max), budget)]
+            if any(available):
+                full = drafter.propose(active, available)
+                proposals = full.tokens
+                confidence = list(full.confidence) if full.confidence is not None else [None] * len(active)
+            if policy_name == "oracle":
+                runs = [matched_run(p, r.output[r.pos:]) for p, r in zip(proposals, active)]
+                ks = max(([k if k >= t else 0 for k in runs] for t in sorted(set(runs) | {0})),
+                         key=lambda kk: (len(kk) + sum(kk)) / step_cost(kk))
+            else:
+                offers = [policy.accept_probs(r.acceptance, len(p), c) for r, p, c in zip(active, proposals, confidence)]
+                ks = policy.plan(len(active), offers, probe=False)
+        cost = step_cost(ks)
+        stats.cost += cost
+        stats.steps += len(active)  # row steps: tokens per step is per row, as the decoder reports it
+        for row, proposal, conf, k in zip(active, proposals, confidence, ks):
+            accepted = matched_run(proposal[:k], row.output[row.pos:])
+            emitted = row.output[row.pos : row.pos + accepted + 1]
+            policy.observe_row(row.acceptance, conf, matched_run(proposal, emitted), min(len(proposal), len(emitted)))
+            stats.drafted += k
+            stats.accepted += accepted
+            stats.tokens += len(emitted)
+            row.tokens += emitted
+            row.n_generated += len(emitted)
+            row.pos += len(emitted)
+        drafter.feedback(active, ks, [0] * len(ks))
+        policy.observe_step(len(active), ks, cost)
+        keep = [b for b, r in enumerate(active) if r.pos < len(r.output)]
+        if len(keep) < len(active):
+            drafter.keep_rows(keep)  # the finished rows leave: a job memory takes their whole outputs
+            active = [active[b] for b in keep]
+            if not active:
+                drafter = new_drafter()
+    return stats
+
+
 def drafters() -> dict[str, Callable[[], Callable[[], Drafter]]]:
     """name -> a maker of the per-replay drafter factory (a job memory is one per replay)."""
     def with_memory() -> Callable[[], Drafter]:
@@ -159,7 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--costs", default=None, help="cost of a step per verify width at batch 1: W:S,W:S,... (measured)")
     ap.add_argument("--k-max", type=int, default=16, help="most draft tokens per step")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N completed requests")
+    ap.add_argument("--batch", type=int, default=1, help="rows decoded together (spec-batch run --batch-size)")
+    ap.add_argument("--padding-costs", default="0.022,0.0055,0.18",
+                    help="T,P,J at --batch > 1: a step costs 1 + T x draft tokens + P x padded positions + J if any drafts")
     args = ap.parse_args(argv)
+    if args.batch < 1:
+        raise SystemExit(f"--batch must be >= 1, got {args.batch}")
+    try:
+        per_token, per_pad, jump = (float(x) for x in args.padding_costs.split(","))
+    except ValueError:
+        raise SystemExit(f"--padding-costs takes three numbers T,P,J, got {args.padding_costs!r}") from None
     if args.database_url is None:
         from spec_batch.settings import get_settings
 
@@ -167,19 +255,30 @@ def main(argv: list[str] | None = None) -> int:
     target, requests = load_requests(args.database_url, args.job_id, args.limit)
     costs = step_costs(args.costs)
     cost1 = costs.estimate(1, 1) or 1.0
+    if args.batch == 1:
+        step_cost = lambda ks: (costs.estimate(1, 1 + ks[0]) or cost1) / cost1  # noqa: E731
+        cost_text = f"by verify width: {'measured (--costs)' if args.costs else 'assumed 1 + 0.04 (w - 1)'}"
+    else:
+        step_cost = lambda ks: padded_step_cost(ks, per_token, per_pad, jump)  # noqa: E731
+        cost_text = f"1 + {per_token} x draft tokens + {per_pad} x padded positions + {jump} if any row drafts"
+    prior = (0.2, 2.0)  # the free drafters' prior (Drafter.initial_acceptance)
+    plain = replay_batch(requests, NgramDrafter, args.batch, args.k_max, None, step_cost, prior)
     out_tokens = sum(len(o) for _, o in requests)
     print(f"# replay of job {args.job_id}: {len(requests)} completed requests, {out_tokens} output tokens, target {target}")
-    print(f"# step costs by verify width: {'measured (--costs)' if args.costs else 'assumed 1 + 0.04 (w - 1)'}; "
-          f"k_max {args.k_max}; batch 1\n")
+    print(f"# step costs {cost_text}; k_max {args.k_max}; batch {args.batch}\n")
     print("| drafter | policy | tokens/step | acceptance | drafted/step | est. speedup vs none |")
     print("|---|---|---|---|---|---|")
     for name, make in drafters().items():
-        prior = (0.2, 2.0)  # the free drafters' prior (Drafter.initial_acceptance)
-        for policy in ("fixed", "adaptive"):
-            st = replay(requests, make(), costs, args.k_max, adaptive=policy == "adaptive", initial_acceptance=prior)
+        for policy in ("fixed", "adaptive", "oracle"):
+            if args.batch == 1 and policy != "oracle":  # the batch-1 replay costs in the table's units
+                st = replay(requests, make(), costs, args.k_max, adaptive=policy == "adaptive", initial_acceptance=prior)
+                ratio = st.speedup(cost1)
+            else:  # in plain steps, as `none`'s replay
+                st = replay_batch(requests, make(), args.batch, args.k_max, policy, step_cost, prior)
+                ratio = plain.cost / st.cost
             acc = f"{st.accepted / st.drafted:.0%}" if st.drafted else "-"
             print(f"| {name} | {policy} | {st.tokens_per_step:.2f} | {acc} | {st.drafted / max(1, st.steps):.1f} | "
-                  f"{st.speedup(cost1):.2f}x |")
+                  f"{ratio:.2f}x |")
     return 0
 
 

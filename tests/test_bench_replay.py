@@ -47,3 +47,34 @@ def test_replay_of_free_text_stays_near_plain_decoding_with_the_adaptive_policy(
     assert stats.tokens == 6 * 60
     assert stats.accepted <= stats.drafted
     assert stats.speedup(1.0) >= 0.95
+
+
+def _step_cost(ks: list[int]) -> float:
+    return bench_replay.padded_step_cost(ks, 0.022, 0.0055, 0.18)  # the default model at batch 8 on a CPU
+
+
+def test_padded_step_cost():
+    assert bench_replay.padded_step_cost([0, 0, 0], 0.1, 0.01, 0.5) == 1.0  # a plain step
+    assert bench_replay.padded_step_cost([4, 0, 2], 0.1, 0.01, 0.5) == 1.0 + 0.6 + 0.01 * 6 + 0.5
+
+
+def test_batch_replay_of_a_copying_job_pays_and_the_oracle_bounds_the_policy():
+    job = _copying_job(12)
+    make = bench_replay.drafters()["suffix + job memory"]
+    plain = bench_replay.replay_batch(job, make(), 4, 16, None, _step_cost, (0.2, 2.0))
+    assert plain.tokens == 12 * 101 and plain.tokens_per_step == 1.0 and plain.drafted == 0
+    adaptive = bench_replay.replay_batch(job, make(), 4, 16, "adaptive", _step_cost, (0.2, 2.0))
+    oracle = bench_replay.replay_batch(job, make(), 4, 16, "oracle", _step_cost, (0.2, 2.0))
+    assert adaptive.tokens == oracle.tokens == plain.tokens
+    assert oracle.accepted == oracle.drafted  # it drafts exactly what will be accepted
+    assert plain.cost / adaptive.cost > 1.5
+    assert oracle.cost <= adaptive.cost * 1.01
+
+
+def test_batch_replay_of_free_text_stays_near_plain_decoding():
+    job = _free_job(12)
+    make = bench_replay.drafters()["suffix"]
+    plain = bench_replay.replay_batch(job, make(), 4, 16, None, _step_cost, (0.2, 2.0))
+    adaptive = bench_replay.replay_batch(job, make(), 4, 16, "adaptive", _step_cost, (0.2, 2.0))
+    assert adaptive.tokens == plain.tokens == 12 * 60
+    assert plain.cost / adaptive.cost >= 0.95
