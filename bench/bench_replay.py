@@ -21,8 +21,8 @@ each under two policies: `fixed` drafts all that is offered (up to --k-max), `ad
 finishes, one policy planning every row's length per step and learning the steps' costs as the decoder does
 (`none` is replayed the same way for the ratio). A step's cost, in plain steps of its batch, is
 1 + T x real draft tokens + P x padded positions (rows shorter than the longest) + J once any row drafts:
---padding-costs T,P,J, measured on your machine (default: the default model at batch 8 on a 2-core CPU,
-docs/benchmarks.md; on a GPU all three are near 0). The `oracle` policy knows each row's accepted run and drafts
+--padding-costs T,P,J, measured on your machine by bench/bench_step_costs.py (default: the default model at
+batch 8 on a 2-core CPU, docs/benchmarks.md; on a GPU all three are near 0). The `oracle` policy knows each row's accepted run and drafts
 exactly it (at batch > 1 the best shared minimum run): the ceiling of a policy on these proposals and costs.
 
 Caveats: SQL keeps output text, so outputs are re-tokenized (a token boundary can differ from the original

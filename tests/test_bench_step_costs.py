@@ -1,0 +1,31 @@
+"""bench/bench_step_costs.py's fit (no model): the padding costs it reports are the ones that made the timings."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import sys
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parent.parent / "bench" / "bench_step_costs.py"
+_spec = importlib.util.spec_from_file_location("bench_step_costs", _PATH)
+bench_step_costs = importlib.util.module_from_spec(_spec)
+sys.modules["bench_step_costs"] = bench_step_costs
+_spec.loader.exec_module(bench_step_costs)  # type: ignore[union-attr]
+
+
+def test_fit_recovers_the_costs_that_made_the_timings():
+    base, t, p, j = 0.2, 0.03, 0.008, 0.15
+    samples = []
+    for ks in bench_step_costs.mixes(8, 20, random.Random(0)):
+        real, longest = sum(ks), max(ks)
+        samples.append((ks, base * (1 + t * real + p * (8 * longest - real) + (j if longest else 0))))
+    got = bench_step_costs.fit(samples)
+    for want, value in zip((base, t, p, j), got):
+        assert math.isclose(value, want, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def test_mixes_include_plain_steps_uniform_drafts_and_one_long_row():
+    ms = bench_step_costs.mixes(4, 5, random.Random(1))
+    assert [0, 0, 0, 0] in ms and [2, 2, 2, 2] in ms and [16, 0, 0, 0] in ms
+    assert len(ms) == 3 + 4 + 4 + 5 and all(len(m) == 4 for m in ms)
