@@ -52,9 +52,12 @@ Request = tuple[list[int], list[int]]  # (prompt ids, output ids)
 @dataclass
 class _Row:
     tokens: list[int]
+    output: list[int]  # the known output the replay decodes
+    acceptance: RowAcceptance
     params: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
     n_generated: int = 0
+    pos: int = 0  # output tokens emitted so far
 
 
 @dataclass
@@ -88,47 +91,10 @@ def step_costs(spec: str | None) -> StepCosts:
 
 def replay(requests: list[Request], new_drafter: Callable[[], Drafter], costs: StepCosts, k_max: int,
            adaptive: bool, initial_acceptance: tuple[float, float]) -> ReplayStats:
-    """Greedy decoding of known outputs at batch 1, request after request, with one policy for the whole job."""
-    policy = DraftPolicy(k_max=k_max, adaptive=adaptive)
-    policy.costs = PaddedCosts.fixed(costs)  # the measured (or assumed) costs, not this simulation's timings
-    stats = ReplayStats()
-    for prompt, output in requests:
-        if not prompt or not output:
-            continue
-        drafter = new_drafter()
-        row = _Row(tokens=list(prompt))
-        acceptance = RowAcceptance(*initial_acceptance)
-        drafter.admit([row])
-        pos = 0
-        while pos < len(output):
-            budget = len(output) - pos - 1
-            available = min(drafter.available([row], k_max)[0], budget)
-            full = drafter.propose([row], [available])
-            proposal = full.tokens[0][:available]
-            confidence = full.confidence[0][:available] if full.confidence is not None else None
-            k = policy.plan(1, [policy.accept_probs(acceptance, len(proposal), confidence)], probe=False)[0]
-            draft = proposal[:k]
-            accepted = matched_run(draft, output[pos:])
-            emitted = output[pos : pos + accepted + 1]
-            drafter.feedback([row], [k], [accepted])
-            policy.observe_row(acceptance, confidence, matched_run(proposal, emitted), min(len(proposal), len(emitted)))
-            stats.cost += costs.estimate(1, 1 + k) or 1.0
-            stats.steps += 1
-            stats.drafted += k
-            stats.accepted += accepted
-            stats.tokens += len(emitted)
-            row.tokens += emitted
-            row.n_generated += len(emitted)
-            pos += len(emitted)
-        drafter.keep_rows([])  # the row leaves: a job memory takes its whole output
-    return stats
-
-
-@dataclass
-class _BatchRow(_Row):
-    output: list[int] = field(default_factory=list)
-    pos: int = 0
-    acceptance: RowAcceptance = field(default_factory=RowAcceptance)
+    """Greedy decoding of known outputs at batch 1, request after request, with one policy for the whole job and
+    the given costs by verify width (stats.cost in their units)."""
+    return replay_batch(requests, new_drafter, 1, k_max, "adaptive" if adaptive else "fixed",
+                        lambda ks: costs.estimate(1, 1 + ks[0]) or 1.0, initial_acceptance, fixed_costs=costs)
 
 
 def padded_step_cost(lengths: list[int], per_token: float, per_pad: float, jump: float) -> float:
@@ -140,18 +106,21 @@ def padded_step_cost(lengths: list[int], per_token: float, per_pad: float, jump:
 
 def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], batch: int, k_max: int,
                  policy_name: str | None, step_cost: Callable[[list[int]], float],
-                 initial_acceptance: tuple[float, float]) -> ReplayStats:
+                 initial_acceptance: tuple[float, float], fixed_costs: StepCosts | None = None) -> ReplayStats:
     """Greedy decoding of known outputs `batch` rows at a time, as the decoder's loop runs a job (policy_name None:
-    plain decoding). The adaptive policy learns the steps' costs from step_cost, as the decoder from its clock."""
+    plain decoding). The adaptive policy learns the steps' costs from step_cost, as the decoder from its clock,
+    unless fixed_costs gives them by verify width."""
     policy = DraftPolicy(k_max=k_max, adaptive=policy_name != "fixed", ragged=batch > 1)
+    if fixed_costs is not None:
+        policy.costs = PaddedCosts.fixed(fixed_costs)
     waiting = [(p, o) for p, o in requests if p and o][::-1]
-    active: list[_BatchRow] = []
+    active: list[_Row] = []
     drafter = new_drafter()
     stats = ReplayStats()
     while waiting or active:
         joining = [waiting.pop() for _ in range(min(batch - len(active), len(waiting)))]
         if joining:
-            rows = [_BatchRow(tokens=list(p), output=o, acceptance=RowAcceptance(*initial_acceptance)) for p, o in joining]
+            rows = [_Row(tokens=list(p), output=o, acceptance=RowAcceptance(*initial_acceptance)) for p, o in joining]
             drafter.admit(rows)
             active += rows
         proposals: list[list[int]] = [[] for _ in active]
@@ -174,18 +143,19 @@ def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], ba
         cost = step_cost(ks)
         stats.cost += cost
         stats.steps += len(active)  # row steps: tokens per step is per row, as the decoder reports it
-        for row, proposal, conf, k in zip(active, proposals, confidence, ks):
-            accepted = matched_run(proposal[:k], row.output[row.pos:])
-            emitted = row.output[row.pos : row.pos + accepted + 1]
+        accepted = [matched_run(p[:k], r.output[r.pos:]) for p, k, r in zip(proposals, ks, active)]
+        drafter.feedback(active, ks, accepted)  # before the tokens are appended, as the decoder calls it
+        for row, proposal, conf, k, a in zip(active, proposals, confidence, ks, accepted):
+            emitted = row.output[row.pos : row.pos + a + 1]
             policy.observe_row(row.acceptance, conf, matched_run(proposal, emitted), min(len(proposal), len(emitted)))
             stats.drafted += k
-            stats.accepted += accepted
+            stats.accepted += a
             stats.tokens += len(emitted)
             row.tokens += emitted
             row.n_generated += len(emitted)
             row.pos += len(emitted)
-        drafter.feedback(active, ks, [0] * len(ks))
-        policy.observe_step(len(active), ks, cost)
+        if fixed_costs is None:
+            policy.observe_step(len(active), ks, cost)
         keep = [b for b, r in enumerate(active) if r.pos < len(r.output)]
         if len(keep) < len(active):
             drafter.keep_rows(keep)  # the finished rows leave: a job memory takes their whole outputs
@@ -255,14 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     target, requests = load_requests(args.database_url, args.job_id, args.limit)
     costs = step_costs(args.costs)
     cost1 = costs.estimate(1, 1) or 1.0
+    fixed = costs if args.batch == 1 else None  # batch 1: the table's costs by verify width, as given
     if args.batch == 1:
-        step_cost = lambda ks: (costs.estimate(1, 1 + ks[0]) or cost1) / cost1  # noqa: E731
+        step_cost = lambda ks: costs.estimate(1, 1 + ks[0]) or cost1  # noqa: E731
         cost_text = f"by verify width: {'measured (--costs)' if args.costs else 'assumed 1 + 0.04 (w - 1)'}"
     else:
         step_cost = lambda ks: padded_step_cost(ks, per_token, per_pad, jump)  # noqa: E731
         cost_text = f"1 + {per_token} x draft tokens + {per_pad} x padded positions + {jump} if any row drafts"
     prior = (0.2, 2.0)  # the free drafters' prior (Drafter.initial_acceptance)
-    plain = replay_batch(requests, NgramDrafter, args.batch, args.k_max, None, step_cost, prior)
+    plain = replay_batch(requests, NgramDrafter, args.batch, args.k_max, None, step_cost, prior, fixed)
     out_tokens = sum(len(o) for _, o in requests)
     print(f"# replay of job {args.job_id}: {len(requests)} completed requests, {out_tokens} output tokens, target {target}")
     print(f"# step costs {cost_text}; k_max {args.k_max}; batch {args.batch}\n")
@@ -270,12 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for name, make in drafters().items():
         for policy in ("fixed", "adaptive", "oracle"):
-            if args.batch == 1 and policy != "oracle":  # the batch-1 replay costs in the table's units
-                st = replay(requests, make(), costs, args.k_max, adaptive=policy == "adaptive", initial_acceptance=prior)
-                ratio = st.speedup(cost1)
-            else:  # in plain steps, as `none`'s replay
-                st = replay_batch(requests, make(), args.batch, args.k_max, policy, step_cost, prior)
-                ratio = plain.cost / st.cost
+            st = replay_batch(requests, make(), args.batch, args.k_max, policy, step_cost, prior, fixed)
+            ratio = plain.cost / st.cost  # the same tokens, costed alike
             acc = f"{st.accepted / st.drafted:.0%}" if st.drafted else "-"
             print(f"| {name} | {policy} | {st.tokens_per_step:.2f} | {acc} | {st.drafted / max(1, st.steps):.1f} | "
                   f"{ratio:.2f}x |")

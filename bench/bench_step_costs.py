@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_replay import padded_step_cost  # noqa: E402
 from spec_batch import load_decoder  # noqa: E402
 from spec_batch.core.kv_batch import KVBatch, left_padded  # noqa: E402
 
@@ -87,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append((ks, statistics.median(times)))
             print(f"  {ks}: {statistics.median(times) * 1000:.1f} ms", flush=True)
     base, per_token, per_pad, jump = fit(samples)
-    residual = statistics.pstdev([s - base * (1 + per_token * sum(k) + per_pad * (len(k) * max(k) - sum(k))
-                                              + (jump if max(k) else 0)) for k, s in samples])
+    residual = statistics.pstdev([s - base * padded_step_cost(k, per_token, per_pad, jump) for k, s in samples])
     print(f"\n# {args.target} on {args.device}, batch {args.batch}, context {args.context}, "
           f"{torch.get_num_threads()} thread(s): plain step {base * 1000:.1f} ms (fit residual {residual * 1000:.1f} ms)")
     print(f"# per real draft token T = {per_token:.4f}, per padded position P = {per_pad:.4f}, once drafting J = {jump:.4f}")

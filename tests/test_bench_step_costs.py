@@ -16,10 +16,8 @@ _spec.loader.exec_module(bench_step_costs)  # type: ignore[union-attr]
 
 def test_fit_recovers_the_costs_that_made_the_timings():
     base, t, p, j = 0.2, 0.03, 0.008, 0.15
-    samples = []
-    for ks in bench_step_costs.mixes(8, 20, random.Random(0)):
-        real, longest = sum(ks), max(ks)
-        samples.append((ks, base * (1 + t * real + p * (8 * longest - real) + (j if longest else 0))))
+    samples = [(ks, base * bench_step_costs.padded_step_cost(ks, t, p, j))
+               for ks in bench_step_costs.mixes(8, 20, random.Random(0))]
     got = bench_step_costs.fit(samples)
     for want, value in zip((base, t, p, j), got):
         assert math.isclose(value, want, rel_tol=1e-6, abs_tol=1e-9)
