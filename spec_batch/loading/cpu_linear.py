@@ -4,8 +4,9 @@ Speculation makes the target read several tokens per forward. On a GPU a forward
 one of 1 token costs; on the CPU, torch's default matmul for a few rows (MKL sgemm) repacks every weight matrix
 on each call, so on the default model (1 thread, fp32) a forward of 9 tokens cost 2.2x one of 1 token. oneDNN
 with the weight packed once, at load, reads each weight once per forward: 9 tokens cost ~1.35x, 17 tokens ~1.55x
-(with cpu_attention.py), and a batch-8 step of 1 token is ~30% faster; plain decoding at batch 1 is ~8% slower
-(oneDNN's one-row kernel against MKL's GEMV). That is what lets a verify step pay on the CPU (docs/benchmarks.md).
+(with cpu_attention.py), and a batch-8 step of 1 token is ~30% faster; plain decoding at batch 1 ran from 8% slower
+to 9% faster than MKL's GEMV across the VMs measured. That is what lets a verify step pay on the CPU
+(docs/benchmarks.md).
 
 Only models this package loads are packed (a model passed in already loaded is the caller's and left alone).
 The results differ from torch's default kernel by rounding only (checked at packing time), as do the results
@@ -24,6 +25,11 @@ from ..core import padding
 ENV = "SPEC_BATCH_PACK_WEIGHTS"
 _DTYPES = (torch.float32, torch.bfloat16)
 _LINEAR = torch.ops.mkldnn._linear_pointwise.default if hasattr(torch.ops.mkldnn, "_linear_pointwise") else None
+# Fewer rows than this are computed with zero rows added. oneDNN's one-row kernel rounds differently from its
+# kernel for more rows (the default model's down_proj), so a token's logits at batch 1 differed from the same
+# token's at batch 8 by ~5e-5; with four rows they are the same bit for bit. Nor is it slower: batch-1 forwards of
+# 1-2 tokens measured 0-18% faster, whole batch-1 jobs ~3% (docs/benchmarks.md).
+MIN_ROWS = 4
 
 
 class PackedLinear(nn.Module):
@@ -57,11 +63,21 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         real = padding.current()
         if real is None or tuple(x.shape[:-1]) != real.shape:
-            return _LINEAR(x, self.packed, self.bias, "none", [], "")  # any leading dims, any strides
+            if x.numel() >= MIN_ROWS * x.shape[-1]:
+                return _LINEAR(x, self.packed, self.bias, "none", [], "")  # any leading dims, any strides
+            return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
         rows = x.reshape(-1, x.shape[-1]).index_select(0, real.index)
         out = x.new_zeros(x.shape[0] * x.shape[1], self.out_features)
-        out.index_copy_(0, real.index, _LINEAR(rows, self.packed, self.bias, "none", [], ""))
+        out.index_copy_(0, real.index, self._rows(rows))
         return out.view(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [n, in] -> [n, out], with at least MIN_ROWS rows in the kernel call."""
+        n = rows.shape[0]
+        if n >= MIN_ROWS:
+            return _LINEAR(rows, self.packed, self.bias, "none", [], "")
+        rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - n, rows.shape[1])])
+        return _LINEAR(rows, self.packed, self.bias, "none", [], "")[:n]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN"

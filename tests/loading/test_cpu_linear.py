@@ -125,3 +125,16 @@ def test_decoder_on_a_packed_target_plans_per_row_and_stays_greedy_exact(drafter
     assert [r.token_ids for r in results] == [hf_greedy(target, p, 24) for p in prompts]
     assert not build_decoder(tiny_llama(16, vocab=64, layers=2, lm_head_scale=4.0), fake_tokenizer,
                              target_name="tiny", draft=drafter, device=torch.device("cpu")).policy.ragged
+
+
+def test_a_rows_result_does_not_depend_on_how_many_rows_are_computed():
+    """Fewer than MIN_ROWS rows get zero rows added (oneDNN's one- and two-row kernels are slower and round
+    differently): a token's numbers are then the same bit for bit at batch 1 and batch 8."""
+    torch.manual_seed(0)
+    layer = PackedLinear(nn.Linear(1536, 576, bias=False), keep_weight=False)  # the default model's down_proj
+    x = torch.randn(8, 1536)
+    with torch.inference_mode():
+        full = layer(x)
+        for n in range(1, 8):
+            assert torch.equal(layer(x[:n]), full[:n]), n
+        assert torch.equal(layer(x[:1].view(1, 1, 1536)), full[:1].view(1, 1, 576))  # any leading dims
