@@ -1,8 +1,8 @@
 """What a verify step costs on this machine by the rows' draft lengths: the --padding-costs of bench_replay.py.
 
 A batch of rows is prefilled with --context random tokens each; then forwards of random draft-length mixes (each
-row reads 1 + its draft, padded on the left to the longest, as the decoder's verify step) are timed (median of
---repeats) and rolled back. A least-squares fit gives, in plain steps of that batch:
+row reads 1 + its draft, padded on the left to the longest, as the decoder's verify step) are timed and rolled
+back, in --repeats rounds over all mixes after one untimed round (median per mix). A least-squares fit gives, in plain steps of that batch:
 
   T  per real draft token
   P  per padded position (a row shorter than the longest; 0 where padding is free, T where it costs as much)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=300, help="tokens already in each row's cache")
     ap.add_argument("--mixes", type=int, default=30, help="random draft-length mixes besides the fixed ones")
-    ap.add_argument("--repeats", type=int, default=5, help="timings per mix (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds over all mixes (median per mix)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -72,11 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         ids = torch.randint(100, vocab, (args.batch, args.context), generator=torch.Generator().manual_seed(args.seed))
         group.forward(ids.to(device), torch.ones_like(ids, dtype=torch.bool, device=device), logits_to_keep=1)
         kv.extend(group)
-        samples = []
-        for ks in mixes(args.batch, args.mixes, rng):
-            seqs = [[rng.randrange(100, vocab) for _ in range(1 + k)] for k in ks]
-            times = []
-            for _ in range(args.repeats):
+        # rounds over all mixes (the first untimed, a warm-up), so that a drift of the machine's speed spreads over
+        # every mix instead of biasing the ones timed first
+        plan = [(ks, [[rng.randrange(100, vocab) for _ in range(1 + k)] for k in ks]) for ks in mixes(args.batch, args.mixes, rng)]
+        times: list[list[float]] = [[] for _ in plan]
+        for round_ in range(args.repeats + 1):
+            for (ks, seqs), timed in zip(plan, times):
                 input_ids, valid = left_padded(seqs, decoder.placeholder_id, device)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
@@ -84,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
                 kv.forward(input_ids, valid)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
+                if round_:
+                    timed.append(time.perf_counter() - t0)
                 kv.rollback(torch.tensor([1 + k for k in ks], device=device))
-            samples.append((ks, statistics.median(times)))
-            print(f"  {ks}: {statistics.median(times) * 1000:.1f} ms", flush=True)
+        samples = [(ks, statistics.median(timed)) for (ks, _), timed in zip(plan, times)]
+        for ks, seconds in samples:
+            print(f"  {ks}: {seconds * 1000:.1f} ms")
     base, per_token, per_pad, jump = fit(samples)
     residual = statistics.pstdev([s - base * padded_step_cost(k, per_token, per_pad, jump) for k, s in samples])
     print(f"\n# {args.target} on {args.device}, batch {args.batch}, context {args.context}, "
