@@ -22,8 +22,8 @@ finishes, one policy planning every row's length per step and learning the steps
 (`none` is replayed the same way for the ratio). A step's cost, in plain steps of its batch, is
 1 + T x real draft tokens + P x padded positions (rows shorter than the longest) + J once any row drafts:
 --padding-costs T,P,J, measured on your machine by bench/bench_step_costs.py (default: the default model at
-batch 8 on a 2-core CPU, docs/benchmarks.md, 2026-12-02 afternoon; on a GPU all three are near 0). The `oracle` policy knows each row's accepted run and drafts
-exactly it (at batch > 1 the best shared minimum run): the ceiling of a policy on these proposals and costs.
+batch 8 on a 2-core CPU, docs/benchmarks.md, 2026-12-02 afternoon; on a GPU all three are near 0). The `oracle`
+policy knows each row's accepted run and drafts exactly it (at batch > 1 the best shared minimum run): the ceiling of a policy on these proposals and costs.
 
 Caveats: SQL keeps output text, so outputs are re-tokenized (a token boundary can differ from the original
 ids); timing noise, caches and the prompt's prefill are not replayed.
@@ -89,12 +89,17 @@ def step_costs(spec: str | None) -> StepCosts:
     return costs
 
 
+def width_cost(costs: StepCosts) -> Callable[[list[int]], float]:
+    """A batch-1 step's cost from the table, by its verify width (1 + the row's draft)."""
+    return lambda ks: costs.estimate(1, 1 + ks[0]) or 1.0  # a table from step_costs always has an estimate
+
+
 def replay(requests: list[Request], new_drafter: Callable[[], Drafter], costs: StepCosts, k_max: int,
            adaptive: bool, initial_acceptance: tuple[float, float]) -> ReplayStats:
     """Greedy decoding of known outputs at batch 1, request after request, with one policy for the whole job and
     the given costs by verify width (stats.cost in their units)."""
-    return replay_batch(requests, new_drafter, 1, k_max, "adaptive" if adaptive else "fixed",
-                        lambda ks: costs.estimate(1, 1 + ks[0]) or 1.0, initial_acceptance, fixed_costs=costs)
+    return replay_batch(requests, new_drafter, 1, k_max, "adaptive" if adaptive else "fixed", width_cost(costs),
+                        initial_acceptance, fixed_costs=costs)
 
 
 def padded_step_cost(lengths: list[int], per_token: float, per_pad: float, jump: float) -> float:
@@ -224,10 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         args.database_url = get_settings().database_url
     target, requests = load_requests(args.database_url, args.job_id, args.limit)
     costs = step_costs(args.costs)
-    cost1 = costs.estimate(1, 1) or 1.0
     fixed = costs if args.batch == 1 else None  # batch 1: the table's costs by verify width, as given
     if args.batch == 1:
-        step_cost = lambda ks: costs.estimate(1, 1 + ks[0]) or cost1  # noqa: E731
+        step_cost = width_cost(costs)
         cost_text = f"by verify width: {'measured (--costs)' if args.costs else 'assumed 1 + 0.04 (w - 1)'}"
     else:
         step_cost = lambda ks: padded_step_cost(ks, per_token, per_pad, jump)  # noqa: E731

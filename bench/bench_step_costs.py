@@ -2,7 +2,8 @@
 
 A batch of rows is prefilled with --context random tokens each; then forwards of random draft-length mixes (each
 row reads 1 + its draft, padded on the left to the longest, as the decoder's verify step) are timed and rolled
-back, in --repeats rounds over all mixes after one untimed round (median per mix). A least-squares fit gives, in plain steps of that batch:
+back, in --repeats rounds over all mixes after one untimed round (median per mix). A least-squares fit gives, in
+plain steps of that batch:
 
   T  per real draft token
   P  per padded position (a row shorter than the longest; 0 where padding is free, T where it costs as much)
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         kv.extend(group)
         # rounds over all mixes (the first untimed, a warm-up), so that a drift of the machine's speed spreads over
         # every mix instead of biasing the ones timed first
-        plan = [(ks, [[rng.randrange(100, vocab) for _ in range(1 + k)] for k in ks]) for ks in mixes(args.batch, args.mixes, rng)]
+        plan = [(ks, [[rng.randrange(100, vocab) for _ in range(1 + k)] for k in ks])
+                for ks in mixes(args.batch, args.mixes, rng)]
         times: list[list[float]] = [[] for _ in plan]
         for round_ in range(args.repeats + 1):
             for (ks, seqs), timed in zip(plan, times):

@@ -64,7 +64,7 @@ class PackedLinear(nn.Module):
         real = padding.current()
         if real is None or tuple(x.shape[:-1]) != real.shape:
             if x.numel() >= MIN_ROWS * x.shape[-1]:
-                return _LINEAR(x, self.packed, self.bias, "none", [], "")  # any leading dims, any strides
+                return self._kernel(x)  # any leading dims, any strides
             return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
         rows = x.reshape(-1, x.shape[-1]).index_select(0, real.index)
         out = x.new_zeros(x.shape[0] * x.shape[1], self.out_features)
@@ -75,9 +75,11 @@ class PackedLinear(nn.Module):
         """rows [n, in] -> [n, out], with at least MIN_ROWS rows in the kernel call."""
         n = rows.shape[0]
         if n >= MIN_ROWS:
-            return _LINEAR(rows, self.packed, self.bias, "none", [], "")
-        rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - n, rows.shape[1])])
-        return _LINEAR(rows, self.packed, self.bias, "none", [], "")[:n]
+            return self._kernel(rows)
+        return self._kernel(torch.cat([rows, rows.new_zeros(MIN_ROWS - n, rows.shape[1])]))[:n]
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return _LINEAR(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN"
