@@ -48,6 +48,35 @@ def fit(samples: list[tuple[list[int], float]]) -> tuple[float, float, float, fl
     return base, float(coef[1]) / base, float(coef[2]) / base, float(coef[3]) / base
 
 
+def time_mixes(model, placeholder_id: int, vocab: int, device: torch.device, batch: int, context: int,
+               plan_mixes: list[list[int]], repeats: int, seed: int = 0) -> list[tuple[list[int], float]]:
+    """(draft lengths, median seconds) of a verify forward per mix, over `batch` rows with `context` random tokens
+    cached each: one untimed round over all mixes, then `repeats` timed ones (a drift of the machine's speed
+    spreads over every mix instead of biasing the ones timed first)."""
+    rng = random.Random(seed)
+    kv = KVBatch(model, device, 0)
+    group = KVBatch(model, device, batch)
+    with torch.inference_mode():
+        ids = torch.randint(100, vocab, (batch, context), generator=torch.Generator().manual_seed(seed))
+        group.forward(ids.to(device), torch.ones_like(ids, dtype=torch.bool, device=device), logits_to_keep=1)
+        kv.extend(group)
+        plan = [(ks, [[rng.randrange(100, vocab) for _ in range(1 + k)] for k in ks]) for ks in plan_mixes]
+        times: list[list[float]] = [[] for _ in plan]
+        for round_ in range(repeats + 1):
+            for (ks, seqs), timed in zip(plan, times):
+                input_ids, valid = left_padded(seqs, placeholder_id, device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                kv.forward(input_ids, valid)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if round_:
+                    timed.append(time.perf_counter() - t0)
+                kv.rollback(torch.tensor([1 + k for k in ks], device=device))
+    return [(ks, statistics.median(timed)) for (ks, _), timed in zip(plan, times)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="default")
@@ -64,35 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     decoder = load_decoder(args.target, "none", device=args.device)
-    device = torch.device(args.device)
-    rng = random.Random(args.seed)
-    vocab = decoder.vocab_size
-    kv = KVBatch(decoder.target, device, 0)
-    group = KVBatch(decoder.target, device, args.batch)
-    with torch.inference_mode():
-        ids = torch.randint(100, vocab, (args.batch, args.context), generator=torch.Generator().manual_seed(args.seed))
-        group.forward(ids.to(device), torch.ones_like(ids, dtype=torch.bool, device=device), logits_to_keep=1)
-        kv.extend(group)
-        # rounds over all mixes (the first untimed, a warm-up), so that a drift of the machine's speed spreads over
-        # every mix instead of biasing the ones timed first
-        plan = [(ks, [[rng.randrange(100, vocab) for _ in range(1 + k)] for k in ks])
-                for ks in mixes(args.batch, args.mixes, rng)]
-        times: list[list[float]] = [[] for _ in plan]
-        for round_ in range(args.repeats + 1):
-            for (ks, seqs), timed in zip(plan, times):
-                input_ids, valid = left_padded(seqs, decoder.placeholder_id, device)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                kv.forward(input_ids, valid)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if round_:
-                    timed.append(time.perf_counter() - t0)
-                kv.rollback(torch.tensor([1 + k for k in ks], device=device))
-        samples = [(ks, statistics.median(timed)) for (ks, _), timed in zip(plan, times)]
-        for ks, seconds in samples:
-            print(f"  {ks}: {seconds * 1000:.1f} ms")
+    samples = time_mixes(decoder.target, decoder.placeholder_id, decoder.vocab_size, torch.device(args.device),
+                         args.batch, args.context, mixes(args.batch, args.mixes, random.Random(args.seed)),
+                         args.repeats, args.seed)
+    for ks, seconds in samples:
+        print(f"  {ks}: {seconds * 1000:.1f} ms")
     base, per_token, per_pad, jump = fit(samples)
     residual = statistics.pstdev([s - base * padded_step_cost(k, per_token, per_pad, jump) for k, s in samples])
     print(f"\n# {args.target} on {args.device}, batch {args.batch}, context {args.context}, "

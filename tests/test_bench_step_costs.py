@@ -7,6 +7,8 @@ import random
 import sys
 from pathlib import Path
 
+import torch
+
 _PATH = Path(__file__).resolve().parent.parent / "bench" / "bench_step_costs.py"
 _spec = importlib.util.spec_from_file_location("bench_step_costs", _PATH)
 bench_step_costs = importlib.util.module_from_spec(_spec)
@@ -27,3 +29,11 @@ def test_mixes_include_plain_steps_uniform_drafts_and_one_long_row():
     ms = bench_step_costs.mixes(4, 5, random.Random(1))
     assert [0, 0, 0, 0] in ms and [2, 2, 2, 2] in ms and [16, 0, 0, 0] in ms
     assert len(ms) == 3 + 4 + 4 + 5 and all(len(m) == 4 for m in ms)
+
+
+def test_time_mixes_times_every_mix_in_rounds(tiny_llama):
+    model = tiny_llama(1, vocab=1000, layers=2)  # token ids are drawn from 100 up
+    plan = [[0, 0], [1, 3], [4, 0]]
+    samples = bench_step_costs.time_mixes(model, 0, 1000, torch.device("cpu"), 2, 6, plan, repeats=2)
+    assert [ks for ks, _ in samples] == plan
+    assert all(seconds > 0 for _, seconds in samples)

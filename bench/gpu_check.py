@@ -1,0 +1,176 @@
+"""The prepared accelerator check: is the core exact there, and what does a verify step cost (issue 11's batch-8
+targets are bound by that cost on a CPU; CI has no GPU, and a session with one has minutes).
+
+The default model's GGUF (98 MB) is more than a device run carries, so this builds a model of its shape
+(SmolLM2-135M: 30 layers, 576 wide, 9 query and 3 key/value heads, vocabulary 49152) with random weights, its
+lm_head sharpened so that greedy text repeats itself and the drafters have something to copy. Same shapes,
+same step costs; and an exact oracle:
+
+1. exactness: greedy outputs of `none`, `ngram` and `suffix` at batch 1 and 8, each against `none` at the same
+   batch size (speculation must not change a token) and against Hugging Face `generate` at batch 1, in float32
+   (TF32 off) and in the device's default dtype (bfloat16 on CUDA, where batch shapes may flip near-ties: info);
+2. step costs at batch 8 (bench_step_costs.py's T, P, J): pass them to bench_replay.py --padding-costs to see
+   what a stored job would gain on this device;
+3. none against suffix at batch 8 on these prompts, wall clock, medians of --rounds.
+
+    python bench/gpu_check.py --device cuda --out DIR      # prints a report, writes DIR/gpu_check.json
+
+On a device machine whose python has torch and transformers but not this project's other needs, carry the
+wheels of this project's transformers, platformdirs and llguidance (requirements.lock's versions), fetched here
+once (`echo /.whl/ >> .git/info/exclude` first):
+
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+        transformers==5.23.0 platformdirs==4.14.8 llguidance==1.9.1
+
+and run there (carrying .whl; ~5 minutes on one core, minutes less on a GPU):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --device cuda --out $OUT
+
+Checked here in a fresh virtual environment holding only torch and the device's transformers dependencies
+(huggingface_hub 1.33, tokenizers 0.23.2, safetensors 0.8) plus those three wheels. Exit status 1 if
+speculation changed any float32 token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from bench_step_costs import fit, mixes, time_mixes  # noqa: E402
+from spec_batch.core.params import SamplingParams  # noqa: E402
+from spec_batch.loading import build_decoder  # noqa: E402
+from spec_batch.loading.load import resolve_dtype  # noqa: E402
+
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=100000.0)
+EOS = 2
+
+
+class IdTokenizer:
+    """Token ids as text ("12 7 3"): all the decoder needs of a tokenizer for prompts given as ids."""
+
+    eos_token_id = EOS
+    pad_token_id = EOS
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, skip_special_tokens: bool = True, **kwargs) -> str:
+        return " ".join(str(int(i)) for i in ids if not (skip_special_tokens and int(i) == EOS))
+
+
+def random_model(device: torch.device, dtype: torch.dtype, seed: int, sharpen: float) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M, bos_token_id=1, eos_token_id=EOS, pad_token_id=EOS))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)  # tied to the embedding: sharper logits, repetitive greedy text
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def prompts(count: int, seed: int, vocab: int = SMOLLM2_135M["vocab_size"]) -> list[list[int]]:
+    """Prompts that repeat a passage of their own, as an edit's prompt repeats the text it edits."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        passage = [rng.randrange(3, vocab) for _ in range(rng.randrange(40, 120))]
+        out.append([1] + passage + [rng.randrange(3, vocab) for _ in range(8)] + passage[: rng.randrange(5, 20)])
+    return out
+
+
+def hf_greedy(model, ids: list[int], max_new: int, device: torch.device) -> list[int]:
+    x = torch.tensor([ids], device=device)
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                             eos_token_id=EOS, pad_token_id=EOS)[0, len(ids):].tolist()
+    return out[: out.index(EOS)] if EOS in out else out
+
+
+def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: int) -> dict:
+    params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    reference = [hf_greedy(model, p, max_new, device) for p in ps]
+    report: dict = {}
+    for batch in (1, 8):
+        outputs = {}
+        for draft in ("none", "ngram", "suffix"):
+            dec = build_decoder(model, IdTokenizer(), target_name="random", draft=draft, device=device)
+            outputs[draft] = [list(r.token_ids) for r in dec.generate(ps, params, batch_size=batch)]
+        for draft, outs in outputs.items():
+            report[f"{draft} b{batch}"] = {
+                "same as none at this batch": sum(o == n for o, n in zip(outs, outputs["none"])),
+                "same as HF b1": sum(o[: len(r)] == r for o, r in zip(outs, reference)),
+                "prompts": len(ps),
+            }
+    return report
+
+
+def speed(model, device: torch.device, ps: list[list[int]], max_new: int, rounds: int) -> dict:
+    params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    decs = {d: build_decoder(model, IdTokenizer(), target_name="random", draft=d, device=device) for d in ("none", "suffix")}
+    seconds: dict[str, list[float]] = {d: [] for d in decs}
+    for r in range(rounds + 1):  # the first round warms kernels and the policy's step costs
+        for name, dec in decs.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dec.generate(ps, params, batch_size=8)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                seconds[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(s) for name, s in seconds.items()}
+    return {"seconds": med, "suffix vs none": med["none"] / med["suffix"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds of the speed check")
+    ap.add_argument("--sharpen", type=float, default=12.0, help="lm_head scale of the random model")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="folder for gpu_check.json")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 for the exactness check
+        torch.backends.cudnn.allow_tf32 = False
+    ps = prompts(args.prompts, args.seed)
+    result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__}
+    exact_ok = True
+    for dtype in dict.fromkeys([torch.float32, resolve_dtype("auto", device)]):
+        model = random_model(device, dtype, args.seed, args.sharpen)
+        report = check_exactness(model, device, ps, args.max_new_tokens)
+        result[f"exactness {dtype}"] = report
+        if dtype == torch.float32:
+            exact_ok = all(v["same as none at this batch"] == v["prompts"] for v in report.values())
+        samples = time_mixes(model, EOS, SMOLLM2_135M["vocab_size"], device, 8, 300,
+                             mixes(8, 30, random.Random(args.seed)), 5, args.seed)
+        base, t, p, j = fit(samples)
+        result[f"step costs b8 {dtype}"] = {"plain step ms": base * 1000, "padding-costs": f"{t:.4f},{p:.4f},{j:.4f}"}
+        result[f"speed b8 {dtype}"] = speed(model, device, ps, args.max_new_tokens, args.rounds)
+        print(json.dumps({k: v for k, v in result.items() if str(dtype) in k}, indent=1), flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_check.json").write_text(json.dumps(result, indent=1))
+    print(f"# exact in float32 on {result['device']}: {'yes' if exact_ok else 'NO'}")
+    return 0 if exact_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
