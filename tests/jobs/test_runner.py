@@ -12,6 +12,7 @@ from sqlalchemy import select, update
 
 from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
+from spec_batch.jobs.service import WARMUP_TOKENS
 from spec_batch.jobs import JobBusyError
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.runner import finalize_job, run_requests
@@ -36,8 +37,8 @@ def _job(factory, job_id) -> Job:
         return queries.get_job(s, job_id)
 
 
-def _make_job(factory, tmp_path, n=10, *, bad=True, **kw):
-    lines = [completion_line(f"c{i}", f"prompt number {i}", max_tokens=4) for i in range(n)]
+def _make_job(factory, tmp_path, n=10, *, bad=True, max_tokens=4, **kw):
+    lines = [completion_line(f"c{i}", f"prompt number {i}", max_tokens=max_tokens) for i in range(n)]
     if bad:
         lines += [
             "{not json",
@@ -220,12 +221,17 @@ def test_cancel_stops_the_runner(db_url, tmp_path, fake_decoder_cls):
 
 def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
-    job_id, _ = _make_job(factory, tmp_path, n=9, bad=False, baseline_sample=3)
+    job_id, _ = _make_job(factory, tmp_path, n=9, bad=False, baseline_sample=3, max_tokens=WARMUP_TOKENS + 4)
     dec = fake_decoder_cls()
     b = measure_baseline(factory, job_id, dec)
     assert b is not None and b.n_requests == 3 and b.stored == 3
     assert b.baseline_output_tokens == b.sample_output_tokens  # same requests, same outputs
     assert measure_baseline(factory, job_id, dec) is None  # once per job
+    # an untimed pass over the sample's first tokens warms the speculative decoder's policy, then the timed one
+    (warm_prompts, warm_params), (timed_prompts, timed_params) = dec.generate_calls
+    assert warm_prompts == timed_prompts and len(timed_prompts) == 3
+    assert [p.max_new_tokens for p in warm_params] == [WARMUP_TOKENS] * 3
+    assert [p.max_new_tokens for p in timed_params] == [WARMUP_TOKENS + 4] * 3
     job = _job(factory, job_id)
     assert (job.baseline_output_tokens, job.sample_output_tokens) == (b.baseline_output_tokens, b.sample_output_tokens)
     completed = [r.line_number for r in _rows(factory, job_id) if r.status == "completed"]
