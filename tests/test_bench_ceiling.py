@@ -1,19 +1,14 @@
 """bench/bench_ceiling.py's oracle drafter (no model): the suffix drafter's proposal, cut to what the target accepts."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.suffix_drafter import SuffixDrafter
 
-_PATH = Path(__file__).resolve().parent.parent / "bench" / "bench_ceiling.py"
-_spec = importlib.util.spec_from_file_location("bench_ceiling", _PATH)
-bench_ceiling = importlib.util.module_from_spec(_spec)
-sys.modules["bench_ceiling"] = bench_ceiling
-_spec.loader.exec_module(bench_ceiling)  # type: ignore[union-attr]
+from bench_modules import load
+
+bench_ceiling = load("bench_ceiling")
 
 
 @dataclass

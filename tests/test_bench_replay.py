@@ -1,18 +1,13 @@
 """bench/bench_replay.py's simulation (no model, no database): known outputs replayed through the drafters."""
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "bench" / "bench_replay.py"
-_spec = importlib.util.spec_from_file_location("bench_replay", _PATH)
-bench_replay = importlib.util.module_from_spec(_spec)
-sys.modules["bench_replay"] = bench_replay  # its dataclasses look their module up
-_spec.loader.exec_module(bench_replay)  # type: ignore[union-attr]
+from bench_modules import load
+
+bench_replay = load("bench_replay")
 
 
 def _copying_job(n: int = 6) -> list[tuple[list[int], list[int]]]:

@@ -1,19 +1,14 @@
 """bench/bench_step_costs.py's fit (no model): the padding costs it reports are the ones that made the timings."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
-from pathlib import Path
 
 import torch
 
-_PATH = Path(__file__).resolve().parent.parent / "bench" / "bench_step_costs.py"
-_spec = importlib.util.spec_from_file_location("bench_step_costs", _PATH)
-bench_step_costs = importlib.util.module_from_spec(_spec)
-sys.modules["bench_step_costs"] = bench_step_costs
-_spec.loader.exec_module(bench_step_costs)  # type: ignore[union-attr]
+from bench_modules import load
+
+bench_step_costs = load("bench_step_costs")
 
 
 def test_fit_recovers_the_costs_that_made_the_timings():

@@ -1,17 +1,12 @@
 """bench/gpu_check.py, the prepared accelerator check, run here on the CPU with a tiny model of its vocabulary."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
-_PATH = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
-_spec = importlib.util.spec_from_file_location("gpu_check", _PATH)
-gpu_check = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_check"] = gpu_check
-_spec.loader.exec_module(gpu_check)  # type: ignore[union-attr]
+from bench_modules import load
+
+gpu_check = load("gpu_check")
 
 
 def test_prompts_repeat_a_passage_of_their_own():
