@@ -321,7 +321,10 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
     if output is not None and status != JOB_FAILED:
         from ..jobs import write_results
 
-        rep = write_results(factory, job_id, output)
+        try:
+            rep = write_results(factory, job_id, output)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc}") from exc
         _err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
              + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
     click.echo(status)
@@ -342,13 +345,14 @@ def wait_command(job: str, interval: float, timeout: float | None, output: Path 
     """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
     3 timed out."""
     from ..jobs import job_info
-    from ..jobs.export import OutputPathError, check_output_path
+    from ..jobs.output_guard import OutputPathError, check_output_path, job_files
 
     factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     if output is not None:  # checked now, not after a long wait
         try:
-            check_output_path(output, input_path=job_info(factory, job_id).input_file, force=force)
+            check_output_path(output, input_path=job_info(factory, job_id).input_file,
+                              protected=job_files(factory, [job_id]), force=force)
         except OutputPathError as exc:
             raise click.ClickException(str(exc)) from exc
     sys.exit(_wait(factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
