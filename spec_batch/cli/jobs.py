@@ -33,6 +33,7 @@ from ._common import (
     open_store_or_exit,
     parse_metadata,
     resolve_job,
+    temperature_option,
 )
 from ..errors import SpecBatchError
 from ._group import main, mask_in_errors
@@ -256,8 +257,7 @@ def _print_line_errors(errors, console) -> None:
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
 @max_tokens_option
-@click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
-              help="For lines without temperature (0 = greedy).")
+@temperature_option
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
 def run_command(
     file: Path,

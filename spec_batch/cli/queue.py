@@ -33,6 +33,7 @@ from ._common import (
     parse_metadata,
     resolve_job,
     target_option,
+    temperature_option,
 )
 from ._group import main
 
@@ -73,8 +74,7 @@ def _check_model(spec: str, what: str) -> None:
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off).")
 @max_tokens_option
-@click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
-              help="For lines without temperature (0 = greedy).")
+@temperature_option
 @click.option("--queue", "queue", default=None,
               help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).")
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
