@@ -59,6 +59,17 @@ def _check_model(spec: str, what: str) -> None:
         ) from exc
 
 
+def _check_queues(names: list[str], option: str) -> None:
+    """Queue names given by hand: the allowed characters and length (workers.routing), or a usage error."""
+    from workers.routing import QueueNameError, check_queue_name
+
+    for name in names:
+        try:
+            check_queue_name(name)
+        except QueueNameError as exc:
+            raise click.BadParameter(str(exc), param_hint=option) from None
+
+
 # ---------------------------------------------------------------- submit
 
 
@@ -103,6 +114,7 @@ def submit_command(
     from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
 
     meta = parse_metadata(metadata)
+    _check_queues([queue] if queue is not None else [], "--queue")
     settings = get_settings()
     target = target or settings.default_target
     draft = draft or settings.default_draft
@@ -183,6 +195,7 @@ def worker_command(
     names: list[str] = []
     for q in queues:
         names += [n.strip() for n in q.split(",") if n.strip()]
+    _check_queues(names, "--queues")
     pairs = []
     for m in models:
         try:
