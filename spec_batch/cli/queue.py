@@ -5,6 +5,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -59,15 +60,18 @@ def _check_model(spec: str, what: str) -> None:
         ) from exc
 
 
-def _check_queues(names: list[str], option: str) -> None:
-    """Queue names given by hand: the allowed characters and length (workers.routing), or a usage error."""
+def _queue_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Checks queue names given by hand (--queue, --queues, comma-separated): the allowed characters and length
+    (workers.routing), or a usage error naming the option."""
     from workers.routing import QueueNameError, check_queue_name
 
-    for name in names:
+    given = [value] if isinstance(value, str) else [n.strip() for v in value or () for n in v.split(",") if n.strip()]
+    for name in given:
         try:
             check_queue_name(name)
         except QueueNameError as exc:
-            raise click.BadParameter(str(exc), param_hint=option) from None
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 # ---------------------------------------------------------------- submit
@@ -86,7 +90,7 @@ def _check_queues(names: list[str], option: str) -> None:
               help="Requests decoded again without speculation to measure the speedup (0: off).")
 @max_tokens_option
 @temperature_option
-@click.option("--queue", "queue", default=None,
+@click.option("--queue", "queue", default=None, callback=_queue_names,
               help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).")
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
 @click.option("--no-model-check", is_flag=True, help="Do not check that the models exist on this machine.")
@@ -114,7 +118,6 @@ def submit_command(
     from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
 
     meta = parse_metadata(metadata)
-    _check_queues([queue] if queue is not None else [], "--queue")
     settings = get_settings()
     target = target or settings.default_target
     draft = draft or settings.default_draft
@@ -162,7 +165,7 @@ def submit_command(
 @click.option("-m", "--model", "models", multiple=True, metavar="TARGET[:DRAFTER]",
               help="A target and drafter this worker serves (repeatable; default: the default target and "
                    "drafter). Each is one queue, named by `spec_batch` routing.")
-@click.option("-Q", "--queues", "queues", multiple=True,
+@click.option("-Q", "--queues", "queues", multiple=True, callback=_queue_names,
               help="Queue names to serve instead of / besides --model (comma-separated or repeated).")
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.")
@@ -195,7 +198,6 @@ def worker_command(
     names: list[str] = []
     for q in queues:
         names += [n.strip() for n in q.split(",") if n.strip()]
-    _check_queues(names, "--queues")
     pairs = []
     for m in models:
         try:
