@@ -95,6 +95,17 @@ def test_results_may_rewrite_the_jobs_own_output_with_force(finished_job):
     assert len(out.read_text().splitlines()) == 3 and len(errors.read_text().splitlines()) == 1
 
 
+def private_device(tmp_path):
+    """A character device node like /dev/full (1, 7) in tmp_path: a test must never risk the machine's own (a
+    failing run of old code, as root, replaced /dev/full with a regular file). Skips without CAP_MKNOD."""
+    node = tmp_path / "full.jsonl"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+    return node
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device", "folder-errors"])
 def test_run_never_replaces_what_is_not_a_regular_file(env, tmp_path, loads, kind):
     src = _input(tmp_path)
@@ -102,8 +113,8 @@ def test_run_never_replaces_what_is_not_a_regular_file(env, tmp_path, loads, kin
         target = tmp_path / "pipe.jsonl"
         os.mkfifo(target)
         checked, what = target, "a FIFO"
-    elif kind == "device":
-        target = checked = "/dev/full"
+    elif kind == "device":  # what `run -o /dev/full --force` did as root: a regular file over the device
+        target = checked = private_device(tmp_path)
         what = "a character device"
     else:  # OUT.errors.jsonl is a folder
         target = tmp_path / "res.jsonl"
@@ -130,12 +141,14 @@ def test_wait_and_report_refuse_a_fifo_before_anything_else(finished_job, tmp_pa
         assert stat.S_ISFIFO(os.stat(pipe).st_mode)
 
 
-def test_the_writer_itself_refuses_a_device(finished_job):
+def test_the_writer_itself_refuses_a_device(finished_job, tmp_path):
     """A worker finalizing a job writes through the same writer: it refuses too (the job records why)."""
     from spec_batch.jobs import write_results
     from spec_batch.store import make_session_factory
 
     job_id = finished_job[0]
+    device = private_device(tmp_path)
     factory = make_session_factory(os.environ["SPEC_BATCH_DATABASE_URL"])
     with pytest.raises(OSError, match="character device, not a regular file"):
-        write_results(factory, job_id, "/dev/full")
+        write_results(factory, job_id, device)
+    assert stat.S_ISCHR(os.stat(device).st_mode)
