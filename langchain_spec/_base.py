@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 from spec_batch import InvalidParameterError, SamplingParams
 from spec_batch.loading import shared_decoder
 
-from ._core import CallOptions, check_decoder, resolve_options
+from ._core import CallOptions, check_decoder, check_limits, resolve_options
 
 LS_PROVIDER = "spec_batch"
 
@@ -36,12 +36,14 @@ class SpeculativeParams(BaseModel):
     max_tokens: int = 256
     """Most new tokens per generation."""
     temperature: float = 0.0
-    """0 decodes greedily (exactly the target's greedy output); > 0 samples from the target's distribution."""
+    """0 decodes greedily (exactly the target's greedy output); > 0 samples from the target's distribution. In
+    [0, 2], OpenAI's range (spec_batch.limits), as everywhere a user sets it."""
     top_p: float = 1.0
     top_k: int = 0
     """0 turns top-k off."""
     seed: int | None = None
-    """With temperature > 0: the same seed gives the same output for the same prompt, in any batch."""
+    """With temperature > 0: the same seed gives the same output for the same prompt, in any batch. A signed 64-bit
+    integer (OpenAI's range)."""
     stop: list[str] | None = None
     """Stop strings: output is cut before the first one. A per-call `stop` replaces these."""
     response_format: dict[str, Any] | None = None
@@ -71,6 +73,7 @@ class SpeculativeParams(BaseModel):
                     "the decoder already fixes its target and drafter"
                 )
         # Fails now, with the core's message, rather than at the first call.
+        check_limits(self.temperature, self.top_p, self.seed)
         SamplingParams(
             max_new_tokens=self.max_tokens,
             temperature=self.temperature,

@@ -22,6 +22,7 @@ from spec_batch import (
     SpecBatchError,
     StreamChunk,
 )
+from spec_batch.limits import TEMPERATURE, TOP_P, check_range, check_seed
 
 Prompt = str | list[int]
 
@@ -70,6 +71,13 @@ class CallOptions:
         return (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop), fmt)
 
 
+def check_limits(temperature: Any, top_p: Any, seed: Any) -> None:
+    """OpenAI's ranges (spec_batch.limits), as at every user-facing boundary; the core's SamplingParams is wider."""
+    check_range("temperature", temperature, TEMPERATURE)
+    check_range("top_p", top_p, TOP_P)
+    check_seed("seed", seed)
+
+
 def resolve_options(model: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:
     """Sampling params and timeout for one call: the model's fields, overridden by per-call kwargs.
 
@@ -91,6 +99,7 @@ def resolve_options(model: Any, stop: list[str] | None, kwargs: dict[str, Any]) 
     ):
         raise InvalidParameterError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
     chosen_stop = stop if stop is not None else model.stop
+    check_limits(values["temperature"], values["top_p"], values["seed"])
     params = SamplingParams(
         max_new_tokens=values["max_tokens"],
         temperature=values["temperature"],

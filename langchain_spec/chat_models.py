@@ -1,180 +1,34 @@
-"""ChatSpeculative: a LangChain chat model (BaseChatModel) on the spec-batch core, using the target's chat template."""
+"""ChatSpeculative: a LangChain chat model (BaseChatModel) on the spec-batch core, using the target's chat template.
+
+Its jobs live beside it: messages.py (LangChain messages -> chat messages), batching.py (batch() as one core
+call), structured.py (with_structured_output), tools.py (bind_tools), _core.py (options, deadlines, metadata)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
-import json
-import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.caches import BaseCache
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun, Callbacks
-from langchain_core.globals import get_llm_cache
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    ChatMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
-)
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
 from pydantic import ConfigDict
 
-from spec_batch import GenerationResult, InvalidParameterError, SpecBatchError
-from spec_batch.loading import MessageError, validate_messages
+from spec_batch import GenerationResult, InvalidParameterError
 
 from ._base import SpeculativeParams
+from ._core import CallOptions, StreamWorker, adecode_one, deadline_for, decode_one, response_metadata, usage
+from .batching import GENERATE_ONLY, PrefetchingBatches, take_prefetched
+from .messages import UnsupportedMessageError, messages_to_dicts
 from .structured import Method, structured_output
-from .tools import CallStream, ToolPlan, call_text, parse_calls
-from ._core import (
-    CallOptions,
-    StreamWorker,
-    adecode_many,
-    adecode_one,
-    deadline_for,
-    decode_many,
-    decode_one,
-    response_metadata,
-    usage,
-)
+from .tools import CallStream, ToolPlan, parse_calls
+
+__all__ = ["ChatSpeculative", "UnsupportedMessageError", "messages_to_dicts"]
 
 
-class UnsupportedMessageError(MessageError):
-    """A message ChatSpeculative cannot put into the chat template (images, tool calls, unknown roles or types)."""
-
-
-def messages_to_dicts(messages: Sequence[BaseMessage], *, calls_in_content: bool = True) -> list[dict[str, Any]]:
-    """LangChain messages -> chat messages, checked by spec-batch's one chat-message validator.
-
-    system -> "system", human -> "user", ai -> "assistant", tool -> "tool" (with its tool_call_id), ChatMessage ->
-    its own role (which must be a chat role). Content must be text (a string, or text blocks, which are joined);
-    a `name` is ignored. An AIMessage's tool calls go along as OpenAI `tool_calls`, and, for templates that do
-    not render those (calls_in_content), also as the JSON the model writes for a call, after its text.
-    """
-    out: list[dict[str, Any]] = []
-    for i, message in enumerate(messages):
-        extra: dict[str, Any] = {}
-        content = message.content
-        if isinstance(message, ChatMessage):
-            role = message.role
-        elif isinstance(message, SystemMessage):
-            role = "system"
-        elif isinstance(message, HumanMessage):
-            role = "user"
-        elif isinstance(message, AIMessage):
-            role = "assistant"
-            if message.tool_calls:
-                content, extra = _with_calls(message, calls_in_content)
-        elif isinstance(message, ToolMessage):
-            role = "tool"
-            extra = {"tool_call_id": message.tool_call_id}
-        else:
-            raise UnsupportedMessageError(
-                f"messages[{i}]",
-                f"is a {type(message).__name__}; ChatSpeculative accepts system, human, AI, tool and chat messages",
-            )
-        out.append({"role": role, "content": _as_parts(content), **extra})
-    try:
-        return validate_messages(out)
-    except MessageError as exc:
-        raise UnsupportedMessageError(exc.param, exc.problem, unsupported_field=exc.unsupported_field) from None
-
-
-def _with_calls(message: AIMessage, calls_in_content: bool) -> tuple[str | list[Any], dict[str, Any]]:
-    """An AIMessage's content without its tool-use blocks (the calls are in tool_calls), and its calls."""
-    content: str | list[Any] = message.content
-    if isinstance(content, list):  # Anthropic-style content repeats each call as a tool_use block
-        content = [b for b in content if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_call"))]
-    calls = [{"id": c.get("id") or "", "type": "function",
-              "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)}}
-             for c in message.tool_calls]
-    if calls_in_content:
-        written = "\n".join(call_text(c["name"], c["args"]) for c in message.tool_calls)
-        text = content if isinstance(content, str) else "".join(
-            b if isinstance(b, str) else str(b.get("text", "")) for b in content)
-        content = f"{text}\n{written}" if text else written
-    return content, {"tool_calls": calls}
-
-
-def _as_parts(content: str | list[Any]) -> str | list[Any]:
-    """LangChain content in OpenAI's form: bare strings become text parts, and text blocks lose LangChain's own
-    keys (id, index, annotations); other blocks pass unchanged, for the validator to name."""
-    if isinstance(content, str):
-        return content
-    parts: list[Any] = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append({"type": "text", "text": block})
-        elif isinstance(block, dict) and block.get("type") == "text":
-            parts.append({"type": "text", "text": block.get("text")})
-        else:
-            parts.append(block)
-    return parts
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Batching. LangChain runs a chat model's batch() as one invoke() per input; to make it one batched call of the
-# core, batch()/generate() (and their async forms) decode every prompt first, in one Decoder.generate call, and
-# leave the results where the per-input _generate calls that LangChain then makes pick them up (keyed by prompt
-# token ids and sampling parameters). LangChain's own path still runs callbacks, tracing, message ids and
-# output_version handling for each input. Results nobody picks up (say, an input that a cache answered) are
-# dropped with the batch.
-# ---------------------------------------------------------------------------------------------------------------
-
-_PrefetchKey = tuple[tuple[int, ...], tuple]
-
-
-class _Prefetched:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: dict[_PrefetchKey, list[GenerationResult | BaseException]] = {}
-
-    def put(self, key: _PrefetchKey, outcome: GenerationResult | BaseException) -> None:
-        with self._lock:
-            self._items.setdefault(key, []).append(outcome)
-
-    def take(self, key: _PrefetchKey) -> GenerationResult | BaseException | None:
-        with self._lock:
-            outcomes = self._items.get(key)
-            return outcomes.pop(0) if outcomes else None
-
-
-_prefetched: ContextVar[_Prefetched | None] = ContextVar("langchain_spec_prefetched", default=None)
-
-
-@contextlib.contextmanager
-def _visible(store: _Prefetched | None) -> Iterator[None]:
-    """Makes store the prefetched results of the calls inside (an outer batch's store stays visible otherwise)."""
-    if store is None:
-        yield
-        return
-    token = _prefetched.set(store)
-    try:
-        yield
-    finally:
-        _prefetched.reset(token)
-
-
-@dataclass
-class _BatchPlan:
-    decoder: Any
-    options: CallOptions
-    prompts: list[list[int]]
-
-    def args(self, batch_size: int) -> tuple[Any, list[list[int]], CallOptions, int]:
-        return self.decoder, self.prompts, self.options, batch_size
-
-
-class ChatSpeculative(SpeculativeParams, BaseChatModel):
+class ChatSpeculative(SpeculativeParams, PrefetchingBatches, BaseChatModel):
     """A chat model decoded by spec-batch: exact speculative decoding of the target, through its chat template.
 
     Messages become the target's chat template (system, user, assistant, tool turns; text content only).
@@ -242,7 +96,7 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
 
     def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[CallOptions, ToolPlan | None]:
         """A call's sampling options and tools; the tools' grammar becomes the call's response_format."""
-        kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY}
+        kwargs = {k: v for k, v in kwargs.items() if k not in GENERATE_ONLY}
         plan = ToolPlan.from_kwargs(kwargs)
         if plan is not None and plan.choice != "none":
             if kwargs.get("response_format") is not None or self.response_format is not None:
@@ -290,18 +144,6 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
             )
         )
 
-    @staticmethod
-    def _take_prefetched(ids: list[int], options: CallOptions) -> GenerationResult | None:
-        store = _prefetched.get()
-        if store is None:
-            return None
-        outcome = store.take((tuple(ids), options.key))
-        if isinstance(outcome, BaseException):
-            # The batched call failed (a timeout, ...): every input of the batch raises that error, each its
-            # own copy (several threads raise at once).
-            raise copy.copy(outcome) from outcome
-        return outcome
-
     # --- LangChain hooks ---
 
     def _generate(
@@ -314,7 +156,7 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         options, plan = self._call(stop, kwargs)
         decoder = self._get_decoder()
         ids = self._prompt_ids(decoder, messages, plan)
-        result = self._take_prefetched(ids, options) or decode_one(decoder, ids, options)
+        result = take_prefetched(ids, options) or decode_one(decoder, ids, options)
         return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result, plan))])
 
     async def _agenerate(
@@ -327,7 +169,7 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         options, plan = self._call(stop, kwargs)
         decoder = self._get_decoder()
         ids = self._prompt_ids(decoder, messages, plan)
-        result = self._take_prefetched(ids, options) or await adecode_one(decoder, ids, options)
+        result = take_prefetched(ids, options) or await adecode_one(decoder, ids, options)
         return ChatResult(generations=[ChatGeneration(message=self._message(decoder, result, plan))])
 
     def _stream(
@@ -342,7 +184,7 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         decoder = self._get_decoder()
         ids = self._prompt_ids(decoder, messages, plan)
         calls = CallStream() if plan is not None else None
-        done = self._take_prefetched(ids, options)
+        done = take_prefetched(ids, options)
         if done is not None:  # a batch with streaming=True: decoded already, delivered as one chunk
             chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats, calls)
             assert chunk is not None
@@ -365,7 +207,7 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
         decoder = self._get_decoder()
         ids = self._prompt_ids(decoder, messages, plan)
         calls = CallStream() if plan is not None else None
-        done = self._take_prefetched(ids, options)
+        done = take_prefetched(ids, options)
         if done is not None:
             chunk = self._chunk(decoder, done.text, done.finish_reason, done.stats, calls)
             assert chunk is not None
@@ -376,126 +218,3 @@ class ChatSpeculative(SpeculativeParams, BaseChatModel):
             chunk = self._chunk(decoder, core_chunk.text, core_chunk.finish_reason, core_chunk.stats, calls)
             if chunk is not None:
                 yield chunk
-
-    # --- batching: one core call for many prompts ---
-
-    def _plan_batch(
-        self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> _BatchPlan | None:
-        """What a batched call would decode, or None when the per-input path should do everything itself:
-        fewer than two prompts, a LangChain cache in use, or bad parameters (each input then reports its error)."""
-        if len(message_lists) < 2:
-            return None
-        if self.cache is not False and (isinstance(self.cache, BaseCache) or get_llm_cache() is not None):
-            return None
-        try:
-            options, plan = self._call(stop, {k: v for k, v in kwargs.items() if k != "stop"})
-            decoder = self._get_decoder()
-        except Exception:  # noqa: BLE001 - reported per input by LangChain's path
-            return None
-        prompts: list[list[int]] = []
-        for messages in message_lists:
-            try:
-                prompts.append(self._prompt_ids(decoder, messages, plan))
-            except Exception:  # noqa: BLE001 - that input raises the same error on its own path
-                continue
-        return _BatchPlan(decoder, options, prompts) if len(prompts) >= 2 else None
-
-    @staticmethod
-    def _store(plan: _BatchPlan, outcome: list[GenerationResult] | Exception) -> _Prefetched | None:
-        if isinstance(outcome, SpecBatchError):
-            return None  # nothing decoded: every input runs, and reports its own error, on its own path
-        store = _Prefetched()
-        for i, ids in enumerate(plan.prompts):
-            key = (tuple(ids), plan.options.key)
-            if isinstance(outcome, Exception):
-                store.put(key, outcome)  # a timeout or failure of the batched call fails every input
-            elif outcome[i].finish_reason != "error":
-                # A prompt the core refused (too long for the context, ...) is decoded again on its own path,
-                # which raises the core's own typed error for that input only.
-                store.put(key, outcome[i])
-        return store
-
-    @contextlib.contextmanager
-    def _prefetch(
-        self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> Iterator[None]:
-        plan = self._plan_batch(message_lists, stop, kwargs)
-        store = None
-        if plan is not None:
-            try:
-                store = self._store(plan, decode_many(*plan.args(self.batch_size), return_errors=True))
-            except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
-                store = self._store(plan, exc)
-        with _visible(store):
-            yield
-
-    @contextlib.asynccontextmanager
-    async def _aprefetch(
-        self, message_lists: Sequence[Sequence[BaseMessage]], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> AsyncIterator[None]:
-        plan = self._plan_batch(message_lists, stop, kwargs)
-        store = None
-        if plan is not None:
-            try:
-                store = self._store(plan, await adecode_many(*plan.args(self.batch_size), return_errors=True))
-            except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
-                store = self._store(plan, exc)
-        with _visible(store):
-            yield
-
-    def _input_messages(self, inputs: Sequence[LanguageModelInput]) -> list[list[BaseMessage]]:
-        try:
-            return [self._convert_input(x).to_messages() for x in inputs]
-        except Exception:  # noqa: BLE001 - LangChain's path reports the bad input
-            return []
-
-    def batch(
-        self,
-        inputs: list[LanguageModelInput],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[AIMessage]:  # type: ignore[override]
-        with self._prefetch(self._input_messages(inputs), kwargs.get("stop"), kwargs):
-            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[return-value]
-
-    async def abatch(
-        self,
-        inputs: list[LanguageModelInput],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[AIMessage]:  # type: ignore[override]
-        async with self._aprefetch(self._input_messages(inputs), kwargs.get("stop"), kwargs):
-            return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[return-value]
-
-    def generate(
-        self,
-        messages: list[list[BaseMessage]],
-        stop: list[str] | None = None,
-        callbacks: Callbacks = None,
-        **kwargs: Any,
-    ) -> LLMResult:
-        call_kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY}
-        with self._prefetch(messages, stop, call_kwargs):
-            return super().generate(messages, stop=stop, callbacks=callbacks, **kwargs)
-
-    async def agenerate(
-        self,
-        messages: list[list[BaseMessage]],
-        stop: list[str] | None = None,
-        callbacks: Callbacks = None,
-        **kwargs: Any,
-    ) -> LLMResult:
-        call_kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY}
-        async with self._aprefetch(messages, stop, call_kwargs):
-            return await super().agenerate(messages, stop=stop, callbacks=callbacks, **kwargs)
-
-
-# Keyword arguments of BaseChatModel.generate that are LangChain's, not the model's.
-_GENERATE_ONLY = frozenset(
-    {"tags", "metadata", "run_name", "run_id", "ls_structured_output_format", "structured_output_format"}
-)

@@ -42,6 +42,7 @@ class Settings:
     num_draft_tokens: int | None = None  # None: the drafter's default (16 for suffix, 8 otherwise)
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
     metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
+    metrics_host: str = "127.0.0.1"  # the address /metrics binds to: this machine only unless set (0.0.0.0: all)
     # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
     suffix_memory_tokens: int = 50_000
     suffix_memory_jobs: int = 4
@@ -90,6 +91,7 @@ def get_settings() -> Settings:
         num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 0) or None,
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
         metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,
+        metrics_host=(os.environ.get("SPEC_BATCH_METRICS_HOST") or "").strip() or "127.0.0.1",
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),
         suffix_memory_jobs=_int_env("SPEC_BATCH_SUFFIX_MEMORY_JOBS", 4),
     )

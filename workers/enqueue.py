@@ -28,7 +28,7 @@ from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATIN
 
 from .lease import broker_epoch
 from .publish import publish_chunk
-from .routing import queue_name
+from .routing import check_queue_name, queue_name
 
 log = logging.getLogger("spec_batch.workers.enqueue")
 
@@ -110,7 +110,7 @@ def submit_file(
     chunk_size = chunk_size or settings.chunk_size
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    queue = queue or queue_name(target, drafter)
+    queue = check_queue_name(queue) if queue is not None else queue_name(target, drafter)
     broker_url = broker_url or settings.broker_url
     epoch = check_broker(broker_url)
 

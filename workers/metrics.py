@@ -1,4 +1,5 @@
-"""Prometheus metrics of spec-batch workers, served at ``/metrics`` on ``SPEC_BATCH_METRICS_PORT`` (off when unset).
+"""Prometheus metrics of spec-batch workers, served at ``/metrics`` on ``SPEC_BATCH_METRICS_PORT`` (off when unset),
+bound to ``SPEC_BATCH_METRICS_HOST`` (default 127.0.0.1: this machine only).
 
 Celery's prefork pool runs tasks in child processes, so the metrics use prometheus_client's multiprocess mode:
 each process writes its values to files in ``PROMETHEUS_MULTIPROC_DIR`` and the worker's main process, which
@@ -78,16 +79,23 @@ def prepare() -> str:
     return path
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Main process: serves the sum over all worker processes at http://addr:port/metrics (a daemon thread)."""
+def serve(port: int, addr: str | None = None) -> None:
+    """Main process: serves the sum over all worker processes at http://addr:port/metrics (a daemon thread).
+    addr None: SPEC_BATCH_METRICS_HOST, by default 127.0.0.1 (this machine only: the counters name models and
+    volumes; a deployment whose Prometheus scrapes over the network sets 0.0.0.0, as docker-compose.yml does)."""
     from prometheus_client import CollectorRegistry, start_http_server
+
+    from spec_batch.settings import get_settings
+
+    addr = addr or get_settings().metrics_host
 
     registry = CollectorRegistry()
     _ReapingCollector(registry)
     try:
         start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:  # the worker still works; say loudly why nobody can scrape it
-        log.error("cannot serve metrics on %s:%d (SPEC_BATCH_METRICS_PORT): %s", addr, port, exc)
+        log.error("cannot serve metrics on %s:%d (SPEC_BATCH_METRICS_HOST, SPEC_BATCH_METRICS_PORT): %s",
+                  addr, port, exc)
         return
     log.warning("Prometheus metrics on http://%s:%d/metrics", addr, port)
 

@@ -10,6 +10,10 @@ queue of the job's pair. Queue names are plain ASCII (Redis keys, flower, ``cele
 Characters outside ``[a-z0-9_-]`` become ``_`` (dots too: a dot separates target from drafter); when that
 changes the name, or the name is longer than the limit, a short hash of the exact pair is appended so two
 different pairs never share a queue.
+
+A queue name given by hand (``submit --queue``, ``worker --queues``) must be 1 to 120 characters of
+``[A-Za-z0-9._:-]`` (:func:`check_queue_name`): no spaces, slashes or other characters that Redis keys, the
+shell and ``celery inspect`` treat specially. Derived names always are.
 """
 from __future__ import annotations
 
@@ -19,6 +23,21 @@ import re
 QUEUE_PREFIX = "spec-batch"
 MAX_QUEUE_NAME = 120  # jobs.queue is String(128)
 _UNSAFE = re.compile(r"[^a-z0-9_-]+")
+_QUEUE_NAME = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_QUEUE_NAME}}}")
+
+
+class QueueNameError(ValueError):
+    """A queue name outside the allowed characters or length."""
+
+
+def check_queue_name(name: str) -> str:
+    """name, when it is a valid queue name (module docstring); else QueueNameError saying what is allowed."""
+    if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
+        raise QueueNameError(
+            f"queue name {name!r} is not allowed: use 1 to {MAX_QUEUE_NAME} characters among letters, digits "
+            f"and . _ : - (no spaces or slashes)"
+        )
+    return name
 
 
 def _part(value: str) -> str:
@@ -51,4 +70,4 @@ def parse_model_pair(value: str, default_drafter: str = "suffix") -> tuple[str, 
     return head.strip(), tail.strip()
 
 
-__all__ = ["QUEUE_PREFIX", "queue_name", "parse_model_pair"]
+__all__ = ["QUEUE_PREFIX", "QueueNameError", "check_queue_name", "queue_name", "parse_model_pair"]

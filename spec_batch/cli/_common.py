@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 import click
 
+from ..limits import TEMPERATURE, Range
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Exit codes of commands that run or follow a job (README.md, "Exit codes"). Click's own usage errors exit 2.
@@ -17,6 +19,21 @@ EXIT_TIMEOUT = 3  # `spec-batch wait --timeout`
 EXIT_OUTPUT_NOT_WRITTEN = 4  # the job completed but its output file could not be written
 EXIT_NOT_FINISHED = 5  # another live process holds some of the job's requests (resume: it says which)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: `spec-batch resume JOB` continues
+
+
+def limit_type(allowed: Range, *, integer: bool = False) -> click.ParamType:
+    """A click type for a request parameter, from its range in spec_batch.limits (OpenAI's, as every boundary)."""
+    if integer:
+        return click.IntRange(min=int(allowed.low), max=int(allowed.high), min_open=allowed.low_open)
+    return click.FloatRange(min=allowed.low, max=allowed.high, min_open=allowed.low_open)
+
+
+def temperature_option(f: F) -> F:
+    """--temperature of `run` and `submit`: for lines without one."""
+    return click.option(
+        "--temperature", type=limit_type(TEMPERATURE), default=0.0, show_default=True,
+        help="For lines without temperature (0 = greedy).",
+    )(f)
 
 
 def target_option(f: F) -> F:

@@ -7,14 +7,28 @@ from pathlib import Path
 
 import click
 
-from ._common import model_options
+from ..limits import SEED, TEMPERATURE, TOP_P
+from ._common import limit_type, model_options
 from ._group import main
+
+
+def read_text_file(path: Path, option: str) -> str:
+    """A file argument's text, or a usage error naming the option and saying what is wrong with the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise click.BadParameter(f"{path} is a folder, not a file", param_hint=option) from None
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=option) from None
+    except UnicodeDecodeError as e:
+        raise click.BadParameter(f"{path} is not UTF-8 text (byte {e.start}): give a text file",
+                                 param_hint=option) from None
 
 
 def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
     out = list(prompts)
     if file is not None:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
+        text = sys.stdin.read() if str(file) == "-" else read_text_file(file, "--file")
         out.extend(line for line in text.splitlines() if line.strip())
     if not out:
         raise click.UsageError("give at least one PROMPT or --file F (one prompt per line; - reads stdin)")
@@ -28,12 +42,7 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
     from ..core.response_format import parse_response_format
     from ..errors import InvalidParameterError
 
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as e:
-            raise click.BadParameter(f"cannot read {value[1:]}: {e.strerror}") from None
+    text = read_text_file(Path(value[1:]), "--response-format") if value.startswith("@") else value
     try:
         fmt = parse_response_format(json.loads(text))
     except json.JSONDecodeError as e:
@@ -50,10 +59,12 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
 @model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--temperature", type=limit_type(TEMPERATURE), default=0.0, show_default=True,
+              help="0 = greedy; at most 2 (OpenAI's range).")
+@click.option("--top-p", type=limit_type(TOP_P), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--seed", type=int, default=None, help="Per-request seed (same output whatever the batch).")
+@click.option("--seed", type=limit_type(SEED, integer=True), default=None,
+              help="Per-request seed (same output whatever the batch): a signed 64-bit integer.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--response-format", callback=_response_format, metavar="JSON|@FILE",
               help='The output\'s shape, as the batch field: \'{"type": "json_object"}\', a json_schema, regex or choice '
@@ -112,6 +123,10 @@ def generate(
         results = dec.generate(inputs, params, batch_size=batch_size)
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
+    _print_results(results, as_json)
+
+
+def _print_results(results, as_json: bool) -> None:
     for res in results:
         if as_json:
             out = res.to_dict()

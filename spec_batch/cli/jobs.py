@@ -33,6 +33,7 @@ from ._common import (
     open_store_or_exit,
     parse_metadata,
     resolve_job,
+    temperature_option,
 )
 from ..errors import SpecBatchError
 from ._group import main, mask_in_errors
@@ -256,8 +257,7 @@ def _print_line_errors(errors, console) -> None:
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
 @max_tokens_option
-@click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
-              help="For lines without temperature (0 = greedy).")
+@temperature_option
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
 def run_command(
     file: Path,
@@ -280,7 +280,7 @@ def run_command(
     says how the job ended (README.md: Exit codes).
     """
     from ..jobs import create_job_from_file, run_job, validate_file, write_results
-    from ..jobs.export import OutputPathError, check_output_path
+    from ..jobs.output_guard import OutputPathError, check_output_path
     from ..settings import get_settings
 
     meta = parse_metadata(metadata)
@@ -469,12 +469,13 @@ def show_command(job: str, n_errors: int) -> None:
 def results_command(job: str, output: Path, force: bool) -> None:
     """Export the results of JOB (OpenAI Batch API output lines)."""
     from ..jobs import job_info, write_results
-    from ..jobs.export import OutputPathError, check_output_path
+    from ..jobs.output_guard import OutputPathError, check_output_path, job_files
 
     factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     try:
-        check_output_path(output, input_path=job_info(factory, job_id).input_file, force=force)
+        check_output_path(output, input_path=job_info(factory, job_id).input_file,
+                          protected=job_files(factory, [job_id]), force=force)
         rep = write_results(factory, job_id, output)
     except OutputPathError as exc:
         raise click.ClickException(str(exc)) from exc

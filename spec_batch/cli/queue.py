@@ -5,6 +5,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -33,6 +34,7 @@ from ._common import (
     parse_metadata,
     resolve_job,
     target_option,
+    temperature_option,
 )
 from ._group import main
 
@@ -58,6 +60,20 @@ def _check_model(spec: str, what: str) -> None:
         ) from exc
 
 
+def _queue_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Checks queue names given by hand (--queue, --queues, comma-separated): the allowed characters and length
+    (workers.routing), or a usage error naming the option."""
+    from workers.routing import QueueNameError, check_queue_name
+
+    given = [value] if isinstance(value, str) else [n.strip() for v in value or () for n in v.split(",") if n.strip()]
+    for name in given:
+        try:
+            check_queue_name(name)
+        except QueueNameError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 # ---------------------------------------------------------------- submit
 
 
@@ -73,9 +89,8 @@ def _check_model(spec: str, what: str) -> None:
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off).")
 @max_tokens_option
-@click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.0, show_default=True,
-              help="For lines without temperature (0 = greedy).")
-@click.option("--queue", "queue", default=None,
+@temperature_option
+@click.option("--queue", "queue", default=None, callback=_queue_names,
               help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).")
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
 @click.option("--no-model-check", is_flag=True, help="Do not check that the models exist on this machine.")
@@ -150,7 +165,7 @@ def submit_command(
 @click.option("-m", "--model", "models", multiple=True, metavar="TARGET[:DRAFTER]",
               help="A target and drafter this worker serves (repeatable; default: the default target and "
                    "drafter). Each is one queue, named by `spec_batch` routing.")
-@click.option("-Q", "--queues", "queues", multiple=True,
+@click.option("-Q", "--queues", "queues", multiple=True, callback=_queue_names,
               help="Queue names to serve instead of / besides --model (comma-separated or repeated).")
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.")
@@ -321,7 +336,10 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
     if output is not None and status != JOB_FAILED:
         from ..jobs import write_results
 
-        rep = write_results(factory, job_id, output)
+        try:
+            rep = write_results(factory, job_id, output)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc}") from exc
         _err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
              + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
     click.echo(status)
@@ -342,13 +360,14 @@ def wait_command(job: str, interval: float, timeout: float | None, output: Path 
     """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
     3 timed out."""
     from ..jobs import job_info
-    from ..jobs.export import OutputPathError, check_output_path
+    from ..jobs.output_guard import OutputPathError, check_output_path, job_files
 
     factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     if output is not None:  # checked now, not after a long wait
         try:
-            check_output_path(output, input_path=job_info(factory, job_id).input_file, force=force)
+            check_output_path(output, input_path=job_info(factory, job_id).input_file,
+                              protected=job_files(factory, [job_id]), force=force)
         except OutputPathError as exc:
             raise click.ClickException(str(exc)) from exc
     sys.exit(_wait(factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))

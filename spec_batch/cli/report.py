@@ -1,7 +1,6 @@
 """`spec-batch report`: one self-contained HTML page of jobs' charts, or of every job over time."""
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,14 +20,6 @@ def parse_since(value: str) -> datetime:
     return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
 
 
-def _write(path: Path, html: str) -> None:
-    """Atomically: a reader never sees half a page, and a failed write leaves the previous page."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 @main.command("report")
 @click.argument("jobs", nargs=-1)
 @click.option("--history", is_flag=True, help="Every job over time (speedup and tokens/s) instead of given jobs.")
@@ -36,10 +27,12 @@ def _write(path: Path, html: str) -> None:
               help="With --history: jobs created at or after DATE (YYYY-MM-DD or ISO 8601; UTC unless it says).")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The HTML file to write (self-contained: open it anywhere, offline).")
-def report_command(jobs: tuple[str, ...], history: bool, since: str | None, output: Path) -> None:
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never a job's input, results or errors file).")
+def report_command(jobs: tuple[str, ...], history: bool, since: str | None, output: Path, force: bool) -> None:
     """An HTML report of JOB [JOB...] (ids, unique prefixes or "latest"): summary, acceptance by draft
     position, accepted lengths, which requests paid, throughput over time, the baseline sample, and the
     slowest and least-accepted requests. With --history: speedup and tokens/s of every job over time."""
+    from ..jobs.output_guard import OutputPathError, write_text_atomically
     from ..reports import history_report_html, job_report_html
 
     if history and jobs:
@@ -50,15 +43,28 @@ def report_command(jobs: tuple[str, ...], history: bool, since: str | None, outp
         raise click.UsageError("--since goes with --history")
     since_at = parse_since(since) if since is not None else None
     factory = open_store_or_exit(must_exist=True)
-    if history:
-        with factory() as s:
-            html = history_report_html(s, since=since_at)
-    else:
-        ids = list(dict.fromkeys(resolve_job(factory, ref) for ref in jobs))  # each job once, in the order given
-        with factory() as s:
-            html = job_report_html(s, ids)
+    ids = list(dict.fromkeys(resolve_job(factory, ref) for ref in jobs))  # each job once, in the order given
     try:
-        _write(output, html)
+        _check_output(factory, output, ids, force)
+    except OutputPathError as exc:
+        raise click.ClickException(str(exc)) from exc
+    with factory() as s:
+        html = history_report_html(s, since=since_at) if history else job_report_html(s, ids)
+    try:
+        write_text_atomically(output, html)
     except OSError as exc:
         raise click.ClickException(f"cannot write {output}: {exc}") from exc
     click.echo(f"report -> {output} ({len(html.encode()) / 1024:.0f} KiB)")
+
+
+def _check_output(factory, output: Path, ids: list[str], force: bool) -> None:
+    """The output guard of every writing command, before any chart is drawn: never a file of the jobs reported
+    (with --history: of any job), never a device or a FIFO, an existing file only with --force."""
+    from ..jobs.output_guard import check_folder, check_target, job_files
+    from ..store import queries
+
+    if not ids:  # --history: every job may be on the page
+        with factory() as s:
+            ids = [r["job_id"] for r in queries.list_job_summaries(s, limit=None)]
+    check_target(output, protected=job_files(factory, ids, outputs=True), force=force)
+    check_folder(output)

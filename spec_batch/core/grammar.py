@@ -21,7 +21,7 @@ import torch
 from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from ..errors import InvalidParameterError
-from .response_format import ResponseFormat, parse_response_format
+from .response_format import NO_STRING, ResponseFormat, parse_response_format, starts_dead
 
 __all__ = [
     "GrammarEngine",
@@ -112,6 +112,8 @@ class GrammarEngine:
                 self._templates.move_to_end(fmt.key)
                 return template.deep_copy()
         template = LLMatcher(self.tokenizer, fmt.grammar(), log_level=0)  # drops the GIL while it compiles
+        if starts_dead(template):  # e.g. a ResponseFormat built without parse_response_format's check
+            raise InvalidParameterError(f"response_format matches no string at all (not even \"\"): {NO_STRING}")
         if template.is_error():
             raise InvalidParameterError(f"response_format: the grammar engine cannot compile it: {template.get_error()}")
         with self._lock:

@@ -12,6 +12,10 @@ from .response_format import parse_response_format
 
 @dataclass
 class SamplingParams:
+    """A request's sampling parameters, as the core takes them. Wider on purpose than what users may ask for
+    (temperature up to 100, any integer seed): tests and benches use it directly. Every user-facing boundary
+    (batch lines, `spec-batch generate`, the LangChain models) checks OpenAI's ranges first (spec_batch.limits)."""
+
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from ..errors import InvalidParameterError
 
@@ -112,11 +112,13 @@ def parse_response_format(obj: Any) -> ResponseFormat | None:
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
             raise _bad("response_format.choices", f"must be a non-empty list of non-empty strings, got {choices!r}")
         fmt = ResponseFormat("choice", json.dumps(choices, ensure_ascii=False))
+    field = {"json_schema": "response_format.json_schema.schema", "regex": "response_format.pattern",
+             "lark": "response_format.grammar"}.get(fmt.type, "response_format")
     reason = _engine_error(fmt.type, fmt.spec)
     if reason:
-        field = {"json_schema": "response_format.json_schema.schema", "regex": "response_format.pattern",
-                 "lark": "response_format.grammar"}.get(fmt.type, "response_format")
         raise _bad(field, f"the grammar engine cannot compile it: {reason}")
+    if _matches_nothing(fmt.type, fmt.spec):
+        raise _bad(field, f"matches no string at all (not even \"\"): {NO_STRING}")
     return fmt
 
 
@@ -171,6 +173,43 @@ def _engine_error(kind: str, spec: str) -> str:
         return LLMatcher.validate_grammar(_grammar(kind, spec))
     except ValueError as e:
         return str(e)
+
+
+NO_STRING = "no output can satisfy it; fix the pattern or grammar"
+
+
+class _Bytes:
+    """A vocabulary of the 256 single bytes (and EOS): under it a grammar's first mask is exact over every string,
+    so "nothing is allowed, not even EOS" means the grammar's language is empty. No model tokenizer needed."""
+
+    tokens = [bytes([b]) for b in range(256)] + [b""]
+    eos_token_id = 256
+    bos_token_id = None
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer() -> LLTokenizer:
+    return LLTokenizer(TokenizerWrapper(_Bytes()), eos_token=_Bytes.eos_token_id)
+
+
+def starts_dead(matcher: LLMatcher) -> bool:
+    """A fresh matcher that allows nothing, not even the end: its grammar accepts no string. (llguidance stops
+    such a matcher at its first mask, reason NoExtensionBias.)"""
+    if matcher.is_error():
+        return matcher.stop_reason() == "NoExtensionBias"
+    matcher.compute_bitmask()
+    return matcher.stop_reason() == "NoExtensionBias" or (matcher.is_stopped() and not matcher.is_accepting())
+
+
+@lru_cache(maxsize=1024)
+def _matches_nothing(kind: str, spec: str) -> bool:
+    """Whether the grammar accepts no string (a regex such as `[a&&b]` or `[^\\s\\S]`); cached like _engine_error.
+    The engine's validate_grammar accepts such grammars: only a matcher sees that its start allows nothing."""
+    return starts_dead(LLMatcher(_byte_tokenizer(), _grammar(kind, spec), log_level=0))
 
 
 def _bad(field: str, message: str) -> InvalidParameterError:

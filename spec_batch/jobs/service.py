@@ -335,7 +335,8 @@ def run_job(
         lease_seconds = get_settings().lease_seconds
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
+        status, has_baseline = job.status, job.baseline_wall_s is not None
+        k = min(job.baseline_sample, job.n_requests - job.n_invalid)  # the sample is at most the valid requests
     if status == JOB_VALIDATING:
         raise JobStateError(
             f"job {job_id} was interrupted while its file was being validated: run the file again"

@@ -146,17 +146,30 @@ def baseline_by_request(pairs: Sequence[BaselineRates], chart_id: str) -> str:
         return to_svg(fig, chart_id)
 
 
+# Colours of the target/drafter pairs on the history page (matplotlib's tab10, then tab20's lighter shades).
+PAIR_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+                "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
+                "#dbdb8d", "#9edae5")
+
+
+def pair_colours(labels: Sequence[str]) -> dict[str, str]:
+    """One colour per target/drafter pair, the same in every chart of a page (pairs sorted, then cycled)."""
+    return {label: PAIR_COLOURS[i % len(PAIR_COLOURS)] for i, label in enumerate(sorted(set(labels)))}
+
+
 def history(
     series: dict[str, list[tuple[datetime, float]]], *, ylabel: str, title: str, chart_id: str,
-    reference: float | None = None, reference_label: str = "",
+    reference: float | None = None, reference_label: str = "", colours: dict[str, str] | None = None,
 ) -> str:
-    """One colour per target/drafter pair: a dot per job at its creation time."""
+    """One colour per target/drafter pair (`colours`, shared by the page's charts): a dot per job at its
+    creation time."""
+    colours = colours or pair_colours(list(series))
     with figure(height_in=3.4 + 0.25 * ((len(series) + 1) // 2)) as fig:
         ax = fig.add_subplot()
         for label, points in sorted(series.items()):
             points = sorted(points)
             ax.plot([t for t, _ in points], [v for _, v in points], marker="o", markersize=5, linewidth=1,
-                    label=label)
+                    label=label, color=colours[label])
         if reference is not None:
             ax.axhline(reference, color=REFERENCE, linestyle="--", linewidth=1, label=reference_label)
         locator = mdates.AutoDateLocator()

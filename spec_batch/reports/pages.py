@@ -199,13 +199,15 @@ def history_page(rows: Sequence[dict[str, Any]], *, now: datetime, since: dateti
             speedups[label].append((r["created_at"], r["speedup"]))
         if r.get("tokens_per_s") is not None:
             rates[label].append((r["created_at"], r["tokens_per_s"]))
+    colours = charts.pair_colours([*speedups, *rates])  # a pair has one colour on the whole page
     chart_list = [
         chart(
             "history-speedup", "Speedup per job",
             "Measured speedup of each job (its sample with speculation over the same sample without); above the "
             "dashed line speculation paid.",
             (lambda: charts.history(speedups, ylabel="speedup (×)", title="Speedup per job over time",
-                                    chart_id="history-speedup", reference=1.0, reference_label="no gain (1×)"))
+                                    chart_id="history-speedup", reference=1.0, reference_label="no gain (1×)",
+                                    colours=colours))
             if speedups else None,
             "No job in this period measured a baseline.",
         ),
@@ -213,7 +215,7 @@ def history_page(rows: Sequence[dict[str, Any]], *, now: datetime, since: dateti
             "history-tokens-per-s", "Tokens/s per job",
             "Output tokens per second of each job's decode time.",
             (lambda: charts.history(rates, ylabel="output tokens/s", title="Throughput per job over time",
-                                    chart_id="history-tokens-per-s"))
+                                    chart_id="history-tokens-per-s", colours=colours))
             if rates else None,
             "No job in this period produced tokens.",
         ),

@@ -74,12 +74,35 @@ def test_generate_json_chat_several_prompts_seeded(runner, default_decoder):
         (["--response-format", '{"type": "xml"}'], "response_format.type"),
         (["--response-format", '{"type": "regex", "pattern": "a["}'], "unclosed character class"),
         (["--response-format", "@/no/such/file.json"], "cannot read"),
+        (["--temperature", "2.5"], "temperature"),  # OpenAI's range, as batch lines and LangChain
+        (["--seed", str(2**63)], "seed"),  # a signed 64-bit integer
+        (["--seed", str(-(2**63) - 1)], "seed"),
+        (["--response-format", '{"type": "regex", "pattern": "[a&&b]"}'], "matches no string at all"),
+        (["--response-format", json.dumps({"type": "regex", "pattern": r"[^\s\S]"})], "matches no string at all"),
     ],
 )
 def test_bad_flag_values_are_usage_errors(runner, flags, needle):
     result = runner.invoke(main, ["generate", "hello", *flags])
     assert result.exit_code == 2, result.output
     assert needle in result.output
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "binary"])
+@pytest.mark.parametrize("option", ["--file", "--response-format"])
+def test_unreadable_files_are_clear_errors(runner, tmp_path, monkeypatch, kind, option):
+    import spec_batch
+
+    monkeypatch.setattr(spec_batch, "load_decoder", lambda **kw: pytest.fail("no model should load"))
+    path = tmp_path / "f.txt"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "binary":
+        path.write_bytes(bytes(range(128, 256)) * 4)
+    value = str(path) if option == "--file" else f"@{path}"
+    result = runner.invoke(main, ["generate", *(["hello"] if option != "--file" else []), option, value])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and option in result.output
+    assert {"missing": "No such file", "folder": "is a folder", "binary": "is not UTF-8 text"}[kind] in result.output
 
 
 def test_no_prompt_is_a_usage_error(runner):

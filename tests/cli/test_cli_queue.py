@@ -83,3 +83,17 @@ def test_submit_names_each_invalid_line_once(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert res.stdout.strip().startswith("job_") and len(published) == 1
     assert "  line 2: url is missing" in res.stderr and "line 2: line 2" not in res.stderr
+
+
+def test_queue_names_given_by_hand_are_validated(tmp_path, monkeypatch):
+    path = write_batch(tmp_path / "b.jsonl", [completion_line("a", "x")])
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", url)
+    monkeypatch.setenv("SPEC_BATCH_BROKER_URL", DEAD_BROKER)
+    for args in (["submit", str(path), "--no-model-check", "--queue", "../../evil queue"],
+                 ["submit", str(path), "--no-model-check", "--queue", ""],
+                 ["worker", "--queues", "fine,../evil"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2, res.output
+        assert "is not allowed: use 1 to 120 characters among letters, digits and . _ : -" in res.output
+    assert not (tmp_path / "cli.db").exists()  # refused before the database was opened

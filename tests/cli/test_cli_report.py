@@ -41,7 +41,7 @@ def test_report_of_jobs_and_history(db_url, tmp_path, fake_decoder_cls):
     assert r.exit_code == 0, r.output
     html = out.read_text(encoding="utf-8")
     assert a in html and b in html and "fake-target + ngram" in html and "since 2000-01-01 00:00:00 UTC" in html
-    r = _invoke(db_url, "report", "--history", "--since", "2999-01-01T00:00+02:00", "-o", str(out))
+    r = _invoke(db_url, "report", "--history", "--since", "2999-01-01T00:00+02:00", "-o", str(out), "--force")
     assert r.exit_code == 0 and a not in out.read_text(encoding="utf-8")
 
 

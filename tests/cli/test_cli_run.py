@@ -140,3 +140,26 @@ def test_a_chat_line_with_a_bad_template_fails_alone(env, tmp_path, loads):
     assert res.exit_code == 0, res.output  # the job completed; the failed request is in the errors file
     err = json.loads((tmp_path / "out.errors.jsonl").read_text())
     assert err["response"]["body"]["error"]["message"].startswith("line 2, custom_id 'b': ")
+
+
+def test_a_line_whose_grammar_matches_nothing_fails_alone(env, tmp_path, loads):
+    path = write_batch(tmp_path / "in.jsonl", [
+        completion_line("ok", "fine", max_tokens=4),
+        completion_line("never", "x", max_tokens=4, response_format={"type": "regex", "pattern": "[a&&b]"})])
+    res = _run(str(path), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "0")
+    assert res.exit_code == 0, res.output
+    [err] = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert err["custom_id"] == "never"
+    assert err["error"]["param"] == "body.response_format.pattern" and err["error"]["line"] == 2
+    assert "response_format.pattern matches no string at all" in err["error"]["message"]
+    assert all(prompts != ["x"] for prompts, _ in loads.decoder.generate_calls)  # never decoded
+
+
+def test_the_baseline_message_counts_the_requests_it_samples(env, tmp_path, loads):
+    path = write_batch(tmp_path / "in.jsonl", [completion_line("only", "one request", max_tokens=4), "{bad"])
+    res = _run(str(path), "-o", str(tmp_path / "out.jsonl"))  # --baseline-sample 8 by default
+    assert res.exit_code == 0, res.output
+    assert "measuring the baseline: 1 request(s)" in res.stderr
+    job_id = res.stdout.splitlines()[0]
+    with make_session_factory(env)() as s:
+        assert queries.get_job(s, job_id).baseline_requests == 1  # what SQL records

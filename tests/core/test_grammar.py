@@ -296,3 +296,32 @@ def test_forced_tokens_on_the_real_tokenizer_are_its_own_tokenization(default_de
     assert chain == tok.encode('{"name": "Bob"')[: len(chain)]
     assert chain == engine.state(FORMS[1]).matcher.compute_ff_tokens()  # the engine's forced-token API agrees
     assert engine.compiles == 1
+
+
+# ---------------------------------------------------------------- grammars that match nothing
+
+
+@pytest.mark.parametrize("fmt, field", [
+    ({"type": "regex", "pattern": "[a&&b]"}, "response_format.pattern"),
+    ({"type": "regex", "pattern": r"[^\s\S]"}, "response_format.pattern"),
+    ({"type": "regex", "pattern": r"ab[^\s\S]"}, "response_format.pattern"),
+    ({"type": "lark", "grammar": "start: /[a&&b]/"}, "response_format.grammar"),
+])
+def test_a_grammar_that_matches_nothing_is_refused_without_a_tokenizer(fmt, field):
+    """validate_grammar alone accepts these: a matcher over single bytes sees that nothing, not even EOS, is allowed."""
+    with pytest.raises(InvalidParameterError, match=f"{field} matches no string at all"):
+        parse_response_format(fmt)
+    with pytest.raises(InvalidParameterError, match="matches no string at all"):
+        SamplingParams(response_format=fmt)
+
+
+@pytest.mark.parametrize("pattern", ["a|[^\\s\\S]", "[a-c]{0,2}", "x?"])
+def test_grammars_that_match_something_still_pass(pattern):
+    assert parse_response_format({"type": "regex", "pattern": pattern}) is not None
+
+
+def test_the_engine_refuses_a_grammar_that_matches_nothing(engine):
+    from spec_batch.core.response_format import ResponseFormat
+
+    with pytest.raises(InvalidParameterError, match="matches no string at all"):
+        engine.matcher(ResponseFormat("regex", "[a&&b]"))  # built without parse_response_format's check

@@ -4,7 +4,7 @@ objects), against the fake decoder; then, marked slow, on the real default model
 from __future__ import annotations
 
 import json
-from typing import TypedDict
+from typing import List, Optional, TypedDict
 
 import jsonschema
 import pytest
@@ -253,3 +253,102 @@ def test_real_model_llm_choice(fake_decoder):
     llm = SpeculativeLLM(target="default", draft="ngram", max_tokens=8,
                          response_format={"type": "choice", "choices": ["positive", "negative"]})
     assert llm.invoke("Review: I loved this film, it was wonderful.\nSentiment:") in ("positive", "negative")
+
+
+# ---------------------------------------------------------------- the schema itself (issue 23, item 3)
+
+
+class Node(BaseModel):
+    """A tree."""
+
+    name: str
+    kids: Optional[List["Node"]] = None
+
+
+TREE = '{"name": "a", "kids": [{"name": "b", "kids": null}]}'
+
+
+def _consumed(response_format: dict, text: str) -> tuple[int, bool]:
+    """How many bytes of text the response_format's grammar takes, and whether it then accepts."""
+    from llguidance import LLMatcher
+
+    from spec_batch.core.response_format import _byte_tokenizer, parse_response_format
+
+    matcher = LLMatcher(_byte_tokenizer(), parse_response_format(response_format).grammar(), log_level=0)
+    data = list(text.encode())
+    n = matcher.try_consume_tokens(data)
+    return n, n == len(data) and matcher.is_accepting()
+
+
+def test_a_recursive_model_is_constrained_at_every_depth_and_parses(fake_decoder):
+    chat = ChatSpeculative(decoder=replying(fake_decoder, TREE))
+    tree = chat.with_structured_output(Node).invoke("a tree")
+    assert tree == Node(name="a", kids=[Node(name="b", kids=None)])
+    fmt = sent_format(fake_decoder)
+    schema = fmt["json_schema"]["schema"]
+    assert fmt["json_schema"]["name"] == "Node" and schema["$defs"]["Node"]["additionalProperties"] is False
+    assert _consumed(fmt, TREE) == (len(TREE), True)
+    nested_bad = '{"name": "a", "kids": [{"nam'  # a nested object must be a Node too
+    assert _consumed(fmt, '{"name": "a", "kids": [{"oops": 1}]}')[0] == len('{"name": "a", "kids": [{"')
+    assert _consumed(fmt, nested_bad)[0] == len(nested_bad)
+    deep = '{"name": "a", "kids": [{"name": "b", "kids": [{"name": "c", "kids": [{"x": 1}]}]}]}'
+    assert _consumed(fmt, deep)[0] == deep.index('{"x"') + 2
+
+
+def test_a_schema_dict_needs_no_title(fake_decoder):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    chat = ChatSpeculative(decoder=replying(fake_decoder, PERSON_JSON))
+    assert chat.with_structured_output(schema).invoke("x") == {"name": "Ada", "age": 36}
+    fmt = sent_format(fake_decoder)
+    assert fmt["json_schema"]["name"] == "output" and fmt["json_schema"]["schema"]["required"] == ["name", "age"]
+    replying(fake_decoder, call_text("output", {"name": "Ada", "age": 36}))
+    assert chat.with_structured_output(schema, method="function_calling").invoke("x") == {"name": "Ada", "age": 36}
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"title": "X", "type": "objekt"}, "Invalid type: objekt"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[a&&b]"}}, "required": ["a"]},
+     "unsatisfiable"),
+])
+def test_an_invalid_schema_raises_before_the_core(fake_decoder, schema, needle):
+    chat = ChatSpeculative(decoder=fake_decoder)
+    with pytest.raises(InvalidParameterError, match=needle):
+        chat.with_structured_output(schema)
+    assert fake_decoder.stream_calls == [] and fake_decoder.generate_calls == []
+
+
+# ---------------------------------------------------------------- grammars that match nothing (item 4)
+
+
+@pytest.mark.parametrize("cls", [SpeculativeLLM, ChatSpeculative])
+@pytest.mark.parametrize("fmt", [{"type": "regex", "pattern": "[a&&b]"}, {"type": "regex", "pattern": r"[^\s\S]"},
+                                 {"type": "lark", "grammar": "start: /[a&&b]/"}])
+def test_a_grammar_that_matches_nothing_is_refused(cls, fake_decoder, fmt):
+    with pytest.raises(InvalidParameterError, match="matches no string at all"):
+        cls(decoder=fake_decoder).invoke("x", response_format=fmt)
+    with pytest.raises(ValueError, match="matches no string at all"):
+        cls(decoder=fake_decoder, response_format=fmt)
+    assert fake_decoder.stream_calls == [] and fake_decoder.generate_calls == []
+
+
+# ---------------------------------------------------------------- OpenAI's limits (item 6)
+
+
+@pytest.mark.parametrize("cls", [SpeculativeLLM, ChatSpeculative])
+@pytest.mark.parametrize("field, value", [("temperature", 2.5), ("temperature", 100), ("top_p", 0),
+                                          ("seed", 2**63), ("seed", -(2**63) - 1)])
+def test_parameter_limits_are_openais(cls, fake_decoder, field, value):
+    with pytest.raises(ValueError, match=field):
+        cls(decoder=fake_decoder, **{field: value})
+    with pytest.raises(InvalidParameterError, match=f"{field} must be"):
+        cls(decoder=fake_decoder).invoke("x", **{field: value})
+    ok = {"temperature": 2, "top_p": 1, "seed": -(2**63)}[field]
+    cls(decoder=fake_decoder, **{field: ok}).invoke("x")
+
+
+@pytest.mark.slow
+def test_real_model_recursive_structured_output_parses():
+    chat = ChatSpeculative(target="default", draft="ngram", max_tokens=200, temperature=0)
+    tree = chat.with_structured_output(Node).invoke("A tree: root 'a' with one child 'b' that has no children.")
+    assert isinstance(tree, Node)

@@ -149,3 +149,27 @@ def test_history_page_colours_jobs_by_target_and_drafter():
     assert len(page.tables[0].rows) == len(rows) and page.tables[0].rows[0][1] == rows[-1]["job_id"]  # newest first
     empty = history_page([], now=NOW, since=None)
     assert all(c.svg is None for c in empty.charts)
+
+
+def _legend_colours(html: str, chart_id: str) -> dict[str, str]:
+    """{label: stroke colour} of a chart's legend (each entry: a line2d group, then its text)."""
+    start = html.index(f'id="{chart_id}-legend_1"')
+    legend = html[start:html.index("</svg>", start)]
+    pairs = re.findall(r'stroke: (#[0-9a-f]{6}).*?<text[^>]*>([^<]+)</text>', legend, re.S)
+    return {label: colour for colour, label in pairs}
+
+
+def test_history_gives_a_pair_the_same_colour_in_every_chart():
+    rows = history_rows()
+    # a pair that sorts first and has tokens/s but no speedup: it is in one chart only
+    rows += [dict(r, job_id=f"{r['job_id']}_plain", target="a-model", drafter="none", speedup=None)
+             for r in rows[:3]]
+    rows.sort(key=lambda r: r["created_at"])
+    html = render(history_page(rows, now=NOW, since=None))
+    speedup = _legend_colours(html, "history-speedup")
+    rates = _legend_colours(html, "history-tokens-per-s")
+    assert set(speedup) == {"default + ngram", "default + suffix", "no gain (1×)"}  # and the reference line
+    speedup.pop("no gain (1×)")
+    assert set(rates) == {"a-model + none", "default + ngram", "default + suffix"}
+    assert all(speedup[label] == rates[label] for label in speedup)
+    assert len(set(rates.values())) == 3

@@ -20,3 +20,5 @@ def test_prometheus_scrapes_every_worker_service():
     assert workers and set(sd["names"]) == workers
     for name in workers:
         assert int(services[name]["environment"]["SPEC_BATCH_METRICS_PORT"]) == sd["port"]
+        # /metrics binds to 127.0.0.1 by default: the compose network's Prometheus needs every interface
+        assert services[name]["environment"]["SPEC_BATCH_METRICS_HOST"] == "0.0.0.0"

@@ -28,3 +28,23 @@ def test_parse_model_pair():
     for bad in ("", ":ngram", "default:"):
         with pytest.raises(ValueError):
             parse_model_pair(bad)
+
+
+def test_queue_names_given_by_hand():
+    from workers.routing import QueueNameError, check_queue_name
+
+    for good in ("spec-batch.default.ngram", "gpu:0", "A_b-1.2", "q" * 120):
+        assert check_queue_name(good) == good
+    for bad in ("../../evil queue", "", "a b", "a/b", "q" * 121, "é", "a\nb", "celery;rm"):
+        with pytest.raises(QueueNameError, match="is not allowed"):
+            check_queue_name(bad)
+    for pair in (("default", "ngram"), ("HuggingFaceTB/SmolLM2-360M", "none"), ("/m/" + "x" * 300, "d é")):
+        check_queue_name(queue_name(*pair))  # derived names are always valid
+
+
+def test_submit_file_refuses_a_bad_queue_name(tmp_path):
+    from workers.enqueue import submit_file
+    from workers.routing import QueueNameError
+
+    with pytest.raises(QueueNameError):
+        submit_file(None, tmp_path / "none.jsonl", target="t", drafter="d", queue="../x")

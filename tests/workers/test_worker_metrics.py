@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
@@ -104,3 +106,48 @@ def test_a_given_directory_is_emptied_and_kept(tmp_path, monkeypatch):
     proc = _run("from workers import metrics\nprint(metrics.prepare())\nmetrics.shutdown()")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(tmp_path) and not stale.exists() and tmp_path.is_dir()
+
+
+
+def listening_address(port: int, pid: int | str = "self") -> str | None:
+    """The local IPv4 address a TCP socket of process pid listens on at port (from /proc), or None."""
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        host, hex_port = fields[1].split(":")
+        if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            return socket.inet_ntoa(bytes.fromhex(host)[::-1])
+    return None
+
+
+SERVE = textwrap.dedent(
+    """
+    import sys, time
+    from workers import metrics
+
+    metrics.prepare()
+    metrics.serve(int(sys.argv[1]))  # as the worker does: no address given
+    time.sleep(0.3)
+    print("serving")
+    sys.stdout.flush()
+    time.sleep(float(sys.argv[2]))
+    metrics.shutdown()
+    """
+)
+
+
+@pytest.mark.parametrize("host, expected", [(None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")])
+def test_metrics_listen_on_this_machine_only_unless_told(monkeypatch, host, expected):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    if host is None:
+        monkeypatch.delenv("SPEC_BATCH_METRICS_HOST", raising=False)
+    else:
+        monkeypatch.setenv("SPEC_BATCH_METRICS_HOST", host)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port), "10"], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "serving"
+        assert listening_address(port, proc.pid) == expected
+    finally:
+        proc.kill()
+        proc.wait()

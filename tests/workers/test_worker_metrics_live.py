@@ -6,6 +6,8 @@ import urllib.request
 
 import pytest
 
+from test_worker_metrics import listening_address
+
 from queue_testlib import WorkerProcess, completion, free_port, run_cli, wait_for, worker_env
 from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store.reports import job_report_data
@@ -33,6 +35,8 @@ def test_worker_counters_equal_sql(tmp_path, redis_url):
     try:
         worker.wait_ready()
         assert worker.children(), "a prefork worker runs its tasks in a pool child"
+        wait_for(lambda: listening_address(port) is not None, 15, 0.2, what="/metrics to listen")
+        assert listening_address(port) == "127.0.0.1"  # this machine only, unless SPEC_BATCH_METRICS_HOST says
         # repetitive prompts, so drafts get accepted; r5 does not fit the model's context and fails
         words = ["red blue green", "one two three four", "cat dog", "sun moon star", "up down", "a b c d", "x y"]
         lines = [completion(f"r{i}", "word " * 9000 if i == 5 else ", ".join([w] * 12) + ",", 16)
