@@ -48,6 +48,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        """The params as plain JSON (the job store's `params`); from_dict reads it back."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stop"] = list(self.stop)
+        return out
+
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":
         """Builds params from a plain dict; an unknown key is an error, not ignored."""

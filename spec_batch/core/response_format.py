@@ -173,5 +173,15 @@ def _engine_error(kind: str, spec: str) -> str:
         return str(e)
 
 
-def _bad(field: str, message: str) -> InvalidParameterError:
-    return InvalidParameterError(f"{field} {message}")
+class ResponseFormatError(InvalidParameterError):
+    """An invalid response_format: `field` names the part (``response_format.json_schema.schema``) and
+    `problem` says what is wrong; the message is both."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def _bad(field: str, message: str) -> ResponseFormatError:
+    return ResponseFormatError(field, message)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import SpecBatchError
 from ..store import queries
 from ..store.models import REQ_COMPLETED, REQUEST_DONE
-from .batchfile import error_line, errors_path_for, output_line
+from .batch_output import error_line, errors_path_for, output_line
 
 
 class OutputPathError(SpecBatchError):

@@ -35,7 +35,7 @@ from ..store.models import (
     REQ_RUNNING,
     utcnow,
 )
-from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
+from .batch_input import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
 from ..settings import get_settings
 from .export import write_results
 from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
@@ -128,7 +128,7 @@ def create_job_from_file(
                         "input": entry.raw,
                         "endpoint": entry.endpoint,
                         "prompt": entry.prompt,
-                        "params": entry.params_dict(),
+                        "params": entry.params.to_dict(),
                         "status": REQ_PENDING,
                         "attempts": 0,
                     }

@@ -56,7 +56,7 @@ def test_valid_line_values_override_defaults():
     )
     p = req.params
     assert (p.max_new_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.7, 0.9, 42, ["END"])
-    assert req.params_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
+    assert req.params.to_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
                                  "stop": ["END"], "response_format": None}
 
 
