@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import InvalidParameterError
-from .response_format import parse_response_format
+from .response_format import ResponseFormat, parse_response_format
 
 
 @dataclass
@@ -19,8 +19,9 @@ class SamplingParams:
     seed: int | None = None  # None: fresh randomness for this request
     stop: list[str] = field(default_factory=list)
     # the shape the output must have (OpenAI's response_format; see response_format.py); None: free text.
-    # Kept as the normalized plain dict, so params stay plain JSON for the job store
-    response_format: dict[str, Any] | None = None
+    # Given in any accepted form (an OpenAI dict or a ResponseFormat), parsed once, here, into the ResponseFormat
+    # the grammar compiles; to_dict gives it back as plain JSON for the job store
+    response_format: ResponseFormat | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -41,8 +42,7 @@ class SamplingParams:
                 raise InvalidParameterError(f"stop strings must be non-empty strings, got {s!r}")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
-        fmt = parse_response_format(self.response_format)
-        self.response_format = None if fmt is None else fmt.to_dict()
+        self.response_format = parse_response_format(self.response_format)  # a ResponseFormat is kept as is
 
     @property
     def greedy(self) -> bool:
@@ -52,6 +52,8 @@ class SamplingParams:
         """The params as plain JSON (the job store's `params`); from_dict reads it back."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["stop"] = list(self.stop)
+        fmt = self.response_format
+        out["response_format"] = fmt.to_dict() if isinstance(fmt, ResponseFormat) else fmt
         return out
 
     @classmethod
