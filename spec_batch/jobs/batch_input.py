@@ -240,12 +240,3 @@ def read_batch_file(path: str | Path, *, defaults: dict[str, Any] | None = None)
     with open(path, "rb") as fh:
         return parse_lines(fh, defaults=defaults)
 
-
-def custom_id_of(raw: str) -> str | None:
-    """The custom_id of a line, if it has a string one (for error lines of invalid input)."""
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    cid = obj.get("custom_id") if isinstance(obj, dict) else None
-    return cid if isinstance(cid, str) and cid else None

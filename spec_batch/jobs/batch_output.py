@@ -24,7 +24,6 @@ from typing import Any
 
 from ..openai_format import CHAT
 from ..store.models import REQ_CANCELLED
-from .batch_input import custom_id_of
 from .stats import stats_of_row
 
 # Codes of requests that failed while decoding (response.status_code 500 for internal ones, else 400).
@@ -90,7 +89,7 @@ def output_line(req: Any, *, model: str, drafter: str) -> dict[str, Any]:
 
 def error_line(req: Any) -> dict[str, Any]:
     """The OpenAI error-file line of a failed or cancelled request row."""
-    custom_id = req.custom_id if req.custom_id is not None else custom_id_of(req.input)
+    custom_id = req.custom_id  # invalid lines keep theirs too (migration 0005)
     code = req.error_code or "error"
     if req.endpoint is None or req.status == REQ_CANCELLED:  # an invalid line, or cancelled: no HTTP response
         return {

@@ -137,7 +137,7 @@ def create_job_from_file(
                 rows.append(
                     {
                         "job_id": job_id,
-                        "custom_id": None,
+                        "custom_id": entry.custom_id,  # kept: unique only among valid rows
                         "line_number": entry.line_number,
                         "input": entry.raw,
                         "endpoint": None,

@@ -58,6 +58,10 @@ def test_output_and_error_files_are_byte_identical_to_the_golden_files(tmp_path)
         max_context=64,
     )
     assert len(report.requests) == len(RESULTS)
+    with factory() as s:  # invalid lines keep their custom_id in SQL (migration 0005), even a duplicate one
+        stored = {r.line_number: r.custom_id for r in queries.iter_requests(s, job_id) if r.endpoint is None}
+    assert stored == {3: None, 4: None, 5: "unknown-field", 6: "too-hot", 9: "bad-format", 10: "chat-stop",
+                      12: "too-long", 15: "bad-url"}
     _store_results(factory, job_id)
     out = tmp_path / "out.jsonl"
     write_results(factory, job_id, out)

@@ -210,10 +210,10 @@ def test_output_line_is_openai_shaped_with_speculative_usage():
 
 
 def test_error_lines_for_invalid_lines_and_decode_failures():
-    invalid = _row(custom_id=None, endpoint=None, status="failed", error_code=UNSUPPORTED_FIELD,
+    invalid = _row(custom_id="r1", endpoint=None, status="failed", error_code=UNSUPPORTED_FIELD,
                    error_param="body.logprobs", error="line 3: body.logprobs: unsupported field", output=None)
     line = error_line(invalid)
-    assert line["custom_id"] == "r1"  # recovered from the stored input line
+    assert line["custom_id"] == "r1"  # stored with the invalid line (0005), not re-parsed from it
     assert line["response"] is None
     assert line["error"] == {"code": UNSUPPORTED_FIELD, "message": "line 3: body.logprobs: unsupported field",
                              "param": "body.logprobs", "line": 3}
