@@ -58,6 +58,7 @@ class BatchRequest:
     raw: str
     model: str | None = None
     max_tokens_field: str | None = None  # the body field that set max_tokens; None: the job's default
+    options: dict[str, Any] | None = None  # n, tools, recorded fields: ParsedBody.options() (requests.options)
 
 
 @dataclass
@@ -113,6 +114,12 @@ def _model_limit_problem(req: BatchRequest, max_context: int | None, vocab_size:
             f"{max_tokens}{where} leaves no room for the prompt in the model's context of {max_context} tokens; "
             f"ask for fewer than {max_context} tokens"
         )
+    if vocab_size is not None:
+        bad_bias = next((t for t in req.params.logit_bias if t >= vocab_size), None)
+        if bad_bias is not None:
+            return f"body.logit_bias.{bad_bias}", (
+                f"token id {bad_bias} is not in the model's vocabulary (ids 0..{vocab_size - 1})"
+            )
     if vocab_size is not None and req.endpoint == COMPLETIONS and isinstance(req.prompt, list):
         bad = next((j for j, t in enumerate(req.prompt) if t >= vocab_size), None)
         if bad is not None:
@@ -184,7 +191,7 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
             raise BatchLineError(e.code, e.problem, "body", cid_ok) from None
         raise BatchLineError(e.code, f"body.{e}", f"body.{e.param}", cid_ok) from None
     return BatchRequest(line_number, cid, url, parsed.prompt, parsed.params, text, parsed.model,
-                        max_tokens_field=parsed.max_tokens_field)
+                        max_tokens_field=parsed.max_tokens_field, options=parsed.options())
 
 
 # ---------------------------------------------------------------- a file

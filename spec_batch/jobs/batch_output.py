@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..openai_format import CHAT
+from ..openai_format.render import chat_choice, completion_choice
 from ..store.models import REQ_CANCELLED
 from .stats import stats_of_row
 
@@ -52,33 +53,28 @@ def usage(req: Any, drafter: str) -> dict[str, Any]:
     }
 
 
+def _choices(req: Any) -> list[dict[str, Any]]:
+    """The row's choices in OpenAI's shape: requests.choices when stored (n > 1, logprobs), else the one output."""
+    stored = req.choices or [{"text": req.output or "", "finish_reason": req.finish_reason, "logprobs": None}]
+    tools = (req.options or {}).get("tools", {}).get("tool_choice", "none") != "none"
+    if req.endpoint == CHAT:
+        return [chat_choice(i, c["text"], c["finish_reason"], c["logprobs"], tools=tools, call_id=f"call_{req.id}_{i}")
+                for i, c in enumerate(stored)]
+    return [completion_choice(i, c["text"], c["finish_reason"], c["logprobs"]) for i, c in enumerate(stored)]
+
+
 def output_line(req: Any, *, model: str, drafter: str) -> dict[str, Any]:
     """The OpenAI output line of a completed request row (spec_batch.store.Request or alike)."""
     created = int(req.completed_at.timestamp()) if req.completed_at is not None else 0
-    if req.endpoint == CHAT:
-        body = {
-            "id": f"chatcmpl-{req.id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": req.output or ""},
-                    "logprobs": None,
-                    "finish_reason": req.finish_reason,
-                }
-            ],
-        }
-    else:
-        body = {
-            "id": f"cmpl-{req.id}",
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "text": req.output or "", "logprobs": None, "finish_reason": req.finish_reason}],
-        }
-    body["usage"] = usage(req, drafter)
+    chat = req.endpoint == CHAT
+    body = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{req.id}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": _choices(req),
+        "usage": usage(req, drafter),
+    }
     return {
         "id": f"batch_req_{req.id}",
         "custom_id": req.custom_id,

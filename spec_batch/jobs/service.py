@@ -129,6 +129,7 @@ def create_job_from_file(
                         "endpoint": entry.endpoint,
                         "prompt": entry.prompt,
                         "params": entry.params.to_dict(),
+                        "options": entry.options,
                         "status": REQ_PENDING,
                         "attempts": 0,
                     }

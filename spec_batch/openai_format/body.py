@@ -11,7 +11,9 @@ from typing import Any
 
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
+from .tools import ToolError, ToolPlan
 from .fields import (
+    RECORDED,
     CHAT,
     COMPLETIONS,
     INVALID_VALUE,
@@ -25,7 +27,8 @@ from .fields import (
 ENDPOINTS = (CHAT, COMPLETIONS)
 # Values for fields a body omits (or sets to null): SamplingParams keys. A job overrides them (its --max-tokens...).
 DEFAULT_SAMPLING: dict[str, Any] = {"max_new_tokens": 256, "temperature": 0.0, "top_p": 1.0}
-_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "response_format")
+_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "response_format",
+                  "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs")
 
 
 @dataclass
@@ -38,7 +41,19 @@ class ParsedBody:
     model: str | None = None
     max_tokens_field: str | None = None  # the body field that set max_tokens; None: the default
     n: int = 1
-    values: dict[str, Any] = field(default_factory=dict)  # everything the validators returned
+    tools: ToolPlan | None = None  # tools and tool_choice (chat); the prompt and params already carry them
+    recorded: dict[str, Any] = field(default_factory=dict)  # fields accepted that change nothing here, as given
+
+    def options(self) -> dict[str, Any] | None:
+        """What a stored request keeps beyond its SamplingParams (requests.options); None when nothing."""
+        out: dict[str, Any] = {}
+        if self.n != 1:
+            out["n"] = self.n
+        if self.tools is not None:
+            out["tools"] = self.tools.to_dict()
+        if self.recorded:
+            out["recorded"] = self.recorded
+        return out or None
 
 
 def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None) -> ParsedBody:
@@ -61,6 +76,10 @@ def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None) -
                 raise BodyError(MISSING_FIELD, f.name, "is missing", separator=" ")
             continue
         values.update(f.check(value, body))
+    plan = _tool_plan(values)
+    if plan is not None and plan.choice != "none":
+        values["prompt"] = plan.with_tools_prompt(values["prompt"])
+        values["response_format"] = plan.response_format()
     return ParsedBody(
         endpoint=url,
         prompt=values.pop("prompt"),
@@ -68,8 +87,22 @@ def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None) -
         model=values.get("model"),
         max_tokens_field=values.get("max_tokens_field"),
         n=values.get("n", 1),
-        values=values,
+        tools=plan,
+        recorded={k[len(RECORDED):]: v for k, v in values.items() if k.startswith(RECORDED)},
     )
+
+
+def _tool_plan(values: dict[str, Any]) -> ToolPlan | None:
+    """The tools' plan (tools and tool_choice checked together); a call has its own format, so a
+    response_format beside tools is an error."""
+    try:
+        plan = ToolPlan.from_openai(values.get("tools"), values.get("tool_choice"))
+    except ToolError as e:
+        raise BodyError(INVALID_VALUE, e.param, e.problem) from None
+    if plan is not None and plan.choice != "none" and values.get("response_format") is not None:
+        raise BodyError(INVALID_VALUE, "response_format", "give tools or response_format, not both: a tool call "
+                                                          "has its own format")
+    return plan
 
 
 def _sampling_params(values: dict[str, Any], defaults: dict[str, Any]) -> SamplingParams:

@@ -118,9 +118,69 @@ def _stop(value: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _n(value: Any, body: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, bool) or value != 1:
-        raise bad("n", f"only n=1 is supported (one line per output), got {value!r}")
-    return {"n": 1}
+    if not limits.is_int(value) or not 1 <= value <= limits.MAX_N:
+        raise bad("n", f"must be an integer in [1, {limits.MAX_N}], got {value!r}")
+    return {"n": value}
+
+
+def _logit_bias(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad("logit_bias", f"must be an object of token id -> bias, got {type(value).__name__}")
+    bias: dict[int, float] = {}
+    for key, b in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise bad("logit_bias", f"keys must be token ids as strings (\"50256\"), got {key!r}")
+        if not limits.is_number(b) or not math.isfinite(b) or not limits.LOGIT_BIAS.contains(b):
+            raise bad(f"logit_bias.{key}", f"must be a number in {limits.LOGIT_BIAS.describe()}, got {b!r}")
+        bias[int(key)] = float(b)
+    return {"logit_bias": bias}
+
+
+def _chat_logprobs(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, bool):
+        raise bad("logprobs", f"must be true or false, got {value!r}")
+    return {"logprobs": value}
+
+
+def _top_logprobs(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("logprobs") is not True:
+        raise bad("top_logprobs", "needs logprobs: true")
+    return _number("top_logprobs", limits.TOP_LOGPROBS, integer=True)(value, body)
+
+
+def _completion_logprobs(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """/v1/completions: logprobs is the number of likeliest tokens to list per position (0: the chosen only)."""
+    top = _number("logprobs", limits.TOP_LOGPROBS, key="top_logprobs", integer=True)(value, body)
+    return {"logprobs": True, **top}
+
+
+def _tools(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, list) or not value:
+        raise bad("tools", f"must be a non-empty list of function tools, got {value!r}")
+    return {"tools": value}
+
+
+def _tool_choice(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    return {"tool_choice": value}  # checked against the tools once both are read (body.py)
+
+
+def _recorded(name: str, kind: type | tuple[type, ...], what: str) -> Check:
+    """A field accepted and recorded that changes nothing here (docs/batch-format.md lists them)."""
+    def check(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(value, kind) or (kind is str and isinstance(value, bool)):
+            raise bad(name, f"must be {what}, got {value!r}")
+        return {RECORDED + name: value}
+    return check
+
+
+def _metadata(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's limits: at most 16 pairs, keys of at most 64 characters, string values of at most 512."""
+    if not isinstance(value, dict) or len(value) > 16:
+        raise bad("metadata", f"must be an object of at most 16 string pairs, got {value!r}"[:300])
+    for key, v in value.items():
+        if len(key) > 64 or not isinstance(v, str) or len(v) > 512:
+            raise bad(f"metadata.{key}"[:80], "keys have at most 64 characters and values are strings of at most 512")
+    return {RECORDED + "metadata": value}
 
 
 def _response_format(value: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +189,8 @@ def _response_format(value: Any, body: dict[str, Any]) -> dict[str, Any]:
     except ResponseFormatError as e:  # the engine's wording, field first: "response_format.pattern must ..."
         raise BodyError(INVALID_VALUE, e.field, e.problem, separator=" ") from None
 
+
+RECORDED = "recorded."  # prefix of the values of fields that are recorded only
 
 # The table, in validation order (the first problem of a body is the one reported). The order is also the
 # order of the "supported" list in an unsupported-field error.
@@ -144,6 +206,21 @@ FIELDS: tuple[BodyField, ...] = (
     BodyField("stop", BOTH, _stop),
     BodyField("n", BOTH, _n),
     BodyField("response_format", BOTH, _response_format),
+    BodyField("frequency_penalty", BOTH, _number("frequency_penalty", limits.FREQUENCY_PENALTY)),
+    BodyField("presence_penalty", BOTH, _number("presence_penalty", limits.PRESENCE_PENALTY)),
+    BodyField("logit_bias", BOTH, _logit_bias),
+    BodyField("logprobs", (CHAT,), _chat_logprobs),
+    BodyField("top_logprobs", (CHAT,), _top_logprobs),
+    BodyField("logprobs", (COMPLETIONS,), _completion_logprobs),
+    BodyField("tools", (CHAT,), _tools),
+    BodyField("tool_choice", (CHAT,), _tool_choice),
+    # accepted and recorded: they change nothing in what is decoded here
+    BodyField("parallel_tool_calls", (CHAT,), _recorded("parallel_tool_calls", bool, "true or false")),
+    BodyField("user", BOTH, _recorded("user", str, "a string")),
+    BodyField("store", (CHAT,), _recorded("store", bool, "true or false")),
+    BodyField("metadata", (CHAT,), _metadata),
+    BodyField("service_tier", BOTH, _recorded("service_tier", str, "a string")),
+    BodyField("stream_options", BOTH, _recorded("stream_options", dict, "an object")),
 )
 # The order in which fields are checked: model first, as the error a line with several problems reports.
 CHECK_ORDER = ("model", "messages", "prompt", "max_completion_tokens", "max_tokens")

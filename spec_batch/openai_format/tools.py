@@ -25,6 +25,15 @@ from typing import Any
 from ..core.response_format import JSON_OPTIONS
 from ..errors import InvalidParameterError
 
+class ToolError(InvalidParameterError):
+    """Invalid tools or tool_choice: `param` names the field (tools[1].function.name), `problem` says why."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param} {problem}")
+        self.param = param
+        self.problem = problem
+
+
 # A call as the model writes it (the grammar's separators: ", " and ": ").
 _CALL_PREFIX = re.compile(r'\s*\{"name": "((?:[^"\\]|\\.)*)", "arguments": ')
 
@@ -51,10 +60,10 @@ class ToolPlan:
         InvalidParameterError naming the tool (tools[i]...) or tool_choice."""
         if not tools:
             if choice not in (None, "none", "auto"):
-                raise InvalidParameterError(f"tool_choice={choice!r} needs tools")
+                raise ToolError("tool_choice", f"{choice!r} needs tools")
             return None
         if not isinstance(tools, list):
-            raise InvalidParameterError(f"tools must be a list of function tools, got {type(tools).__name__}")
+            raise ToolError("tools", f"must be a list of function tools, got {type(tools).__name__}")
         specs = tuple(function_spec(t, f"tools[{i}]") for i, t in enumerate(tools))
         return cls(specs, choice_of(choice, [s["name"] for s in specs]))
 
@@ -187,20 +196,20 @@ def _balanced(args_text: str) -> bool:
 def function_spec(tool: Any, where: str = "tools[0]") -> dict[str, Any]:
     """{"name", "description", "parameters"} of an OpenAI function tool ({"type": "function", "function": {...}})."""
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise InvalidParameterError(f'{where} must be {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
+        raise ToolError(where, f'must be {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
     fn = tool["function"]
     extra = sorted(set(tool) - {"type", "function"}) or sorted(set(fn) - {"name", "description", "parameters", "strict"})
     if extra:
-        raise InvalidParameterError(f"{where}: unknown field(s) {extra}")
+        raise ToolError(where, f"has unknown field(s) {extra}")
     name = fn.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-        raise InvalidParameterError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got {name!r}")
+        raise ToolError(f"{where}.function.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
     description = fn.get("description", "")
     if not isinstance(description, str):
-        raise InvalidParameterError(f"{where}.function.description must be a string, got {description!r}")
+        raise ToolError(f"{where}.function.description", f"must be a string, got {description!r}")
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(params, dict):
-        raise InvalidParameterError(f"{where}.function.parameters must be a JSON schema object, got {params!r}")
+        raise ToolError(f"{where}.function.parameters", f"must be a JSON schema object, got {params!r}")
     return {"name": name, "description": description, "parameters": params}
 
 
@@ -215,9 +224,8 @@ def choice_of(choice: Any, names: Sequence[str]) -> str:
         choice = (choice.get("function") or {}).get("name") or choice.get("name")
     if isinstance(choice, str) and choice in names:
         return choice
-    raise InvalidParameterError(
-        f"tool_choice must be 'auto', 'any', 'required', 'none' or the name of a tool {list(names)}, got {choice!r}"
-    )
+    raise ToolError("tool_choice",
+                    f"must be 'auto', 'any', 'required', 'none' or the name of a tool {list(names)}, got {choice!r}")
 
 
 def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:

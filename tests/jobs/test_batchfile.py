@@ -57,7 +57,8 @@ def test_valid_line_values_override_defaults():
     p = req.params
     assert (p.max_new_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.7, 0.9, 42, ["END"])
     assert req.params.to_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
-                                 "stop": ["END"], "response_format": None}
+                                 "stop": ["END"], "response_format": None, "frequency_penalty": 0.0,
+                                 "presence_penalty": 0.0, "logit_bias": {}, "logprobs": False, "top_logprobs": 0}
 
 
 def test_max_completion_tokens_and_content_parts_and_nulls():
@@ -92,8 +93,9 @@ BAD_LINES = [
     (chat(url="/v1/responses"), UNSUPPORTED_ENDPOINT, "url", "not supported"),
     (json.dumps({"custom_id": "a", "method": "POST", "url": CHAT}), MISSING_FIELD, "body", "body is missing"),
     (chat(body="hi"), INVALID_VALUE, "body", "object"),
-    (chat({"logprobs": True}), UNSUPPORTED_FIELD, "body.logprobs", "unsupported field"),
-    (chat({"tools": []}), UNSUPPORTED_FIELD, "body.tools", "unsupported field"),
+    (chat({"frobnicate": True}), UNSUPPORTED_FIELD, "body.frobnicate", "unsupported field"),
+    (chat({"logprobs": "yes"}), INVALID_VALUE, "body.logprobs", "true or false"),
+    (chat({"tools": []}), INVALID_VALUE, "body.tools", "non-empty list"),
     (chat({"stream": False}), UNSUPPORTED_FIELD, "body.stream", "unsupported field"),
     (chat({"top_k": 5}), UNSUPPORTED_FIELD, "body.top_k", "unsupported field"),
     (comp({"max_completion_tokens": 5}), UNSUPPORTED_FIELD, "body.max_completion_tokens", "unsupported"),
@@ -126,7 +128,7 @@ BAD_LINES = [
     (chat({"stop": ["a", "b", "c", "d", "e"]}), INVALID_VALUE, "body.stop", "at most 4"),
     (chat({"stop": [""]}), INVALID_VALUE, "body.stop", "non-empty"),
     (chat({"stop": 5}), INVALID_VALUE, "body.stop", "string"),
-    (chat({"n": 2}), INVALID_VALUE, "body.n", "n=1"),
+    (chat({"n": 129}), INVALID_VALUE, "body.n", "[1, 128]"),
     (chat({"model": 3}), INVALID_VALUE, "body.model", "string"),
 ]
 
@@ -150,7 +152,7 @@ def test_parse_lines_keeps_valid_lines_and_numbers_every_bad_one():
         chat(custom_id="a"),  # duplicate of line 1
         comp(custom_id="c"),
         "   ",
-        chat({"logprobs": True}, custom_id="d"),
+        chat({"frobnicate": True}, custom_id="d"),
         comp(custom_id="d"),  # d was used by an (invalid) line: still a duplicate
     ]
     report = parse_lines(lines)
@@ -185,7 +187,7 @@ def _row(**kw):
                 output="Hello.", finish_reason="stop", error_code=None, error_param=None, error=None,
                 prompt_tokens=20, output_tokens=6, draft_tokens=8, accepted_tokens=4, target_forwards=2,
                 draft_forwards=0, accepted_length_histogram=[0, 1, 1], wall_s=0.5, forced_tokens=3,
-                completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
+                completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc), choices=None, options=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
