@@ -7,12 +7,14 @@ are reported with its line number; the other lines run.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import SpecBatchError
+from ..settings import get_settings
 from ..openai_format import CHAT, COMPLETIONS, ENDPOINTS, BodyError, parse_body
 from ..openai_format.body import DEFAULT_SAMPLING
 from ..openai_format.fields import INVALID_VALUE, MISSING_FIELD, UNSUPPORTED_FIELD
@@ -27,10 +29,14 @@ INVALID_LINE = "invalid_line"
 MISSING_CUSTOM_ID = "missing_custom_id"
 DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
 UNSUPPORTED_ENDPOINT = "unsupported_endpoint"
+LINE_TOO_LONG = "line_too_long"
+# A line over the limit: how much of its start is looked at for its custom_id, and stored.
+HEAD_BYTES = 4096
+_CUSTOM_ID_AT_START = re.compile(rb'^\s*\{\s*"custom_id"\s*:\s*"((?:[^"\\]|\\.){1,512})"')
 
 __all__ = [
     "CHAT", "COMPLETIONS", "DEFAULT_SAMPLING", "DUPLICATE_CUSTOM_ID", "ENDPOINTS", "INVALID_JSON", "INVALID_LINE",
-    "INVALID_VALUE", "MISSING_CUSTOM_ID", "MISSING_FIELD", "UNSUPPORTED_ENDPOINT", "UNSUPPORTED_FIELD",
+    "INVALID_VALUE", "LINE_TOO_LONG", "MISSING_CUSTOM_ID", "MISSING_FIELD", "UNSUPPORTED_ENDPOINT", "UNSUPPORTED_FIELD",
     "BatchLineError", "BatchRequest", "LineError", "ParseReport", "parse_line", "parse_lines", "read_batch_file",
 ]
 
@@ -207,11 +213,70 @@ def _decode(raw: bytes | str, line_number: int) -> str:
     return text.rstrip("\r\n")
 
 
-def parse_lines(lines: Iterable[bytes | str], *, defaults: dict[str, Any] | None = None) -> ParseReport:
-    """Validates every line; blank lines are skipped (line numbers still count them)."""
+@dataclass
+class TooLong:
+    """A line over the size limit: its first HEAD_BYTES bytes and its size (the rest was skipped unread)."""
+
+    head: bytes
+    size: int
+
+    def custom_id(self) -> str | None:
+        """The custom_id, when the line starts with it (as OpenAI's own examples do)."""
+        m = _CUSTOM_ID_AT_START.match(self.head)
+        if m is None:
+            return None
+        try:
+            cid = json.loads(b'"' + m.group(1) + b'"')
+        except ValueError:
+            return None
+        return cid if isinstance(cid, str) and cid else None
+
+    def stored(self) -> str:
+        """What the job keeps of the line: its start, marked as cut."""
+        head = self.head.decode("utf-8", errors="replace")
+        return f"{head}... [cut: the line is {self.size} bytes]"
+
+
+def iter_lines(fh: BinaryIO, max_bytes: int) -> Iterator[bytes | TooLong]:
+    """The file's lines, each read with at most max_bytes + 2 bytes in memory: a line whose content (without its
+    line ending) is longer is a TooLong, its rest skipped in bounded chunks."""
+    while True:
+        line = fh.readline(max_bytes + 2)  # room for the content and its \r\n
+        if not line:
+            return
+        content = len(line) - (2 if line.endswith(b"\r\n") else 1 if line.endswith(b"\n") else 0)
+        if content <= max_bytes:
+            yield line
+            continue
+        head, size = line[:HEAD_BYTES], content
+        while not line.endswith(b"\n"):
+            line = fh.readline(1 << 16)
+            if not line:
+                break
+            size += len(line) - (1 if line.endswith(b"\n") else 0)
+        yield TooLong(head, size)
+
+
+def _too_long(n: int, line: TooLong, max_bytes: int | None) -> LineError:
+    cid = line.custom_id()
+    message = (f"line {n}: the line is {line.size} bytes, over the limit of {max_bytes} bytes "
+               f"(SPEC_BATCH_MAX_LINE_BYTES); it was not parsed: shorten the request or raise the limit")
+    return LineError(n, line.stored(), LINE_TOO_LONG, message, None, cid)
+
+
+def parse_lines(lines: Iterable[bytes | str | TooLong], *, defaults: dict[str, Any] | None = None,
+                max_bytes: int | None = None) -> ParseReport:
+    """Validates every line; blank lines are skipped (line numbers still count them). max_bytes: the limit
+    TooLong lines broke (for their message)."""
     report = ParseReport()
     seen: dict[str, int] = {}
     for n, raw in enumerate(lines, start=1):
+        if isinstance(raw, TooLong):
+            error = _too_long(n, raw, max_bytes)
+            report.errors.append(error)
+            if error.custom_id is not None:
+                seen.setdefault(error.custom_id, n)
+            continue
         try:
             text = _decode(raw, n)
         except UnicodeDecodeError as e:
@@ -242,8 +307,10 @@ def parse_lines(lines: Iterable[bytes | str], *, defaults: dict[str, Any] | None
     return report
 
 
-def read_batch_file(path: str | Path, *, defaults: dict[str, Any] | None = None) -> ParseReport:
-    """Reads and validates a JSONL batch file (OSError if it cannot be read)."""
+def read_batch_file(path: str | Path, *, defaults: dict[str, Any] | None = None,
+                    max_line_bytes: int | None = None) -> ParseReport:
+    """Reads and validates a JSONL batch file, line by line (OSError if it cannot be read). A line over
+    max_line_bytes (default: settings, SPEC_BATCH_MAX_LINE_BYTES) fails alone without being read whole."""
+    limit = max_line_bytes or get_settings().max_line_bytes
     with open(path, "rb") as fh:
-        return parse_lines(fh, defaults=defaults)
-
+        return parse_lines(iter_lines(fh, limit), defaults=defaults, max_bytes=limit)

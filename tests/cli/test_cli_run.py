@@ -185,3 +185,20 @@ def test_a_batch_file_as_common_openai_tools_write_it_runs_end_to_end(env, tmp_p
     assert rows["comp"].options == {"n": 2, "recorded": {"user": "u-42", "stream_options": {"include_usage": True}}}
     assert rows["n3"].params["logit_bias"] == {"0": -100.0} and rows["n3"].params["top_logprobs"] == 2
     assert len(rows["n3"].choices) == 3
+
+
+def test_a_20_mb_line_fails_alone_through_run_and_sql_keeps_only_its_start(env, tmp_path, loads):
+    path = tmp_path / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(completion_line("r0", "prompt", max_tokens=5) + "\n")
+        fh.write('{"custom_id": "huge", "url": "/v1/completions", "body": {"prompt": "' + "word " * 4_000_000 + '"}}\n')
+    out = tmp_path / "out.jsonl"
+    result = _run(str(path), "-o", str(out), "--baseline-sample", "0")
+    assert result.exit_code == 0, result.output
+    [error] = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert (error["custom_id"], error["error"]["line"], error["error"]["code"]) == ("huge", 2, "line_too_long")
+    factory = make_session_factory(env)
+    with factory() as s:
+        job_id = queries.resolve_job_id(s, result.output.splitlines()[0])
+        stored = [r.input for r in queries.iter_requests(s, job_id) if r.custom_id == "huge"]
+    assert len(stored) == 1 and len(stored[0]) < 5000

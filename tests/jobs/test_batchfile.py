@@ -255,3 +255,48 @@ def test_lines_the_model_cannot_run_become_invalid_lines():
     report = parse_lines([comp(custom_id="default")], defaults={"max_new_tokens": 4096})
     report.check_model_limits(max_context=2048)
     assert "4096 (the job's default: --max-tokens) leaves no room" in report.errors[0].message
+
+
+def _huge_file(tmp_path, megabytes=20):
+    path = tmp_path / "huge.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(comp(custom_id="before") + "\n")
+        fh.write('{"custom_id": "huge", "method": "POST", "url": "/v1/completions", "body": {"prompt": "')
+        chunk = "word " * 200_000  # 1 MB
+        for _ in range(megabytes):
+            fh.write(chunk)
+        fh.write('"}}\n')
+        fh.write(comp(custom_id="after") + "\n")
+    return path
+
+
+def test_a_20_mb_line_fails_alone_fast_unread_and_is_not_kept_whole(tmp_path):
+    import time
+    import tracemalloc
+
+    from spec_batch.jobs.batch_input import HEAD_BYTES, LINE_TOO_LONG
+
+    path = _huge_file(tmp_path)
+    tracemalloc.start()
+    start = time.perf_counter()
+    report = read_batch_file(path)
+    elapsed = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert [r.custom_id for r in report.requests] == ["before", "after"]
+    [error] = report.errors
+    assert (error.line_number, error.code, error.custom_id) == (2, LINE_TOO_LONG, "huge")
+    assert "over the limit of 1048576 bytes" in error.message and "SPEC_BATCH_MAX_LINE_BYTES" in error.message
+    assert len(error.raw) < HEAD_BYTES + 100  # only the start is kept (and stored)
+    assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MiB: the line was read whole"  # 1 MiB limit + overhead
+    assert elapsed < 10
+
+
+def test_the_line_limit_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_BATCH_MAX_LINE_BYTES", "100")
+    path = tmp_path / "in.jsonl"
+    path.write_text(comp(custom_id="short") + "\n" + comp({"prompt": "x" * 200}, custom_id="long") + "\n")
+    report = read_batch_file(path)
+    assert [r.custom_id for r in report.requests] == ["short"]
+    assert report.errors[0].custom_id == "long"  # read from the start of the line
+    assert "limit of 100 bytes" in report.errors[0].message
