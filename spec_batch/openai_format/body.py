@@ -43,6 +43,7 @@ class ParsedBody:
     n: int = 1
     tools: ToolPlan | None = None  # tools and tool_choice (chat); the prompt and params already carry them
     recorded: dict[str, Any] = field(default_factory=dict)  # fields accepted that change nothing here, as given
+    stream: bool = False  # online requests only: answer as server-sent events
 
     def options(self) -> dict[str, Any] | None:
         """What a stored request keeps beyond its SamplingParams (requests.options); None when nothing."""
@@ -56,20 +57,21 @@ class ParsedBody:
         return out or None
 
 
-def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None) -> ParsedBody:
+def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None, online: bool = False) -> ParsedBody:
     """Validates one request body for the endpoint `url`. Raises BodyError (code, param naming the field
-    relative to the body, "" for the body as a whole, problem) at the first problem. `defaults` are SamplingParams values for omitted fields."""
+    relative to the body, "" for the body as a whole, problem) at the first problem. `defaults` are
+    SamplingParams values for omitted fields. online=True: an HTTP request, which may also ask to `stream`."""
     if url not in ENDPOINTS:
         raise ValueError(f"url {url!r} is not an endpoint of this parser: {ENDPOINTS}")
     if not isinstance(body, dict):
         raise BodyError(INVALID_VALUE, "", f"the request body must be a JSON object, got {type(body).__name__}")
-    known = fields_of(url)
+    known = fields_of(url, online)
     names = [f.name for f in known]
     extra = [k for k in body if k not in names]
     if extra:
         raise BodyError(UNSUPPORTED_FIELD, extra[0], f"unsupported field for {url} (supported: {', '.join(names)})")
     values: dict[str, Any] = {}
-    for f in checking_order(url):
+    for f in checking_order(url, online):
         value = body.get(f.name)
         if value is None:
             if f.required:
@@ -89,6 +91,7 @@ def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None) -
         n=values.get("n", 1),
         tools=plan,
         recorded={k[len(RECORDED):]: v for k, v in values.items() if k.startswith(RECORDED)},
+        stream=values.get("stream", False),
     )
 
 

@@ -46,6 +46,7 @@ class BodyField:
     endpoints: tuple[str, ...]
     check: Check
     required: bool = False
+    online_only: bool = False  # a field of HTTP requests only (stream): unsupported in a batch line
 
 
 # ---------------------------------------------------------------- validators
@@ -167,10 +168,16 @@ def _tool_choice(value: Any, body: dict[str, Any]) -> dict[str, Any]:
 def _recorded(name: str, kind: type | tuple[type, ...], what: str) -> Check:
     """A field accepted and recorded that changes nothing here (docs/batch-format.md lists them)."""
     def check(value: Any, body: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(value, kind) or (kind is str and isinstance(value, bool)):
+        if not isinstance(value, kind):
             raise bad(name, f"must be {what}, got {value!r}")
         return {RECORDED + name: value}
     return check
+
+
+def _stream(value: Any, body: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, bool):
+        raise bad("stream", f"must be true or false, got {value!r}")
+    return {"stream": value}
 
 
 def _metadata(value: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -192,8 +199,8 @@ def _response_format(value: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 RECORDED = "recorded."  # prefix of the values of fields that are recorded only
 
-# The table, in validation order (the first problem of a body is the one reported). The order is also the
-# order of the "supported" list in an unsupported-field error.
+# The table. Its order is the "supported" list of an unsupported-field error, and the order fields are checked
+# in (the first problem is the one reported), except that CHECK_ORDER's come first.
 FIELDS: tuple[BodyField, ...] = (
     BodyField("messages", (CHAT,), _messages, required=True),
     BodyField("prompt", (COMPLETIONS,), _prompt, required=True),
@@ -221,17 +228,18 @@ FIELDS: tuple[BodyField, ...] = (
     BodyField("metadata", (CHAT,), _metadata),
     BodyField("service_tier", BOTH, _recorded("service_tier", str, "a string")),
     BodyField("stream_options", BOTH, _recorded("stream_options", dict, "an object")),
+    BodyField("stream", BOTH, _stream, online_only=True),
 )
 # The order in which fields are checked: model first, as the error a line with several problems reports.
 CHECK_ORDER = ("model", "messages", "prompt", "max_completion_tokens", "max_tokens")
 
 
-def fields_of(url: str) -> tuple[BodyField, ...]:
-    return tuple(f for f in FIELDS if url in f.endpoints)
+def fields_of(url: str, online: bool = False) -> tuple[BodyField, ...]:
+    return tuple(f for f in FIELDS if url in f.endpoints and (online or not f.online_only))
 
 
-def checking_order(url: str) -> list[BodyField]:
+def checking_order(url: str, online: bool = False) -> list[BodyField]:
     """The endpoint's fields in the order they are checked."""
-    known = fields_of(url)
+    known = fields_of(url, online)
     first = [f for name in CHECK_ORDER for f in known if f.name == name]
     return first + [f for f in known if f not in first]

@@ -124,3 +124,12 @@ def test_a_tool_call_answer_becomes_tool_calls_with_finish_reason_tool_calls():
     assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
     text = output_line(_row(CHAT, _result("It is sunny."), None, options), model="m", drafter="ngram")
     assert text["response"]["body"]["choices"][0]["message"] == {"role": "assistant", "content": "It is sunny."}
+
+
+def test_stream_is_a_field_of_online_requests_only():
+    body = {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
+    online = parse_body(CHAT, body, online=True)
+    assert online.stream is True and online.recorded == {"stream_options": {"include_usage": True}}
+    with pytest.raises(BodyError) as exc:  # a batch line cannot stream
+        parse_body(CHAT, body)
+    assert exc.value.param == "stream" and exc.value.code == "unsupported_field"
