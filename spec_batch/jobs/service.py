@@ -36,6 +36,7 @@ from ..store.models import (
     utcnow,
 )
 from .batch_input import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
+from .choices import n_of
 from ..settings import get_settings
 from .export import write_results
 from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
@@ -237,6 +238,8 @@ def measure_baseline(
     prompts, params, ids = [], [], []
     for rid in claimed:
         r = rows[rid]
+        if n_of(r.options) > 1 or r.params.get("logprobs"):  # choices the runner stores (jobs/choices.py)
+            continue
         try:
             prompts.append(build_prompt(decoder, r.endpoint, r.prompt))
             params.append(SamplingParams.from_dict(r.params))

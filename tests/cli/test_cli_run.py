@@ -163,7 +163,7 @@ def test_a_batch_file_as_common_openai_tools_write_it_runs_end_to_end(env, tmp_p
         chat_line("unknown", "hi", frobnicate=1),
     ])
     out = tmp_path / "out.jsonl"
-    result = _run(str(path), "-o", str(out), "--baseline-sample", "0")
+    result = _run(str(path), "-o", str(out))  # the baseline samples the one-choice line only
     assert result.exit_code == 0, result.output
     lines = {o["custom_id"]: o for o in map(json.loads, out.read_text().splitlines())}
     tools = ChatCompletion.model_validate(lines["tools"]["response"]["body"])

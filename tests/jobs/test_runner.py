@@ -269,7 +269,7 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
         chat_line("json", 'Return {"a": 1, "b": 2} as JSON.', max_tokens=12),
         completion_line("name", "Name: Ada\nRole: engineer\nName: Bob\nRole:", max_tokens=8, stop=["\n"]),
         completion_line("too-long", "word " * 9000, max_tokens=8),
-        json.dumps({"custom_id": "bad", "url": "/v1/chat/completions", "body": {"messages": [], "logprobs": True}}),
+        json.dumps({"custom_id": "bad", "url": "/v1/chat/completions", "body": {"messages": [], "frobnicate": True}}),
     ]
     path = write_batch(tmp_path / "in.jsonl", lines)
     out = tmp_path / "res.jsonl"
