@@ -5,7 +5,6 @@ Nothing here imports LangChain; `llms.py` and `chat_models.py` turn these result
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import threading
 import time
@@ -67,7 +66,7 @@ class CallOptions:
     @property
     def key(self) -> tuple:
         p = self.params
-        fmt = json.dumps(p.response_format, sort_keys=True) if p.response_format is not None else None
+        fmt = p.response_format.key if p.response_format is not None else None
         return (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop), fmt)
 
 

@@ -20,6 +20,11 @@ DEFAULT_LEASE_SECONDS = 300
 DEFAULT_TASK_SOFT_TIME_LIMIT = 3600
 DEFAULT_CHUNK_SIZE = 32
 DEFAULT_MAX_ATTEMPTS = 3
+# The longest batch line read (bytes, without its newline); a longer one fails alone before it is parsed, and only
+# its start is stored. 1 MiB holds a prompt of ~250k tokens of text, beyond the context of any model served here
+# (and of 128k-token models), plus tool and JSON schemas; a line over it cannot run, so reading it whole (the
+# 20 MB line of issue 23 took 4.3 GB and 38 s) buys nothing.
+DEFAULT_MAX_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Settings:
     # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
     suffix_memory_tokens: int = 50_000
     suffix_memory_jobs: int = 4
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread (issue 23)
 
 
 def _int_env(name: str, default: int) -> int:
@@ -94,6 +100,7 @@ def get_settings() -> Settings:
         metrics_host=(os.environ.get("SPEC_BATCH_METRICS_HOST") or "").strip() or "127.0.0.1",
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),
         suffix_memory_jobs=_int_env("SPEC_BATCH_SUFFIX_MEMORY_JOBS", 4),
+        max_line_bytes=_int_env("SPEC_BATCH_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES),
     )
 
 

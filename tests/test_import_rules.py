@@ -3,6 +3,8 @@ those inside functions included (only `if TYPE_CHECKING:` blocks, which never ru
 
 - spec_batch.core imports no sqlalchemy, alembic, celery, kombu, redis or langchain, and nothing of the layers
   above it (loading, jobs, store, cli, reports) nor workers;
+- spec_batch.openai_format (request bodies and response shapes) imports no SQL, queue or langchain, and nothing
+  of jobs, store, cli or reports;
 - spec_batch.jobs and spec_batch.store import no celery, kombu or langchain, and nothing of workers;
 - spec_batch.reports (store's read queries, matplotlib, jinja2) imports no celery, kombu, redis or langchain, and
   nothing of workers, jobs, loading or the CLI;
@@ -86,7 +88,12 @@ def _within(module: str, package: str) -> bool:
 RULES = [
     ("spec_batch.core", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
                          "langchain_spec", "workers"},
-     ("spec_batch.loading", "spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports")),
+     ("spec_batch.loading", "spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports",
+      "spec_batch.openai_format")),
+    # the request parser of batch lines and the server: no SQL, no queue, no LangChain
+    ("spec_batch.openai_format", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
+                                  "langchain_spec", "workers"},
+     ("spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports")),
     ("spec_batch.jobs", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
      ("spec_batch.cli",)),
     ("spec_batch.store", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},

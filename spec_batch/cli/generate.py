@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -35,8 +36,9 @@ def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
     return out
 
 
-def _response_format(ctx: click.Context, param: click.Parameter, value: str | None) -> dict | None:
-    """--response-format: the batch field's object as JSON, or @FILE holding it; checked before any model loads."""
+def _response_format(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """--response-format: the batch field's object as JSON, or @FILE holding it; parsed (once) into the
+    ResponseFormat that SamplingParams keeps, before any model loads."""
     if value is None:
         return None
     from ..core.response_format import parse_response_format
@@ -49,7 +51,7 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
         raise click.BadParameter(f"not JSON: {e.msg} at column {e.colno}") from None
     except InvalidParameterError as e:
         raise click.BadParameter(str(e)) from None
-    return None if fmt is None else fmt.to_dict()
+    return fmt
 
 
 @main.command("generate")
@@ -88,7 +90,7 @@ def generate(
     top_k: int,
     seed: int | None,
     stop: tuple[str, ...],
-    response_format: dict | None,
+    response_format: Any,
     batch_size: int,
     num_draft_tokens: int | None,
     no_adaptive: bool,

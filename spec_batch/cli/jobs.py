@@ -128,7 +128,7 @@ def _summary_table(row: dict, title: str):
 
 
 def _print_summary(factory, job_id: str, *, title: str = "Job summary") -> dict:
-    from ..jobs.batchfile import errors_path_for
+    from ..jobs.batch_output import errors_path_for
     from ..store import queries
 
     with factory() as s:

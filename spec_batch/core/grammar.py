@@ -123,9 +123,10 @@ class GrammarEngine:
                 self._templates.popitem(last=False)
         return template.deep_copy()
 
-    def state(self, response_format: Any) -> "GrammarState | None":
-        """A request's matcher state for a response_format (any accepted form); None when unconstrained."""
-        fmt = parse_response_format(response_format)
+    def state(self, response_format: ResponseFormat | None) -> "GrammarState | None":
+        """A request's matcher state for its response_format (SamplingParams.response_format, parsed once
+        there); None when unconstrained. A plain dict is parsed here for callers without SamplingParams."""
+        fmt = response_format if isinstance(response_format, ResponseFormat) else parse_response_format(response_format)
         return None if fmt is None else GrammarState(self.matcher(fmt), self.words, self.eos_ids)
 
 

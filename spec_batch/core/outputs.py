@@ -17,13 +17,13 @@ class RequestStats:
     accepted_tokens: int = 0  # draft tokens the target agreed with
     target_forwards: int = 0  # steps: target forward passes after the prefill
     draft_forwards: int = 0  # draft-model forward passes (0 for n-gram and none)
+    forced_tokens: int = 0  # output tokens a grammar allowed alone (structured output)
     # accepted_length_histogram[a] = number of steps in which exactly a draft tokens were accepted
     accepted_length_histogram: list[int] = field(default_factory=list)
     # drafted_per_position[j] / accepted_per_position[j] = steps in which draft position j (0-based) was
     # proposed / accepted: where along a draft the target stops agreeing
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    forced_tokens: int = 0  # output tokens a grammar allowed alone (structured output)
     wall_s: float = 0.0
 
     @property
@@ -53,11 +53,19 @@ class RequestStats:
         _count(self.accepted_per_position, 0, accepted)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["acceptance_rate"] = self.acceptance_rate
-        d["tokens_per_step"] = self.tokens_per_step
-        d["tokens_per_s"] = self.tokens_per_s
-        return d
+        """The one serialisation of the statistics (batch output lines' usage.speculative, generate --json): the
+        fields in order, with the rates where the output lines have always shown them."""
+        out: dict = {}
+        for name, value in asdict(self).items():
+            out[name] = value
+            if name in _RATE_AFTER:
+                rate = _RATE_AFTER[name]
+                out[rate] = getattr(self, rate)
+        return out
+
+
+# Where each rate goes in RequestStats.to_dict: after this field.
+_RATE_AFTER = {"accepted_tokens": "acceptance_rate", "forced_tokens": "tokens_per_step", "wall_s": "tokens_per_s"}
 
 
 def _count(counts: list[int], start: int, n: int) -> None:

@@ -2,12 +2,13 @@
 checked and stored by processes that never decode (the CLI's submit, status and report commands)."""
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import InvalidParameterError
-from .response_format import parse_response_format
+from .response_format import ResponseFormat, parse_response_format
 
 
 @dataclass
@@ -23,8 +24,17 @@ class SamplingParams:
     seed: int | None = None  # None: fresh randomness for this request
     stop: list[str] = field(default_factory=list)
     # the shape the output must have (OpenAI's response_format; see response_format.py); None: free text.
-    # Kept as the normalized plain dict, so params stay plain JSON for the job store
-    response_format: dict[str, Any] | None = None
+    # Given in any accepted form (an OpenAI dict or a ResponseFormat), parsed once, here, into the ResponseFormat
+    # the grammar compiles; to_dict gives it back as plain JSON for the job store
+    response_format: ResponseFormat | dict[str, Any] | None = None
+    # OpenAI's penalties, logit_bias (token id -> bias added to the logit) and logprobs (the target's log-probability
+    # of each output token, with the `top_logprobs` likeliest): validated here; the core applies them (contract
+    # in the project notes: applied at every verify position, so speculation stays exact)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -45,12 +55,43 @@ class SamplingParams:
                 raise InvalidParameterError(f"stop strings must be non-empty strings, got {s!r}")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
-        fmt = parse_response_format(self.response_format)
-        self.response_format = None if fmt is None else fmt.to_dict()
+        self.response_format = parse_response_format(self.response_format)  # a ResponseFormat is kept as is
+        self._check_openai_extras()
+
+    def _check_openai_extras(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise InvalidParameterError(f"{name} must be a finite number, got {value!r}")
+            setattr(self, name, float(value))
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidParameterError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+        bias: dict[int, float] = {}
+        for key, value in self.logit_bias.items():  # keys come back as strings from JSON (the job store)
+            token = int(key) if isinstance(key, str) and key.isdigit() else key
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InvalidParameterError(f"logit_bias keys must be token ids >= 0, got {key!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise InvalidParameterError(f"logit_bias[{key!r}] must be a finite number, got {value!r}")
+            bias[token] = float(value)
+        self.logit_bias = bias
+        if not isinstance(self.logprobs, bool):
+            raise InvalidParameterError(f"logprobs must be true or false, got {self.logprobs!r}")
+        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
+            raise InvalidParameterError(f"top_logprobs must be an integer >= 0, got {self.top_logprobs!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The params as plain JSON (the job store's `params`); from_dict reads it back."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stop"] = list(self.stop)
+        out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}  # JSON keys are strings
+        fmt = self.response_format
+        out["response_format"] = fmt.to_dict() if isinstance(fmt, ResponseFormat) else fmt
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":

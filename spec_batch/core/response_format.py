@@ -212,5 +212,17 @@ def _matches_nothing(kind: str, spec: str) -> bool:
     return starts_dead(LLMatcher(_byte_tokenizer(), _grammar(kind, spec), log_level=0))
 
 
-def _bad(field: str, message: str) -> InvalidParameterError:
-    return InvalidParameterError(f"{field} {message}")
+
+
+class ResponseFormatError(InvalidParameterError):
+    """An invalid response_format: `field` names the part (``response_format.json_schema.schema``) and
+    `problem` says what is wrong; the message is both."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def _bad(field: str, message: str) -> ResponseFormatError:
+    return ResponseFormatError(field, message)

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..store import queries
 from ..store.models import REQ_COMPLETED, REQUEST_DONE
-from .batchfile import error_line, errors_path_for, output_line
+from .batch_output import error_line, errors_path_for, output_line
 from .output_guard import OutputPathError, check_output_path, refuse_non_regular
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import SpecBatchError
 from ..store import queries
-from .batchfile import errors_path_for
+from .batch_output import errors_path_for
 
 
 class OutputPathError(SpecBatchError):

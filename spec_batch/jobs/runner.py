@@ -44,6 +44,7 @@ from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries
 from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
+from .choices import Choices, expand, n_of
 from .export import write_results
 from .lease import LeaseKeeper, new_token
 from .memory import uses_job_memory, warm_memory
@@ -273,7 +274,8 @@ def _run_group(
     unfinished = set(claimed)
     prompts: list[str | list[int]] = []
     params: list[SamplingParams] = []
-    order: list[int] = []
+    order: list[tuple[int, int]] = []  # (request id, choice index) of each prompt
+    choices = Choices(getattr(decoder, "tokenizer", None))
     try:
         for rid in claimed:
             row = rows[rid]
@@ -293,24 +295,30 @@ def _run_group(
                 else:
                     report.skipped += 1
                 continue
-            prompts.append(built)
-            params.append(sp)
-            order.append(rid)
+            choices.expect(rid, n_of(row.options))  # n > 1: the same prompt once per choice
+            for index, choice_params in enumerate(expand(sp, n_of(row.options))):
+                prompts.append(built)
+                params.append(choice_params)
+                order.append((rid, index))
         if not order:
             return
 
         last_commit = [time.perf_counter()]
 
         def on_result(i: int, result: Any) -> None:
-            rid = order[i]
+            rid, index = order[i]
             if result.finish_reason == CANCELLED:  # stopped before it finished: given back below, not stored
                 return
             if result.finish_reason == "error":
                 result = dataclasses.replace(result, error=request_error(result.error, i))
+            complete = choices.add(rid, index, result)
+            if complete is None:  # more choices of this request to come
+                return
+            result, records = complete
             now = time.perf_counter()
             decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
             with session_factory.begin() as s:
-                stored = queries.save_result(s, rid, result, worker=worker)
+                stored = queries.save_result(s, rid, result, worker=worker, choices=records)
                 if stored:  # the tokens and the time that produced them, in one transaction
                     queries.add_decode_time(s, job_id, decode_s)
             last_commit[0] = now

@@ -35,7 +35,8 @@ from ..store.models import (
     REQ_RUNNING,
     utcnow,
 )
-from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
+from .batch_input import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
+from .choices import n_of
 from ..settings import get_settings
 from .export import write_results
 from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
@@ -128,7 +129,8 @@ def create_job_from_file(
                         "input": entry.raw,
                         "endpoint": entry.endpoint,
                         "prompt": entry.prompt,
-                        "params": entry.params_dict(),
+                        "params": entry.params.to_dict(),
+                        "options": entry.options,
                         "status": REQ_PENDING,
                         "attempts": 0,
                     }
@@ -137,7 +139,7 @@ def create_job_from_file(
                 rows.append(
                     {
                         "job_id": job_id,
-                        "custom_id": None,
+                        "custom_id": entry.custom_id,  # kept: unique only among valid rows
                         "line_number": entry.line_number,
                         "input": entry.raw,
                         "endpoint": None,
@@ -236,6 +238,8 @@ def measure_baseline(
     prompts, params, ids = [], [], []
     for rid in claimed:
         r = rows[rid]
+        if n_of(r.options) > 1 or r.params.get("logprobs"):  # choices the runner stores (jobs/choices.py)
+            continue
         try:
             prompts.append(build_prompt(decoder, r.endpoint, r.prompt))
             params.append(SamplingParams.from_dict(r.params))

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -159,7 +160,9 @@ class Request(Base):
 
     __tablename__ = "requests"
     __table_args__ = (
-        UniqueConstraint("job_id", "custom_id"),
+        # custom_ids are unique among a job's valid rows; an invalid line keeps its own, even a duplicate (0005)
+        Index("uq_requests_job_id_custom_id_valid", "job_id", "custom_id", unique=True,
+              sqlite_where=text("endpoint IS NOT NULL"), postgresql_where=text("endpoint IS NOT NULL")),
         UniqueConstraint("job_id", "line_number"),
         CheckConstraint(_in("status", REQUEST_STATUSES), name="status"),
         Index("ix_requests_job_id_status", "job_id", "status"),
@@ -167,15 +170,19 @@ class Request(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    # NULL for an invalid line (its custom_id, if any, is in `input`); unique within a job otherwise.
+    # The line's custom_id when it has a string one (invalid lines too); NULL when it has none.
     custom_id: Mapped[str | None] = mapped_column(String(512))
     line_number: Mapped[int] = mapped_column(Integer)  # 1-based line of the batch file
     input: Mapped[str] = mapped_column(Text)  # the line exactly as read
     endpoint: Mapped[str | None] = mapped_column(String(64))  # "/v1/chat/completions" | "/v1/completions"
     prompt: Mapped[Any] = mapped_column(JSONType, nullable=True)  # messages (chat) or prompt string
     params: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # SamplingParams fields
+    # What the line asked for beyond SamplingParams (0005): {"n", "tools", "logprobs", "recorded": {...}}; NULL: none
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     status: Mapped[str] = mapped_column(String(16), default=REQ_PENDING, server_default=REQ_PENDING)
-    output: Mapped[str | None] = mapped_column(Text)  # generated text
+    output: Mapped[str | None] = mapped_column(Text)  # generated text (the first choice's)
+    # The choices when `output` is not enough (0005): n > 1, logprobs; see jobs/choices.py. NULL: one plain choice
+    choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     finish_reason: Mapped[str | None] = mapped_column(String(16))  # stop | length | error
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_param: Mapped[str | None] = mapped_column(String(255))  # the field an invalid line got wrong

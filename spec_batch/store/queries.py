@@ -229,12 +229,14 @@ class RequestInput(NamedTuple):
     endpoint: str
     prompt: Any
     params: dict[str, Any]
+    options: dict[str, Any] | None = None  # n, tools, recorded fields (0005)
 
 
 def request_inputs(session: Session, ids: Iterable[int]) -> dict[int, RequestInput]:
     """The inputs of the requests `ids`, by id."""
     rows = session.execute(
-        select(Request.id, Request.line_number, Request.custom_id, Request.endpoint, Request.prompt, Request.params)
+        select(Request.id, Request.line_number, Request.custom_id, Request.endpoint, Request.prompt, Request.params,
+               Request.options)
         .where(Request.id.in_(list(ids)))
     ).all()
     return {r.id: RequestInput(*r) for r in rows}
@@ -374,10 +376,12 @@ def save_result(
     *,
     worker: str | None = None,
     now: datetime | None = None,
+    choices: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Stores a GenerationResult if the request is still open. True when stored (False: already done).
 
-    finish_reason "error" -> status failed, error_code "decode_error", error = result.error.
+    finish_reason "error" -> status failed, error_code "decode_error", error = result.error. choices: the output
+    choices when `output` is not enough (n > 1, logprobs: spec_batch.jobs.choices), else None.
     """
     status = result_status(result)
     failed = status == REQ_FAILED
@@ -399,6 +403,7 @@ def save_result(
         "accepted_per_position": list(stats.accepted_per_position),
         "forced_tokens": stats.forced_tokens,
         "wall_s": stats.wall_s,
+        "choices": None if failed else choices,
     }
     return _finish(session, request_id, values, worker=worker, now=now)
 

@@ -163,3 +163,65 @@ def test_the_baseline_message_counts_the_requests_it_samples(env, tmp_path, load
     job_id = res.stdout.splitlines()[0]
     with make_session_factory(env)() as s:
         assert queries.get_job(s, job_id).baseline_requests == 1  # what SQL records
+
+
+def test_a_batch_file_as_common_openai_tools_write_it_runs_end_to_end(env, tmp_path, monkeypatch, default_decoder):
+    """user, store, metadata, tools, logprobs, penalties, n: accepted and recorded or applied, on the real default
+    model through `spec-batch run`; every output line parses with the official openai client's own types."""
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    monkeypatch.setattr(cli_jobs, "_load_decoder", lambda *a: default_decoder)
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    common = {"user": "u-42", "store": False, "metadata": {"team": "search"}, "service_tier": "auto"}
+    path = write_batch(tmp_path / "in.jsonl", [
+        chat_line("tools", "What is the weather in Paris?", max_tokens=24, tools=[weather], tool_choice="required",
+                  parallel_tool_calls=False, **common),
+        chat_line("n3", "Say hi.", max_tokens=6, n=3, temperature=1.0, seed=11, logprobs=True, top_logprobs=2,
+                  frequency_penalty=0.5, presence_penalty=0.2, logit_bias={"0": -100}, **common),
+        completion_line("comp", "Once upon a time", max_tokens=6, n=2, logprobs=1, user="u-42",
+                        stream_options={"include_usage": True}),
+        chat_line("unknown", "hi", frobnicate=1),
+    ])
+    out = tmp_path / "out.jsonl"
+    result = _run(str(path), "-o", str(out))  # the baseline samples the one-choice line only
+    assert result.exit_code == 0, result.output
+    lines = {o["custom_id"]: o for o in map(json.loads, out.read_text().splitlines())}
+    tools = ChatCompletion.model_validate(lines["tools"]["response"]["body"])
+    call = tools.choices[0].message.tool_calls[0]
+    assert tools.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    n3 = ChatCompletion.model_validate(lines["n3"]["response"]["body"])
+    assert [c.index for c in n3.choices] == [0, 1, 2]
+    comp = Completion.model_validate(lines["comp"]["response"]["body"])
+    assert [c.index for c in comp.choices] == [0, 1]
+    assert comp.usage.completion_tokens >= 2
+    errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [(e["custom_id"], e["error"]["param"]) for e in errors] == [("unknown", "body.frobnicate")]
+    factory = make_session_factory(env)
+    with factory() as s:
+        job_id = queries.resolve_job_id(s, result.output.splitlines()[0])
+        rows = {r.custom_id: r for r in queries.iter_requests(s, job_id)}
+    assert rows["tools"].options["recorded"] == {"parallel_tool_calls": False, **common}
+    assert rows["comp"].options == {"n": 2, "recorded": {"user": "u-42", "stream_options": {"include_usage": True}}}
+    assert rows["n3"].params["logit_bias"] == {"0": -100.0} and rows["n3"].params["top_logprobs"] == 2
+    assert len(rows["n3"].choices) == 3
+
+
+def test_a_20_mb_line_fails_alone_through_run_and_sql_keeps_only_its_start(env, tmp_path, loads):
+    path = tmp_path / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(completion_line("r0", "prompt", max_tokens=5) + "\n")
+        fh.write('{"custom_id": "huge", "url": "/v1/completions", "body": {"prompt": "' + "word " * 4_000_000 + '"}}\n')
+    out = tmp_path / "out.jsonl"
+    result = _run(str(path), "-o", str(out), "--baseline-sample", "0")
+    assert result.exit_code == 0, result.output
+    [error] = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert (error["custom_id"], error["error"]["line"], error["error"]["code"]) == ("huge", 2, "line_too_long")
+    factory = make_session_factory(env)
+    with factory() as s:
+        job_id = queries.resolve_job_id(s, result.output.splitlines()[0])
+        stored = [r.input for r in queries.iter_requests(s, job_id) if r.custom_id == "huge"]
+    assert len(stored) == 1 and len(stored[0]) < 5000

@@ -1,7 +1,6 @@
 """response_format parsing, compiled-grammar caching, per-row matcher states and logit masks (no models)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -17,6 +16,7 @@ from spec_batch.core.grammar import (
     unpack_bitmask,
 )
 from spec_batch.core.params import SamplingParams
+from spec_batch.core.response_format import ResponseFormat
 from spec_batch.errors import InvalidParameterError
 
 EOS = 0
@@ -116,10 +116,12 @@ def test_what_the_engine_cannot_compile_is_an_error_with_its_reason(form, reason
     assert reason in str(info.value)
 
 
-def test_sampling_params_keep_the_format_as_plain_json():
+def test_sampling_params_parse_the_format_once_and_store_it_as_plain_json():
     form = FORMS[1]
     params = SamplingParams(max_new_tokens=8, response_format=form)
-    stored = json.loads(json.dumps(dataclasses.asdict(params)))  # what the job store writes and reads back
+    assert isinstance(params.response_format, ResponseFormat)  # parsed once, into what the grammar takes
+    assert SamplingParams(response_format=params.response_format).response_format is params.response_format
+    stored = json.loads(json.dumps(params.to_dict()))  # what the job store writes and reads back
     assert SamplingParams.from_dict(stored) == params
     assert SamplingParams(response_format={"type": "text"}).response_format is None
     with pytest.raises(InvalidParameterError, match="response_format.choices"):

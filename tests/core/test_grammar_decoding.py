@@ -104,7 +104,7 @@ def test_greedy_constrained_equals_hf_with_the_mask(decoders, greedy_refs, draft
     results = dec.generate(prompts, params, batch_size=batch_size)
     refs = [r for name in FORMATS for r in greedy_refs[name]]
     for res, ref, p in zip(results, refs, params):
-        assert res.token_ids == ref, (p.response_format["type"], res.text, ref)
+        assert res.token_ids == ref, (p.response_format.type, res.text, ref)
         assert res.finish_reason == ("length" if len(ref) == N_NEW else "stop")
     assert any(r.finish_reason == "stop" for r in results) and any(r.finish_reason == "length" for r in results)
     forced = sum(r.stats.forced_tokens for r in results)

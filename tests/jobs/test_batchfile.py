@@ -56,8 +56,9 @@ def test_valid_line_values_override_defaults():
     )
     p = req.params
     assert (p.max_new_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.7, 0.9, 42, ["END"])
-    assert req.params_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
-                                 "stop": ["END"], "response_format": None}
+    assert req.params.to_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
+                                 "stop": ["END"], "response_format": None, "frequency_penalty": 0.0,
+                                 "presence_penalty": 0.0, "logit_bias": {}, "logprobs": False, "top_logprobs": 0}
 
 
 def test_max_completion_tokens_and_content_parts_and_nulls():
@@ -92,8 +93,9 @@ BAD_LINES = [
     (chat(url="/v1/responses"), UNSUPPORTED_ENDPOINT, "url", "not supported"),
     (json.dumps({"custom_id": "a", "method": "POST", "url": CHAT}), MISSING_FIELD, "body", "body is missing"),
     (chat(body="hi"), INVALID_VALUE, "body", "object"),
-    (chat({"logprobs": True}), UNSUPPORTED_FIELD, "body.logprobs", "unsupported field"),
-    (chat({"tools": []}), UNSUPPORTED_FIELD, "body.tools", "unsupported field"),
+    (chat({"frobnicate": True}), UNSUPPORTED_FIELD, "body.frobnicate", "unsupported field"),
+    (chat({"logprobs": "yes"}), INVALID_VALUE, "body.logprobs", "true or false"),
+    (chat({"tools": []}), INVALID_VALUE, "body.tools", "non-empty list"),
     (chat({"stream": False}), UNSUPPORTED_FIELD, "body.stream", "unsupported field"),
     (chat({"top_k": 5}), UNSUPPORTED_FIELD, "body.top_k", "unsupported field"),
     (comp({"max_completion_tokens": 5}), UNSUPPORTED_FIELD, "body.max_completion_tokens", "unsupported"),
@@ -126,7 +128,7 @@ BAD_LINES = [
     (chat({"stop": ["a", "b", "c", "d", "e"]}), INVALID_VALUE, "body.stop", "at most 4"),
     (chat({"stop": [""]}), INVALID_VALUE, "body.stop", "non-empty"),
     (chat({"stop": 5}), INVALID_VALUE, "body.stop", "string"),
-    (chat({"n": 2}), INVALID_VALUE, "body.n", "n=1"),
+    (chat({"n": 129}), INVALID_VALUE, "body.n", "[1, 128]"),
     (chat({"model": 3}), INVALID_VALUE, "body.model", "string"),
 ]
 
@@ -150,7 +152,7 @@ def test_parse_lines_keeps_valid_lines_and_numbers_every_bad_one():
         chat(custom_id="a"),  # duplicate of line 1
         comp(custom_id="c"),
         "   ",
-        chat({"logprobs": True}, custom_id="d"),
+        chat({"frobnicate": True}, custom_id="d"),
         comp(custom_id="d"),  # d was used by an (invalid) line: still a duplicate
     ]
     report = parse_lines(lines)
@@ -185,7 +187,7 @@ def _row(**kw):
                 output="Hello.", finish_reason="stop", error_code=None, error_param=None, error=None,
                 prompt_tokens=20, output_tokens=6, draft_tokens=8, accepted_tokens=4, target_forwards=2,
                 draft_forwards=0, accepted_length_histogram=[0, 1, 1], wall_s=0.5, forced_tokens=3,
-                completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
+                completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc), choices=None, options=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -210,10 +212,10 @@ def test_output_line_is_openai_shaped_with_speculative_usage():
 
 
 def test_error_lines_for_invalid_lines_and_decode_failures():
-    invalid = _row(custom_id=None, endpoint=None, status="failed", error_code=UNSUPPORTED_FIELD,
+    invalid = _row(custom_id="r1", endpoint=None, status="failed", error_code=UNSUPPORTED_FIELD,
                    error_param="body.logprobs", error="line 3: body.logprobs: unsupported field", output=None)
     line = error_line(invalid)
-    assert line["custom_id"] == "r1"  # recovered from the stored input line
+    assert line["custom_id"] == "r1"  # stored with the invalid line (0005), not re-parsed from it
     assert line["response"] is None
     assert line["error"] == {"code": UNSUPPORTED_FIELD, "message": "line 3: body.logprobs: unsupported field",
                              "param": "body.logprobs", "line": 3}
@@ -253,3 +255,48 @@ def test_lines_the_model_cannot_run_become_invalid_lines():
     report = parse_lines([comp(custom_id="default")], defaults={"max_new_tokens": 4096})
     report.check_model_limits(max_context=2048)
     assert "4096 (the job's default: --max-tokens) leaves no room" in report.errors[0].message
+
+
+def _huge_file(tmp_path, megabytes=20):
+    path = tmp_path / "huge.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(comp(custom_id="before") + "\n")
+        fh.write('{"custom_id": "huge", "method": "POST", "url": "/v1/completions", "body": {"prompt": "')
+        chunk = "word " * 200_000  # 1 MB
+        for _ in range(megabytes):
+            fh.write(chunk)
+        fh.write('"}}\n')
+        fh.write(comp(custom_id="after") + "\n")
+    return path
+
+
+def test_a_20_mb_line_fails_alone_fast_unread_and_is_not_kept_whole(tmp_path):
+    import time
+    import tracemalloc
+
+    from spec_batch.jobs.batch_input import HEAD_BYTES, LINE_TOO_LONG
+
+    path = _huge_file(tmp_path)
+    tracemalloc.start()
+    start = time.perf_counter()
+    report = read_batch_file(path)
+    elapsed = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert [r.custom_id for r in report.requests] == ["before", "after"]
+    [error] = report.errors
+    assert (error.line_number, error.code, error.custom_id) == (2, LINE_TOO_LONG, "huge")
+    assert "over the limit of 1048576 bytes" in error.message and "SPEC_BATCH_MAX_LINE_BYTES" in error.message
+    assert len(error.raw) < HEAD_BYTES + 100  # only the start is kept (and stored)
+    assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MiB: the line was read whole"  # 1 MiB limit + overhead
+    assert elapsed < 10
+
+
+def test_the_line_limit_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_BATCH_MAX_LINE_BYTES", "100")
+    path = tmp_path / "in.jsonl"
+    path.write_text(comp(custom_id="short") + "\n" + comp({"prompt": "x" * 200}, custom_id="long") + "\n")
+    report = read_batch_file(path)
+    assert [r.custom_id for r in report.requests] == ["short"]
+    assert report.errors[0].custom_id == "long"  # read from the start of the line
+    assert "limit of 100 bytes" in report.errors[0].message

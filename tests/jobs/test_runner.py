@@ -63,7 +63,7 @@ def test_full_job_with_fake_decoder(db_url, tmp_path, fake_decoder_cls):
     report = run_job(factory, job_id, fake_decoder_cls(), on_progress=lambda r: progress.append(r.done))
     assert report.finalized and report.stopped is None
     rows = _rows(factory, job_id)
-    by_cid = {r.custom_id: r for r in rows if r.custom_id}
+    by_cid = {r.custom_id: r for r in rows if r.custom_id and r.endpoint}  # valid rows (invalid ones keep theirs too)
     assert all(by_cid[f"c{i}"].status == "completed" for i in range(10))
     assert by_cid["c3"].output == fake_decoder_cls.REPLY[:4] and by_cid["c3"].worker  # max_tokens 4
     assert (by_cid["tmpl"].status, by_cid["tmpl"].error_code) == ("failed", "chat_template_error")
@@ -269,7 +269,7 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
         chat_line("json", 'Return {"a": 1, "b": 2} as JSON.', max_tokens=12),
         completion_line("name", "Name: Ada\nRole: engineer\nName: Bob\nRole:", max_tokens=8, stop=["\n"]),
         completion_line("too-long", "word " * 9000, max_tokens=8),
-        json.dumps({"custom_id": "bad", "url": "/v1/chat/completions", "body": {"messages": [], "logprobs": True}}),
+        json.dumps({"custom_id": "bad", "url": "/v1/chat/completions", "body": {"messages": [], "frobnicate": True}}),
     ]
     path = write_batch(tmp_path / "in.jsonl", lines)
     out = tmp_path / "res.jsonl"
@@ -286,7 +286,7 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
         assert 0 < r.output_tokens <= 12 and r.target_forwards >= 1 and r.wall_s > 0
         assert r.accepted_tokens <= r.draft_tokens
     assert rows["too-long"].status == "failed" and rows["too-long"].error
-    assert rows[6].status == "failed" and rows[6].error_code == "unsupported_field"
+    assert rows["bad"].status == "failed" and rows["bad"].error_code == "unsupported_field"  # keeps its custom_id
     results = list(iter_jsonl(out))
     assert [o["custom_id"] for o in results] == ["edit", "list", "json", "name"]
     for o in results:

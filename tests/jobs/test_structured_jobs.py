@@ -32,7 +32,7 @@ BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"
 def test_response_format_is_accepted_on_both_endpoints_and_stored_as_plain_json(line):
     req = parse_line(line, 1)
     assert req.endpoint in (CHAT, COMPLETIONS)
-    stored = json.loads(json.dumps(req.params_dict()))
+    stored = json.loads(json.dumps(req.params.to_dict()))
     assert SamplingParams.from_dict(stored) == req.params
     assert stored["response_format"] == json.loads(line)["body"]["response_format"]
 

@@ -51,9 +51,10 @@ def replying(fake, text: str):
 
 
 def sent_format(fake) -> dict | None:
-    """The response_format of the last request that reached the core."""
+    """The response_format of the last request that reached the core (parsed once there), as its OpenAI dict."""
     calls = fake.stream_calls or [(None, p) for _, p in fake.generate_calls]
-    return calls[-1][1].response_format
+    fmt = calls[-1][1].response_format
+    return None if fmt is None else fmt.to_dict()
 
 
 # ---------------------------------------------------------------- response_format

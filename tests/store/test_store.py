@@ -168,9 +168,11 @@ def test_defaults_timestamps_and_uniqueness(db_url):
         assert job.created_at.tzinfo is not None and job.created_at.utcoffset() == timedelta(0)
         assert abs((utcnow() - job.created_at).total_seconds()) < 60
         assert (req.status, req.attempts, job.batch_size, job.decode_wall_s) == ("pending", 0, 8, 0.0)
-    with pytest.raises(IntegrityError):  # custom_id is unique within a job
+    with pytest.raises(IntegrityError):  # custom_id is unique among a job's valid rows
         with factory.begin() as s:
-            s.add(Request(job_id=job_id, custom_id="c0", line_number=99, input="{}"))
+            s.add(Request(job_id=job_id, custom_id="c0", line_number=99, input="{}", endpoint="/v1/completions"))
+    with factory.begin() as s:  # an invalid line (no endpoint) keeps its custom_id, even one in use (0005)
+        s.add(Request(job_id=job_id, custom_id="c0", line_number=98, input="{}", status="failed"))
     other, _ = _new_job(factory, n=1)  # ... but not across jobs
     with pytest.raises(IntegrityError):  # status values are checked
         with factory.begin() as s:
