@@ -23,6 +23,8 @@ from .grammar_step import GrammarStep, row_grammar
 from .inputs import Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded, supports_model
+from .logits_processing import shape_logits
+from .logprobs import step_logprobs
 from .outputs import GenerationResult, RequestStats, StreamChunk
 from .padding import skips_padding
 from .policy import DraftPolicy, RowAcceptance
@@ -145,10 +147,11 @@ class Decoder:
                 return
             row = event.row
             text = row.text.stream_chunk(event.finished)
+            logprobs = row.output_logprobs(len(row.output_ids) - len(event.new_ids))
             if event.finished:
-                yield StreamChunk(text, event.new_ids, row.finish_reason, row.stats)
+                yield StreamChunk(text, event.new_ids, row.finish_reason, row.stats, logprobs)
             elif text or event.new_ids:
-                yield StreamChunk(text, event.new_ids)
+                yield StreamChunk(text, event.new_ids, logprobs=logprobs)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of the target's chat template applied to messages, with the generation prompt."""
@@ -272,8 +275,10 @@ class Decoder:
         draft, proposed = self._draft(drafter, grammar.views, grammar.room)
         draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
-        logits = grammar.mask(kv.forward(ids, valid))  # [B, 1 + k, V]
+        # bias and penalties at each position from the tokens before it, then the grammar's mask
+        logits = grammar.mask(shape_logits(kv.forward(ids, valid), rows, draft.tokens))  # [B, 1 + k, V]
         accepted, next_tokens = verify(rows, draft.tokens, draft.probs, logits, self.placeholder_id)
+        logprobs = step_logprobs(rows, logits, draft.tokens, accepted, next_tokens)
         drafter.feedback(grammar.views, grammar.drafted(draft.tokens), grammar.drafter_accepted(accepted))
         grammar.settle(accepted, next_tokens)
         kv.rollback(torch.tensor([len(d) - a for d, a in zip(draft.tokens, accepted)], device=self.device))
@@ -281,8 +286,8 @@ class Decoder:
 
         events = []
         confidence = proposed.confidence or [None] * len(rows)
-        for row, d, a, proposal, conf, nxt, f in zip(rows, draft.tokens, accepted, proposed.tokens, confidence,
-                                                    next_tokens, map(len, grammar.forced)):
+        for row, d, a, proposal, conf, nxt, f, lp in zip(rows, draft.tokens, accepted, proposed.tokens, confidence,
+                                                        next_tokens, map(len, grammar.forced), logprobs):
             emitted = d[:a] + [nxt]
             row.stats.record_step(len(d) - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
             # a free drafter's whole proposal is compared with what the step emitted (beyond that nothing was
@@ -290,7 +295,7 @@ class Decoder:
             run = matched_run(proposal, emitted[f:]) if drafter.free else a - f
             self.policy.observe_row(row.acceptance, conf, run, checked=min(len(proposal), len(emitted) - f))
             before = row.stats.output_tokens
-            new_ids = row.append(emitted)
+            new_ids = row.append(emitted, lp)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
         self.policy.observe_step(len(rows), [len(d) for d in draft.tokens], time.perf_counter() - t0)
