@@ -15,7 +15,7 @@ each under two policies: `fixed` drafts all that is offered (up to --k-max), `ad
 8:0.038,16:0.047`; widths in between are interpolated); without it a step of width w is assumed to cost
 1 + 0.04 (w - 1) steps of width 1. The estimated speedup over `none` is tokens per step x cost(1) / mean step cost.
 
-    python bench/bench_replay.py JOB_ID [--database-url URL] [--costs W:S,...] [--k-max 16] [--limit N]
+    python -m bench.bench_replay JOB_ID [--database-url URL] [--costs W:S,...] [--k-max 16] [--limit N]
 
 --batch B replays the job as `spec-batch run --batch-size B` decodes it: B rows at a time, a row joining as one
 finishes, one policy planning every row's length per step and learning the steps' costs as the decoder does
@@ -31,21 +31,17 @@ ids); timing noise, caches and the prompt's prefill are not replayed.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from spec_batch.core.drafters import Drafter, NgramDrafter  # noqa: E402
-from spec_batch.core.job_memory import JobMemory  # noqa: E402
-from spec_batch.core.policy import DraftPolicy, PaddedCosts, RowAcceptance, StepCosts  # noqa: E402
-from spec_batch.core.rows import matched_run  # noqa: E402
-from spec_batch.core.params import SamplingParams  # noqa: E402
-from spec_batch.core.planning import observe_proposal, plan_step  # noqa: E402
-from spec_batch.core.suffix_drafter import SuffixDrafter  # noqa: E402
+from spec_batch.core.drafters import Drafter, NgramDrafter
+from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.policy import DraftPolicy, PaddedCosts, RowAcceptance, StepCosts
+from spec_batch.core.rows import matched_run
+from spec_batch.core.params import SamplingParams
+from spec_batch.core.planning import observe_proposal, plan_step
+from spec_batch.core.suffix_drafter import SuffixDrafter
 
 Request = tuple[list[int], list[int]]  # (prompt ids, output ids)
 

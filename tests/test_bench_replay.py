@@ -5,9 +5,7 @@ import random
 
 import pytest
 
-from bench_modules import load
-
-bench_replay = load("bench_replay")
+from bench import bench_replay
 
 
 def _copying_job(n: int = 6) -> list[tuple[list[int], list[int]]]:
