@@ -12,4 +12,4 @@ test: setup
 	.venv/bin/python -m pytest -q
 
 bench: setup
-	.venv/bin/python bench/bench_core.py
+	.venv/bin/python -m bench.bench_core

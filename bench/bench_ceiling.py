@@ -12,7 +12,7 @@ bench_replay.py estimates it from a cost model; this runs it. The greedy outputs
 If even `oracle` misses a target, no policy on these proposals reaches it on this machine: it takes other
 proposals or cheaper verify tokens (another accelerator).
 
-    python bench/bench_ceiling.py --set edits --batch 1 --rounds 3 --factors 2,16 --threads 1
+    python -m bench.bench_ceiling --set edits --batch 1 --rounds 3 --factors 2,16 --threads 1
 """
 from __future__ import annotations
 
@@ -20,22 +20,18 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import torch  # noqa: E402
+import torch
 
-from prompts import MAX_NEW_TOKENS, SETS  # noqa: E402
-from spec_batch import load_decoder  # noqa: E402
-from spec_batch.core.drafters import DraftRow  # noqa: E402
-from spec_batch.core.job_memory import JobMemory  # noqa: E402
-from spec_batch.core.params import SamplingParams  # noqa: E402
-from spec_batch.core.rows import matched_run  # noqa: E402
-from spec_batch.core.suffix_drafter import SuffixDrafter  # noqa: E402
+from bench.prompts import MAX_NEW_TOKENS, SETS
+from spec_batch import load_decoder
+from spec_batch.core.drafters import DraftRow
+from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.params import SamplingParams
+from spec_batch.core.rows import matched_run
+from spec_batch.core.suffix_drafter import SuffixDrafter
 
 
 class OracleSuffixDrafter(SuffixDrafter):

@@ -23,11 +23,11 @@ is used. tokens/s = output tokens (EOS not counted) / seconds for the set. --rep
 issue's targets are computed from; the other rows are shown once (--other-repeats), to keep a full run short.
 Outputs are compared token for token with Hugging Face greedy at batch 1.
 
-    python bench/bench_core.py                            # everything
-    python bench/bench_core.py --quick                    # a smoke run (~2 minutes)
-    python bench/bench_core.py --threads 1 --clock cpu    # on a machine shared with other work (see --clock)
-    python bench/bench_core.py --sets edits,free --batch 1 --repeats 3 --no-drafts
-    python bench/bench_core.py --sets templated,edits,free --drafter ngram,suffix --no-drafts   # issue 11
+    python -m bench.bench_core                            # everything
+    python -m bench.bench_core --quick                    # a smoke run (~2 minutes)
+    python -m bench.bench_core --threads 1 --clock cpu    # on a machine shared with other work (see --clock)
+    python -m bench.bench_core --sets edits,free --batch 1 --repeats 3 --no-drafts
+    python -m bench.bench_core --sets templated,edits,free --drafter ngram,suffix --no-drafts   # issue 11
 
 At the end it prints the issue's targets with PASS/MISS and the measured ratios, and the time a new process
 takes to `load_decoder('default')` once the converted model is cached (issue 3; median of 3).
@@ -50,13 +50,11 @@ from typing import Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT))
 
-from prompts import DESCRIPTIONS, MAX_NEW_TOKENS, SETS  # noqa: E402
+from bench.prompts import DESCRIPTIONS, MAX_NEW_TOKENS, SETS
 
-from spec_batch import SamplingParams, load_decoder  # noqa: E402
-from spec_batch.core.job_memory import JobMemory  # noqa: E402
+from spec_batch import SamplingParams, load_decoder
+from spec_batch.core.job_memory import JobMemory
 
 CLOCK = "wall"  # "wall": tokens per wall-clock second; "cpu": per CPU second of this process (--clock)
 COPY_NGRAM = 4  # an output token counts as copied when it lies in a run of >= 4 tokens that also occurs in the prompt

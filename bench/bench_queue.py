@@ -1,7 +1,7 @@
 """The queue's cost: the same job in-process and through Redis to one Celery worker, then with two workers.
 
-    .venv/bin/python bench/bench_queue.py                       # 64 requests, default model, max_tokens 32
-    .venv/bin/python bench/bench_queue.py --requests 64 --max-tokens 32 --repeats 2 --json out/bench_queue.json
+    .venv/bin/python -m bench.bench_queue                       # 64 requests, default model, max_tokens 32
+    .venv/bin/python -m bench.bench_queue --requests 64 --max-tokens 32 --repeats 2 --json out/bench_queue.json
 
 What is measured (the model is loaded and warmed up everywhere first; model loading is reported apart):
 
@@ -36,12 +36,10 @@ import time
 from datetime import timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "workers"))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.processes import RedisServer, WorkerProcess, redis_ping, wait_for, worker_env
+from bench.prompts import SETS
 
-from prompts import SETS  # noqa: E402
-from queue_testlib import RedisServer, WorkerProcess, redis_ping, wait_for, worker_env  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_batch(path: Path, n: int, max_tokens: int) -> Path:

@@ -15,7 +15,7 @@ each under two policies: `fixed` drafts all that is offered (up to --k-max), `ad
 8:0.038,16:0.047`; widths in between are interpolated); without it a step of width w is assumed to cost
 1 + 0.04 (w - 1) steps of width 1. The estimated speedup over `none` is tokens per step x cost(1) / mean step cost.
 
-    python bench/bench_replay.py JOB_ID [--database-url URL] [--costs W:S,...] [--k-max 16] [--limit N]
+    python -m bench.bench_replay JOB_ID [--database-url URL] [--costs W:S,...] [--k-max 16] [--limit N]
 
 --batch B replays the job as `spec-batch run --batch-size B` decodes it: B rows at a time, a row joining as one
 finishes, one policy planning every row's length per step and learning the steps' costs as the decoder does
@@ -31,20 +31,17 @@ ids); timing noise, caches and the prompt's prefill are not replayed.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from spec_batch.core.drafters import Drafter, NgramDrafter  # noqa: E402
-from spec_batch.core.job_memory import JobMemory  # noqa: E402
-from spec_batch.core.policy import DraftPolicy, PaddedCosts, RowAcceptance, StepCosts  # noqa: E402
-from spec_batch.core.rows import matched_run  # noqa: E402
-from spec_batch.core.params import SamplingParams  # noqa: E402
-from spec_batch.core.suffix_drafter import SuffixDrafter  # noqa: E402
+from spec_batch.core.drafters import Drafter, NgramDrafter
+from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.policy import DraftPolicy, PaddedCosts, RowAcceptance, StepCosts
+from spec_batch.core.rows import matched_run
+from spec_batch.core.params import SamplingParams
+from spec_batch.core.planning import observe_proposal, plan_step
+from spec_batch.core.suffix_drafter import SuffixDrafter
 
 Request = tuple[list[int], list[int]]  # (prompt ids, output ids)
 
@@ -133,18 +130,10 @@ def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], ba
         ks = [0] * len(active)
         if policy_name is not None:
             budget = [len(r.output) - r.pos - 1 for r in active]
-            available = [min(a, b) for a, b in zip(drafter.available(active, k_max), budget)]
-            if any(available):
-                full = drafter.propose(active, available)
-                proposals = full.tokens
-                confidence = list(full.confidence) if full.confidence is not None else [None] * len(active)
-            if policy_name == "oracle":
-                runs = [matched_run(p, r.output[r.pos:]) for p, r in zip(proposals, active)]
-                ks = max(([k if k >= t else 0 for k in runs] for t in sorted(set(runs) | {0})),
-                         key=lambda kk: (len(kk) + sum(kk)) / step_cost(kk))
-            else:
-                offers = [policy.accept_probs(r.acceptance, len(p), c) for r, p, c in zip(active, proposals, confidence)]
-                ks = policy.plan(len(active), offers, probe=False)
+            choose = _oracle(active, step_cost) if policy_name == "oracle" else None
+            draft, full = plan_step(drafter, policy, active, budget, choose)  # the decoder's own planning
+            proposals, ks = full.tokens, [len(t) for t in draft.tokens]
+            confidence = list(full.confidence) if full.confidence is not None else [None] * len(active)
         cost = step_cost(ks)
         stats.cost += cost
         stats.steps += len(active)  # row steps: tokens per step is per row, as the decoder reports it
@@ -152,7 +141,7 @@ def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], ba
         drafter.feedback(active, ks, accepted)  # before the tokens are appended, as the decoder calls it
         for row, proposal, conf, k, a in zip(active, proposals, confidence, ks, accepted):
             emitted = row.output[row.pos : row.pos + a + 1]
-            policy.observe_row(row.acceptance, conf, matched_run(proposal, emitted), min(len(proposal), len(emitted)))
+            observe_proposal(policy, row.acceptance, proposal, conf, emitted, a, drafter.free)
             stats.drafted += k
             stats.accepted += a
             stats.tokens += len(emitted)
@@ -168,6 +157,15 @@ def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], ba
             if not active:
                 drafter = new_drafter()
     return stats
+
+
+def _oracle(rows: list[_Row], step_cost: Callable[[list[int]], float]) -> Callable[[list[list[int]]], list[int]]:
+    """Lengths that know each row's accepted run: at batch > 1 the shared minimum run with the best tokens per cost."""
+    def choose(proposals: list[list[int]]) -> list[int]:
+        runs = [matched_run(p, r.output[r.pos:]) for p, r in zip(proposals, rows)]
+        return max(([k if k >= t else 0 for k in runs] for t in sorted(set(runs) | {0})),
+                   key=lambda kk: (len(kk) + sum(kk)) / step_cost(kk))
+    return choose
 
 
 def drafters() -> dict[str, Callable[[], Callable[[], Drafter]]]:

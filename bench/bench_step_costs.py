@@ -9,28 +9,24 @@ plain steps of that batch:
   P  per padded position (a row shorter than the longest; 0 where padding is free, T where it costs as much)
   J  once any row drafts (another attention path and the padding bookkeeping)
 
-    python bench/bench_step_costs.py                       # the default model, batch 8, context 300
-    python bench/bench_step_costs.py --batch 4 --threads 1
-    python bench/bench_replay.py JOB_ID --batch 8 --padding-costs T,P,J
+    python -m bench.bench_step_costs                       # the default model, batch 8, context 300
+    python -m bench.bench_step_costs --batch 4 --threads 1
+    python -m bench.bench_replay JOB_ID --batch 8 --padding-costs T,P,J
 """
 from __future__ import annotations
 
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_replay import padded_step_cost  # noqa: E402
-from spec_batch import load_decoder  # noqa: E402
-from spec_batch.core.kv_batch import KVBatch, left_padded  # noqa: E402
+from bench.bench_replay import padded_step_cost
+from spec_batch import load_decoder
+from spec_batch.core.kv_batch import KVBatch, left_padded
 
 
 def mixes(batch: int, count: int, rng: random.Random) -> list[list[int]]:

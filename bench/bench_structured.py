@@ -12,8 +12,8 @@ per step, the share of output tokens that were forced, whether every constrained
 schema and whether the constrained rows agree token for token, and the grammar's time per step (forced
 chains, masks for every verify position, rollback) as a share of a target forward.
 
-    python bench/bench_structured.py                        # batch 1 and 8, every prompt, 3 repeats
-    python bench/bench_structured.py --limit 2 --repeats 1  # a smoke run
+    python -m bench.bench_structured                        # batch 1 and 8, every prompt, 3 repeats
+    python -m bench.bench_structured --limit 2 --repeats 1  # a smoke run
 """
 from __future__ import annotations
 
@@ -29,16 +29,13 @@ from pathlib import Path
 import jsonschema
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT))
 
-from structured_prompts import SET  # noqa: E402
+from bench.structured_prompts import SET
 
-from spec_batch import SamplingParams, load_decoder  # noqa: E402
-from spec_batch.core import grammar_step  # noqa: E402
-from spec_batch.core.kv_batch import KVBatch  # noqa: E402
-from spec_batch.settings import get_settings  # noqa: E402
+from spec_batch import SamplingParams, load_decoder
+from spec_batch.core import grammar_step
+from spec_batch.core.kv_batch import KVBatch
+from spec_batch.settings import get_settings
 
 
 @dataclass

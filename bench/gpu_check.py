@@ -13,7 +13,7 @@ same step costs; and an exact oracle:
    what a stored job would gain on this device;
 3. none against suffix at batch 8 on these prompts, wall clock, medians of --rounds.
 
-    python bench/gpu_check.py --device cuda --out DIR      # prints a report, writes DIR/gpu_check.json
+    python -m bench.gpu_check --device cuda --out DIR      # prints a report, writes DIR/gpu_check.json
 
 On a device machine whose python has torch and transformers but not this project's other needs, carry the
 wheels of this project's transformers, platformdirs and llguidance (requirements.lock's versions), fetched here
@@ -26,7 +26,7 @@ once (`echo /.whl/ >> .git/info/exclude` first):
 and run there (carrying .whl; about 5 minutes, mostly the batch-1 loops of 16 prompts x 96 tokens x 2 dtypes):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-        && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --device cuda --out $OUT
+        && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --device cuda --out $OUT
 
 Checked here in a fresh virtual environment holding only torch and the device's transformers dependencies
 (huggingface_hub 1.33, tokenizers 0.23.2, safetensors 0.8) plus those three wheels. Exit status 1 if
@@ -38,21 +38,16 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from bench_step_costs import fit, mixes, time_mixes  # noqa: E402
-from spec_batch.core.params import SamplingParams  # noqa: E402
-from spec_batch.loading import build_decoder  # noqa: E402
-from spec_batch.loading.load import resolve_dtype  # noqa: E402
+from bench.bench_step_costs import fit, mixes, time_mixes
+from spec_batch.core.params import SamplingParams
+from spec_batch.loading import build_decoder
+from spec_batch.loading.load import resolve_dtype
 
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,

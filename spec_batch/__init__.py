@@ -25,13 +25,14 @@ _LAZY = {
     "GenerationResult": ".core.outputs",
     "RequestStats": ".core.outputs",
     "StreamChunk": ".core.outputs",
+    "TokenLogprob": ".core.outputs",
     "SamplingParams": ".core.params",
 }
 
 if TYPE_CHECKING:
     from .core.decoder import Decoder
     from .core.job_memory import JobMemory
-    from .core.outputs import GenerationResult, RequestStats, StreamChunk
+    from .core.outputs import GenerationResult, RequestStats, StreamChunk, TokenLogprob
     from .core.params import SamplingParams
     from .loading import load_decoder
 
@@ -45,6 +46,7 @@ __all__ = [
     "GenerationResult",
     "RequestStats",
     "StreamChunk",
+    "TokenLogprob",
     "SpecBatchError",
     "UnknownModelError",
     "DefaultModelMissingError",

@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.suffix_drafter import SuffixDrafter
 
-from bench_modules import load
-
-bench_ceiling = load("bench_ceiling")
+from bench import bench_ceiling
 
 
 @dataclass

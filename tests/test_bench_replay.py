@@ -5,9 +5,7 @@ import random
 
 import pytest
 
-from bench_modules import load
-
-bench_replay = load("bench_replay")
+from bench import bench_replay
 
 
 def _copying_job(n: int = 6) -> list[tuple[list[int], list[int]]]:
@@ -73,3 +71,20 @@ def test_batch_replay_of_free_text_stays_near_plain_decoding():
     adaptive = bench_replay.replay_batch(job, make(), 4, 16, "adaptive", _step_cost, (0.2, 2.0))
     assert adaptive.tokens == plain.tokens == 12 * 60
     assert plain.cost / adaptive.cost >= 0.95
+
+
+@pytest.mark.parametrize("name", ["ngram", "suffix + job memory"])
+def test_the_replay_drafts_what_the_decoder_drafted(tiny_decoder, name):
+    """The replay plans with the decoder's own plan_step: replaying a job the decoder ran (fixed policy, batch 3,
+    rows joining as others finish) drafts and accepts exactly what the decoder did."""
+    from spec_batch import JobMemory, SamplingParams
+
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [10, 20, 30, 10, 20, 30, 10], [5, 5, 5, 5, 1], [7, 8, 9], [3, 1, 3, 1, 3]]
+    dec = tiny_decoder("ngram" if name == "ngram" else "suffix", adaptive=False)
+    memory = JobMemory() if "memory" in name else None
+    results = dec.generate(prompts, SamplingParams(max_new_tokens=20), batch_size=3, memory=memory)
+    job = [(p, r.token_ids) for p, r in zip(prompts, results)]
+    stats = bench_replay.replay_batch(job, bench_replay.drafters()[name](), 3, 4, "fixed", lambda ks: 1.0, (0.2, 2.0))
+    assert stats.tokens == sum(len(r.token_ids) for r in results)
+    assert stats.drafted == sum(r.stats.draft_tokens for r in results) > 0
+    assert stats.accepted == sum(r.stats.accepted_tokens for r in results) > 0

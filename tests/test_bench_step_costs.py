@@ -6,9 +6,7 @@ import random
 
 import torch
 
-from bench_modules import load
-
-bench_step_costs = load("bench_step_costs")
+from bench import bench_step_costs
 
 
 def test_fit_recovers_the_costs_that_made_the_timings():

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bench_modules import load
-
-gpu_check = load("gpu_check")
+from bench import gpu_check
 
 
 def test_prompts_repeat_a_passage_of_their_own():

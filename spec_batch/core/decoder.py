@@ -2,7 +2,7 @@
 
 Rows join the batch as others finish (continuous batching) and leave when done; each row has its own
 accepted length every step, and nothing a row does changes another row's tokens. One step (`_step`):
-draft (`_draft`) -> target input (verify.verify_input) -> one target forward -> verify (verify.verify) ->
+draft (planning.plan_step) -> target input (verify.verify_input) -> one target forward -> verify (verify.verify) ->
 roll the caches back -> append each row's tokens (Row.append: EOS, stop strings, budget).
 """
 from __future__ import annotations
@@ -17,16 +17,19 @@ from typing import Any
 import torch
 
 from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongError
-from .drafters import Draft, Drafter, NoDrafter
+from .drafters import Drafter, NoDrafter
 from .grammar import GrammarState
 from .grammar_step import GrammarStep, row_grammar
 from .inputs import Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded, supports_model
+from .logits_processing import shape_logits
+from .logprobs import step_logprobs
 from .outputs import GenerationResult, RequestStats, StreamChunk
 from .padding import skips_padding
 from .policy import DraftPolicy, RowAcceptance
-from .rows import Row, matched_run
+from .planning import observe_proposal, plan_step
+from .rows import Row
 from .params import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
 from .verify import verify, verify_input
@@ -145,10 +148,11 @@ class Decoder:
                 return
             row = event.row
             text = row.text.stream_chunk(event.finished)
+            logprobs = row.output_logprobs(len(row.output_ids) - len(event.new_ids))
             if event.finished:
-                yield StreamChunk(text, event.new_ids, row.finish_reason, row.stats)
+                yield StreamChunk(text, event.new_ids, row.finish_reason, row.stats, logprobs)
             elif text or event.new_ids:
-                yield StreamChunk(text, event.new_ids)
+                yield StreamChunk(text, event.new_ids, logprobs=logprobs)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of the target's chat template applied to messages, with the generation prompt."""
@@ -240,40 +244,16 @@ class Decoder:
         group.forward(ids, valid, logits_to_keep=1)
         kv.extend(group)
 
-    def _draft(self, drafter: Drafter, rows: Sequence[Any], budget: list[int]) -> tuple[Draft, Draft]:
-        """This step's draft, and what the drafter proposed (for acceptance statistics and calibration): a free
-        drafter is asked for everything it has, so its proposal is checked against the output even where k = 0."""
-        available = [min(a, b) for a, b in zip(drafter.available(rows, self.policy.k_max), budget)]
-        full = drafter.propose(rows, available) if drafter.free and any(available) else None
-        if full is not None:
-            available = [len(t) for t in full.tokens]
-        confidence = full.confidence if full is not None and full.confidence is not None else [None] * len(rows)
-        offers = [self.policy.accept_probs(r.acceptance, a, c) for r, a, c in zip(rows, available, confidence)]
-        ks = self.policy.plan(len(rows), offers, probe=not drafter.free)
-        if drafter.has_probs:
-            # with a sampling draft model the sample at a position depends on whether a draft was verified there,
-            # so a seeded sampled row drafts a length of its own (not the batch's adaptive k): same seed, same
-            # output, whatever batch it is in
-            ks = [a if (r.params.seed is not None and not r.params.greedy) else kb for r, a, kb in zip(rows, available, ks)]
-        if full is not None:
-            draft = Draft(
-                tokens=[t[:kb] for t, kb in zip(full.tokens, ks)],
-                probs=full.probs,
-                forwards=full.forwards,
-                confidence=None if full.confidence is None else [c[:kb] for c, kb in zip(full.confidence, ks)],
-            )
-            return draft, full
-        draft = drafter.propose(rows, ks) if any(ks) else Draft(tokens=[[] for _ in rows])
-        return draft, draft
-
     def _step(self, kv: KVBatch, drafter: Drafter, rows: list[Row]) -> list[_Event]:
         t0 = time.perf_counter()
         grammar = GrammarStep(rows, force=self.policy.k_max > 0)  # forced tokens; `none` stays plain decoding
-        draft, proposed = self._draft(drafter, grammar.views, grammar.room)
+        draft, proposed = plan_step(drafter, self.policy, grammar.views, grammar.room)
         draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
-        logits = grammar.mask(kv.forward(ids, valid))  # [B, 1 + k, V]
+        # bias and penalties at each position from the tokens before it, then the grammar's mask
+        logits = grammar.mask(shape_logits(kv.forward(ids, valid), rows, draft.tokens))  # [B, 1 + k, V]
         accepted, next_tokens = verify(rows, draft.tokens, draft.probs, logits, self.placeholder_id)
+        logprobs = step_logprobs(rows, logits, draft.tokens, accepted, next_tokens)
         drafter.feedback(grammar.views, grammar.drafted(draft.tokens), grammar.drafter_accepted(accepted))
         grammar.settle(accepted, next_tokens)
         kv.rollback(torch.tensor([len(d) - a for d, a in zip(draft.tokens, accepted)], device=self.device))
@@ -281,16 +261,13 @@ class Decoder:
 
         events = []
         confidence = proposed.confidence or [None] * len(rows)
-        for row, d, a, proposal, conf, nxt, f in zip(rows, draft.tokens, accepted, proposed.tokens, confidence,
-                                                    next_tokens, map(len, grammar.forced)):
+        for row, d, a, proposal, conf, nxt, f, lp in zip(rows, draft.tokens, accepted, proposed.tokens, confidence,
+                                                        next_tokens, map(len, grammar.forced), logprobs):
             emitted = d[:a] + [nxt]
             row.stats.record_step(len(d) - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
-            # a free drafter's whole proposal is compared with what the step emitted (beyond that nothing was
-            # checked); for any other drafter the proposal is the draft and the verifier's count is the run
-            run = matched_run(proposal, emitted[f:]) if drafter.free else a - f
-            self.policy.observe_row(row.acceptance, conf, run, checked=min(len(proposal), len(emitted) - f))
+            observe_proposal(self.policy, row.acceptance, proposal, conf, emitted[f:], a - f, drafter.free)
             before = row.stats.output_tokens
-            new_ids = row.append(emitted)
+            new_ids = row.append(emitted, lp)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
         self.policy.observe_step(len(rows), [len(d) for d in draft.tokens], time.perf_counter() - t0)

@@ -17,6 +17,7 @@ import torch
 from .grammar import mask_next
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
+from .logits_processing import shape_next
 from .params import SamplingParams
 from .sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
@@ -212,6 +213,7 @@ class ModelDrafter:
         for j in range(k_max):
             logits = self.kv.forward(self._feedable(ids), valid, logits_to_keep=1)[:, -1]  # [B, Vd]
             logits = _to_vocab(logits, self.vocab_size)  # [B, V]
+            logits = shape_next(logits, rows, tokens)  # the target's bias and penalties at this position
             logits = mask_next(logits, [g if j < kb else None for g, kb in zip(grammars, k)])
             forwards += 1
             probs = logits_to_probs(logits.unsqueeze(1), *shaping)[:, 0]  # [B, V]

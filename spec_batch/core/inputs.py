@@ -37,6 +37,10 @@ def prompt_ids(
         raise InvalidParameterError(f"prompt {index}: expected a string or a list of token ids, got {type(prompt).__name__}")
     if not ids:
         raise InvalidParameterError(f"prompt {index} is empty")
+    outside = sorted(t for t in params.logit_bias if t >= vocab_size)
+    if outside:
+        raise InvalidParameterError(
+            f"prompt {index}: logit_bias names token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})")
     if len(ids) + params.max_new_tokens > max_context:
         raise PromptTooLongError(
             f"prompt {index} has {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it needs "

@@ -79,6 +79,19 @@ def _count(counts: list[int], start: int, n: int) -> None:
 
 
 @dataclass
+class TokenLogprob:
+    """One output token's log-probability under the target, and the `top_logprobs` likeliest tokens at its position
+    (most likely first; how it is computed: core/logprobs.py)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"token_id": self.token_id, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+
+
+@dataclass
 class GenerationResult:
     """One finished request. finish_reason is "stop" (EOS or a stop string), "length" (max_new_tokens),
     "cancelled" (generate's should_stop said so: the text and tokens so far), or "error" (only when
@@ -89,15 +102,19 @@ class GenerationResult:
     finish_reason: FinishReason
     stats: RequestStats
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids; None unless params.logprobs
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
             "error": self.error,
         }
+        if self.logprobs is not None:  # only when asked: every other output stays as it was
+            d["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        return d
 
 
 @dataclass
@@ -108,3 +125,4 @@ class StreamChunk:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     stats: RequestStats | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids when params.logprobs

@@ -1,5 +1,9 @@
 """A request's sampling parameters, validated; plain Python (no torch), so batch files and job records can be
-checked and stored by processes that never decode (the CLI's submit, status and report commands)."""
+checked and stored by processes that never decode (the CLI's submit, status and report commands).
+
+The ranges here are deliberately wider than OpenAI's (spec_batch/limits.py, which every user-facing boundary
+applies): the core rejects only what has no meaning (a negative top_k, a NaN penalty, a negative token id).
+"""
 from __future__ import annotations
 
 import math
@@ -27,12 +31,14 @@ class SamplingParams:
     # Given in any accepted form (an OpenAI dict or a ResponseFormat), parsed once, here, into the ResponseFormat
     # the grammar compiles; to_dict gives it back as plain JSON for the job store
     response_format: ResponseFormat | dict[str, Any] | None = None
-    # OpenAI's penalties, logit_bias (token id -> bias added to the logit) and logprobs (the target's log-probability
-    # of each output token, with the `top_logprobs` likeliest): validated here; the core applies them (contract
-    # in the project notes: applied at every verify position, so speculation stays exact)
+    # OpenAI's penalties, over the OUTPUT tokens before each position (never the prompt), applied after logit_bias:
+    # logits[t] += logit_bias[t] - count(t) * frequency_penalty - (count(t) > 0) * presence_penalty
+    # (core/logits_processing.py)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (keys may be "123")
+    # the target's log-probability of each output token, and of the top_logprobs likeliest tokens at its position
+    # (GenerationResult.logprobs; core/logprobs.py says of which distribution)
     logprobs: bool = False
     top_logprobs: int = 0
 
@@ -56,29 +62,17 @@ class SamplingParams:
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
         self.response_format = parse_response_format(self.response_format)  # a ResponseFormat is kept as is
-        self._check_openai_extras()
-
-    def _check_openai_extras(self) -> None:
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise InvalidParameterError(f"{name} must be a finite number, got {value!r}")
-            setattr(self, name, float(value))
-        if not isinstance(self.logit_bias, dict):
-            raise InvalidParameterError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
-        bias: dict[int, float] = {}
-        for key, value in self.logit_bias.items():  # keys come back as strings from JSON (the job store)
-            token = int(key) if isinstance(key, str) and key.isdigit() else key
-            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-                raise InvalidParameterError(f"logit_bias keys must be token ids >= 0, got {key!r}")
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise InvalidParameterError(f"logit_bias[{key!r}] must be a finite number, got {value!r}")
-            bias[token] = float(value)
-        self.logit_bias = bias
+        self.frequency_penalty = _finite("frequency_penalty", self.frequency_penalty)
+        self.presence_penalty = _finite("presence_penalty", self.presence_penalty)
+        self.logit_bias = _logit_bias(self.logit_bias)
         if not isinstance(self.logprobs, bool):
             raise InvalidParameterError(f"logprobs must be true or false, got {self.logprobs!r}")
-        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
-            raise InvalidParameterError(f"top_logprobs must be an integer >= 0, got {self.top_logprobs!r}")
+        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or not (
+            0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidParameterError(f"top_logprobs={self.top_logprobs} needs logprobs=True")
 
     @property
     def greedy(self) -> bool:
@@ -93,6 +87,11 @@ class SamplingParams:
         out["response_format"] = fmt.to_dict() if isinstance(fmt, ResponseFormat) else fmt
         return out
 
+    @property
+    def shapes_logits(self) -> bool:
+        """True when penalties or a logit bias change the target's logits (core/logits_processing.py)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
+
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":
         """Builds params from a plain dict; an unknown key is an error, not ignored."""
@@ -101,6 +100,32 @@ class SamplingParams:
         if unknown:
             raise InvalidParameterError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+MAX_TOP_LOGPROBS = 1000  # wider than OpenAI's 20; a sanity cap on the per-token list
+
+
+def _finite(name: str, value: Any) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidParameterError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """{token id: finite bias}; ids may come as decimal strings (JSON object keys, OpenAI's own format)."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise InvalidParameterError(f"logit_bias must be a mapping of token id to bias, got {bias!r}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            token = int(key)
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise InvalidParameterError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+        out[token] = _finite(f"logit_bias[{key!r}]", value)
+    return out
 
 
 def fresh_seed() -> int:

@@ -8,7 +8,9 @@ where its chance to get that far falls below `min_reach`, so a low-confidence ro
 draft 16. For each candidate width the step yields the rows' expected tokens at that width and costs what a step
 of that width is measured to cost at this batch size (every row pays the width: short rows waste padding); the
 best tokens per second wins. Width 1 is plain decoding, so speculation switches itself off where it does not pay;
-drafting must beat it by a margin (10%), since a wrong "on" costs a step and the estimates are noisy.
+drafting must beat it by a margin (10%), since a wrong "on" costs a step and the estimates are noisy. Switched off,
+it keeps probing (a small, shrinking share of steps), and a probe's measured cost replaces the stale one: step costs
+measured in a busy spell must not lock speculation off once the machine is quiet again.
 
 Where the target skips padded positions (`ragged`: core/padding.py; the packed CPU linears), a step costs what
 its real tokens cost, not its width: then each row drafts its own length. A row drafts token j while its chance
@@ -115,10 +117,12 @@ class StepCosts:
     # each batch size's (width, seconds), sorted: estimate runs for every candidate plan of every step
     _by_batch: dict[int, list[tuple[float, float]]] | None = field(default=None, init=False, repr=False)
 
-    def observe(self, batch: int, width: float, seconds: float) -> None:
+    def observe(self, batch: int, width: float, seconds: float, replace: bool = False) -> None:
+        """replace: the measurement supersedes the average (a probe's, of a width not measured for a while: what the
+        machine's load was then says nothing of now)."""
         key = (batch, width)
         old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self.seconds[key] = seconds if old is None or replace else old + self.smoothing * (seconds - old)
         self._by_batch = None
 
     def _measured(self) -> dict[int, list[tuple[float, float]]]:
@@ -208,13 +212,13 @@ class PaddedCosts:
         rho = self.rho
         return self.tables[rho].estimate(batch, self.width(rho, lengths))
 
-    def observe(self, batch: int, lengths: list[int], seconds: float) -> None:
+    def observe(self, batch: int, lengths: list[int], seconds: float, replace: bool = False) -> None:
         for rho, table in self.tables.items():
             width = self.width(rho, lengths)
             predicted = table.estimate(batch, width)
             if predicted is not None and len(self.tables) > 1:
                 self.errors[rho] = self.errors[rho] * self.error_decay + math.log(seconds / predicted) ** 2
-            table.observe(batch, width, seconds)
+            table.observe(batch, width, seconds, replace=replace and width > 1.0)
 
     def observe_width(self, batch: int, width: float, seconds: float) -> None:
         """A step in which every row read `width` tokens (no padding: every table's key is the width)."""
@@ -246,8 +250,16 @@ class DraftPolicy:
         self.costs = PaddedCosts(ragged)
         self.survival = DepthSurvival(depth=max(1, k_max) + 1)
         self.calibration = ConfidenceCalibration()
+        # probes while drafting is off. A costly drafter probes acceptance every probe_every idle steps. A free drafter's
+        # acceptance is observed anyway, but the cost of a drafted step is only measured while drafting: a busy spell
+        # that inflated it would lock speculation off for good (issue 23, item 9). So where an offer has a chance
+        # (a plan that drafts exists), its best drafting plan is tried after cost_probe_first idle steps, then after
+        # twice as many each time it did not pay, up to probe_every; the probe's measured cost replaces the stale one.
         self.probe_every = 32
+        self.cost_probe_first = 8
+        self._cost_probe_every = self.cost_probe_first
         self._idle_steps = 0
+        self._probing = False  # the planned step is a probe: its measured cost replaces the stale one
 
     def accept_probs(self, acceptance: RowAcceptance, n: int, confidence: list[float] | None = None) -> list[float]:
         """q[j] for the first n tokens of a row's proposal (confidence: the drafter's, per token, if it has one)."""
@@ -260,7 +272,10 @@ class DraftPolicy:
 
     def plan(self, batch: int, offers: list[list[float]], probe: bool = True) -> list[int]:
         """Each row's draft length this step. offers[b]: accept_probs of what row b can be offered (after budget
-        caps). probe=False: never draft just to measure acceptance (a free drafter's proposals are checked anyway)."""
+        caps). probe=True (a costly drafter): while off, draft 2 tokens every probe_every steps to measure acceptance.
+        probe=False (a free drafter: its proposals are checked anyway): while off, try the best drafting plan now and
+        then (see __init__) to re-measure what drafting costs, only where an offer has a chance."""
+        self._probing = False
         if self.k_max == 0 or not any(offers):
             return [0] * len(offers)
         if not self.adaptive:
@@ -271,28 +286,40 @@ class DraftPolicy:
             # 4 tokens per row at 25% acceptance, 20% slower than plain on a CPU at batch 8)
             return [0] * len(offers)
         gains = [_gains(q[: self.k_max], self.min_reach) for q in offers]
-        lengths = [len(g) - 1 for g in gains]
-        if self.ragged:
-            ks = self._best_lengths(batch, gains)
-        else:
-            k = self._best_width(batch, gains, max(lengths)) - 1
-            ks = [min(k, n) for n in lengths]
+        ks = self._best_plan(batch, gains, drafting=False)
         if any(ks):
             self._idle_steps = 0
+            self._cost_probe_every = self.cost_probe_first
             return ks
-        # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay (the
-        # output began copying the prompt) is noticed
         self._idle_steps += 1
         if probe and self.probe_every and self._idle_steps >= self.probe_every:
+            # acceptance is only observed while drafting: probe now and then, so a drafter that starts to pay (the
+            # output began copying the prompt) is noticed
             self._idle_steps = 0
+            self._probing = True
             return [min(2, len(q)) for q in offers]
+        if not probe and self._idle_steps >= self._cost_probe_every:
+            ks = self._best_plan(batch, gains, drafting=True)  # all zeros where no row has a chance
+            if any(ks):
+                self._idle_steps = 0
+                self._cost_probe_every = min(2 * self._cost_probe_every, max(self.cost_probe_first, self.probe_every))
+                self._probing = True
+                return ks
         return [0] * len(offers)
 
-    def _best_width(self, batch: int, gains: list[list[float]], longest: int) -> int:
+    def _best_plan(self, batch: int, gains: list[list[float]], drafting: bool) -> list[int]:
+        """Each row's length by expected tokens per second; drafting=True: the best plan that drafts at all."""
+        if self.ragged:
+            return self._best_lengths(batch, gains, drafting)
+        lengths = [len(g) - 1 for g in gains]
+        k = self._best_width(batch, gains, max(lengths), drafting) - 1
+        return [min(k, n) for n in lengths]
+
+    def _best_width(self, batch: int, gains: list[list[float]], longest: int, drafting: bool = False) -> int:
         if longest == 0:
             return 1
         best_width, best_rate = 1, -1.0
-        for k in sorted({min(c, longest) for c in self.candidates}):
+        for k in sorted({min(c, longest) for c in self.candidates} - ({0} if drafting else set())):
             cost = self.costs.estimate(batch, [k])
             tokens = sum(1.0 + g[min(k, len(g) - 1)] for g in gains)
             rate = tokens / cost * (self.margin if k == 0 else 1.0)  # type: ignore[operator]
@@ -300,12 +327,13 @@ class DraftPolicy:
                 best_width, best_rate = 1 + k, rate
         return best_width
 
-    def _best_lengths(self, batch: int, gains: list[list[float]]) -> list[int]:
+    def _best_lengths(self, batch: int, gains: list[list[float]], drafting: bool = False) -> list[int]:
         """Per-row lengths when a step costs its real tokens: row b drafts token j while the chance to reach it
         (gains[b][j] - gains[b][j - 1], falling with j) is >= a threshold; the best threshold wins."""
         reach = [[g[j] - g[j - 1] for j in range(1, len(g))] for g in gains]
         best, best_rate = [0] * len(gains), -1.0
-        for threshold in [float("inf")] + sorted({p for r in reach for p in r}, reverse=True):
+        thresholds = ([] if drafting else [float("inf")]) + sorted({p for r in reach for p in r}, reverse=True)
+        for threshold in thresholds:
             ks = [sum(1 for p in r if p >= threshold) for r in reach]
             cost = self.costs.estimate(batch, ks)
             rate = sum(1.0 + g[k] for g, k in zip(gains, ks)) / cost  # type: ignore[operator]
@@ -324,5 +352,6 @@ class DraftPolicy:
         self.survival.observe(checked, run)
 
     def observe_step(self, batch: int, lengths: list[int], seconds: float) -> None:
-        """A step of `batch` rows drafting these lengths took `seconds`."""
-        self.costs.observe(batch, lengths, seconds)
+        """A step of `batch` rows drafting these lengths took `seconds` (the step plan() planned last)."""
+        self.costs.observe(batch, lengths, seconds, replace=self._probing)
+        self._probing = False

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .grammar import GrammarState
-from .outputs import FinishReason, GenerationResult, RequestStats
+from .outputs import FinishReason, GenerationResult, RequestStats, TokenLogprob
 from .policy import RowAcceptance
 from .params import SamplingParams
 from .text import OutputText
@@ -28,6 +28,7 @@ class Row:
     finish_reason: FinishReason | None = None
     out_len: int | None = None  # generated tokens kept in the output once finished (without an EOS)
     grammar: GrammarState | None = None  # the response_format's matcher, at the accepted output (grammar.py)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token (an EOS included) when params.logprobs
 
     @property
     def n_generated(self) -> int:
@@ -43,12 +44,16 @@ class Row:
         end = self.prompt_len + (self.out_len if self.out_len is not None else self.n_generated)
         return self.tokens[self.prompt_len : end]
 
-    def append(self, emitted: Sequence[int]) -> list[int]:
-        """Adds a step's tokens, stopping exactly at EOS, a stop string or max_new_tokens. Returns the output
-        tokens added (an EOS is counted in stats.output_tokens but is not part of the output)."""
+    def append(self, emitted: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None) -> list[int]:
+        """Adds a step's tokens (and their logprobs, when asked), stopping exactly at EOS, a stop string or
+        max_new_tokens. Returns the output tokens added (an EOS is counted in stats.output_tokens but is not part
+        of the output)."""
         before = self.n_generated
-        for token in emitted:
+        for j, token in enumerate(emitted):
             self.tokens.append(token)
+            if logprobs is not None:
+                self.logprobs = self.logprobs if self.logprobs is not None else []
+                self.logprobs.append(logprobs[j])
             self.stats.output_tokens += 1
             if self.text.add(token):
                 self.finish("stop")
@@ -64,9 +69,16 @@ class Row:
         self.text.close()
         self.stats.wall_s = time.perf_counter() - self.started
 
+    def output_logprobs(self, start: int = 0) -> list[TokenLogprob] | None:
+        """The logprobs of output_ids[start:] (None unless params.logprobs)."""
+        if not self.params.logprobs:
+            return None
+        return (self.logprobs or [])[start : len(self.output_ids)]
+
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None, f"request {self.index} is still in flight"
-        return GenerationResult(self.text.text, self.output_ids, self.finish_reason, self.stats)
+        return GenerationResult(self.text.text, self.output_ids, self.finish_reason, self.stats,
+                                logprobs=self.output_logprobs())
 
 
 def matched_run(proposal: Sequence[int], emitted: Sequence[int]) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -224,9 +225,59 @@ def test_plan_probes_now_and_then_while_switched_off():
     assert picks[:-1] == [[0]] * (p.probe_every - 1) and picks[-1] == [2]
 
 
-def test_plan_never_probes_for_a_free_drafter():
+def test_plan_never_probes_a_free_drafters_hopeless_offer():
+    """A free drafter's proposals are checked every step anyway: an offer with no chance is never drafted."""
     p = _policy_with_costs({1: 1.0, 2: 2.0, 5: 5.0, 9: 9.0})
     assert [p.plan(1, [[0.0] * 8], probe=False) for _ in range(3 * p.probe_every)] == [[0]] * (3 * p.probe_every)
+
+
+def _run_policy(policy: DraftPolicy, batch: int, steps: int, accept: float, cost) -> list[list[int]]:
+    """The decoder's plan -> step -> observe cycle against a cost function cost(step, ks)."""
+    plans = []
+    for t in range(steps):
+        ks = policy.plan(batch, [[accept] * 8] * batch, probe=False)
+        policy.observe_step(batch, ks, cost(t, ks))
+        plans.append(ks)
+    return plans
+
+
+def _quiet(ks: list[int]) -> float:
+    return 1.0 + 0.05 * max(ks)  # a CPU-like step: each extra verified token costs 5% of a step
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_busy_spell_does_not_lock_a_free_drafter_off(ragged, batch):
+    """Issue 23 item 9: noisy step costs (a busy spell that hit the drafted steps hardest) switch drafting off; once
+    the machine is quiet again the policy must draft again. Without probes the stale costs lock it off for good."""
+    def cost(t: int, ks: list[int]) -> float:
+        if 5 <= t < 120:  # other processes share the CPU: every step slower, drafted ones much more
+            return _quiet(ks) * (rng.uniform(2.0, 8.0) if any(ks) else rng.uniform(1.0, 1.5))
+        return _quiet(ks)
+
+    for probes in (False, True):
+        rng = random.Random(0)
+        policy = DraftPolicy(k_max=8, ragged=ragged)
+        if not probes:
+            policy.cost_probe_first = policy.probe_every = 10**9
+        plans = _run_policy(policy, batch, 400, 0.6, cost)
+        assert all(any(ks) for ks in plans[1:5])  # on (after the first, plain, step)
+        assert sum(any(ks) for ks in plans[10:120]) < 10  # then off through the spell
+        drafting_after = sum(any(ks) for ks in plans[300:]) / 100
+        if probes:
+            assert drafting_after > 0.9, drafting_after
+        else:
+            assert drafting_after == 0.0  # the failure the probes fix
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_probes_cost_a_small_share_where_drafting_never_pays(ragged):
+    """Drafted steps that really cost 3x: the probes find it each time, and back off to one step in probe_every."""
+    policy = DraftPolicy(k_max=8, ragged=ragged)
+    plans = _run_policy(policy, 4, 600, 0.6, lambda t, ks: 3.0 if any(ks) else 1.0)
+    drafted = sum(any(ks) for ks in plans)
+    assert 0 < drafted <= 600 / policy.probe_every + 6
+    assert sum(any(ks) for ks in plans[300:]) <= 300 / policy.probe_every + 1
 
 
 @pytest.mark.parametrize("ragged", [False, True])

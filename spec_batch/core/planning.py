@@ -1,0 +1,62 @@
+"""One step's drafts from a drafter and the policy, and what the policy learns back: the one copy of this logic,
+used by the decoder's loop (core/decoder.py) and by the replay of stored outputs (bench/bench_replay.py), so the
+replay cannot drift from the loop.
+
+`plan_step`: each row is offered what its drafter has (capped by its budget); the policy turns the offers into
+acceptance chances and each row's draft length; the step drafts that. A free drafter is asked for everything it
+has, so its proposal is checked against the output even where the policy drafts nothing. `observe_proposal`: after
+the step, the policy learns from how far each row's proposal matched what the step emitted.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .drafters import Draft, Drafter
+from .policy import DraftPolicy, RowAcceptance
+from .rows import matched_run
+
+# given a free drafter's full proposals (per row), each row's draft length: a replay's oracle instead of the policy
+Chooser = Callable[[list[list[int]]], list[int]]
+
+
+def plan_step(drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget: Sequence[int],
+              choose: Chooser | None = None) -> tuple[Draft, Draft]:
+    """This step's draft, and what the drafter proposed (for acceptance statistics and calibration).
+
+    rows: the drafter's view of the batch (each with `acceptance`, `params`); budget: how many draft tokens each
+    row can still take. choose: lengths from the full proposal instead of the policy (free drafters only)."""
+    available = [min(a, b) for a, b in zip(drafter.available(rows, policy.k_max), budget)]
+    full = drafter.propose(rows, available) if drafter.free and any(available) else None
+    if full is not None:
+        available = [len(t) for t in full.tokens]
+    if choose is not None:
+        ks = choose(full.tokens) if full is not None else [0] * len(rows)
+    else:
+        confidence = full.confidence if full is not None and full.confidence is not None else [None] * len(rows)
+        offers = [policy.accept_probs(r.acceptance, a, c) for r, a, c in zip(rows, available, confidence)]
+        ks = policy.plan(len(rows), offers, probe=not drafter.free)
+    if drafter.has_probs:
+        # with a sampling draft model the sample at a position depends on whether a draft was verified there,
+        # so a seeded sampled row drafts a length of its own (not the batch's adaptive k): same seed, same
+        # output, whatever batch it is in
+        ks = [a if (r.params.seed is not None and not r.params.greedy) else kb for r, a, kb in zip(rows, available, ks)]
+    if full is not None:
+        draft = Draft(
+            tokens=[t[:kb] for t, kb in zip(full.tokens, ks)],
+            probs=full.probs,
+            forwards=full.forwards,
+            confidence=None if full.confidence is None else [c[:kb] for c, kb in zip(full.confidence, ks)],
+        )
+        return draft, full
+    draft = drafter.propose(rows, ks) if any(ks) else Draft(tokens=[[] for _ in rows])
+    return draft, draft
+
+
+def observe_proposal(policy: DraftPolicy, acceptance: RowAcceptance, proposal: Sequence[int],
+                     confidence: list[float] | None, emitted: Sequence[int], accepted: int, free: bool) -> None:
+    """One row's step, for the policy: a free drafter's whole proposal is compared with what the step emitted
+    (beyond that nothing was checked); for any other drafter the proposal is the draft and the verifier's
+    accepted count is the run. emitted: the step's tokens after any forced ones."""
+    run = matched_run(proposal, emitted) if free else accepted
+    policy.observe_row(acceptance, confidence, run, checked=min(len(proposal), len(emitted)))
