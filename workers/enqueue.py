@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.errors import SpecBatchError
-from spec_batch.jobs import create_job_from_file
+from spec_batch.jobs import create_job_from_file, lifecycle
 from spec_batch.settings import get_settings, shown_url
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
@@ -185,7 +185,7 @@ def enqueue_job(
         qstore.set_job_queue(s, job_id, queue, size)
         status = job.status
         if status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
-            queries.set_job_status(s, job_id, JOB_IN_PROGRESS)
+            lifecycle.start(s, job_id)
             status = JOB_IN_PROGRESS
         needs_baseline = (
             job.baseline_sample > 0 and job.baseline_wall_s is None and not qstore.baseline_chunk_pending(s, job_id)

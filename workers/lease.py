@@ -42,6 +42,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import holder_is_dead as process_is_gone
 from spec_batch.jobs.lease import holder_prefix, new_token
 from spec_batch.store import chunks as qstore
@@ -157,7 +158,7 @@ def _recover_chunk(
             qstore.release_worker_requests(s, holder)
             qstore.finish_chunk(s, chunk.id, holder)
             if job is not None and job.status == JOB_CANCELLING:
-                if queries.try_finish_cancel(s, job.id):
+                if lifecycle.settle_cancel(s, job.id):
                     report.cancelled += 1
             return
         over = set(qstore.requests_over_attempts(s, open_ids, max_attempts))
@@ -239,7 +240,7 @@ def reap(
     for job_id in stuck:  # the worker finalizing it died between its two steps
         try:
             with factory.begin() as s:
-                if queries.complete_job(s, job_id):
+                if lifecycle.complete(s, job_id):
                     report.finalized += 1
         except Exception as exc:
             report.errors.append(f"complete {job_id}: {brief(exc)}")
@@ -252,7 +253,7 @@ def reap(
     for job_id in to_cancel:
         try:
             with factory.begin() as s:
-                if queries.try_finish_cancel(s, job_id):
+                if lifecycle.settle_cancel(s, job_id):
                     report.cancelled += 1
         except Exception as exc:
             report.errors.append(f"cancel {job_id}: {brief(exc)}")

@@ -33,7 +33,9 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import measure_baseline
 from spec_batch.jobs.memory import JobMemories, uses_job_memory
-from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, finalize_job, run_requests
+from spec_batch.jobs import lifecycle
+from spec_batch.jobs.lifecycle import finalize_job
+from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, run_requests
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
 from spec_batch.store import chunks as qstore
@@ -325,7 +327,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
     try:
         if cancelling:
             with factory.begin() as s:
-                queries.try_finish_cancel(s, job_id)
+                lifecycle.settle_cancel(s, job_id)
                 qstore.finish_chunk(s, chunk_id, token)
             return {**out, "stopped": STOPPED_CANCELLED}
 
@@ -369,7 +371,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             status = queries.get_job(s, job_id).status
             open_ids = qstore.open_ids_of(s, request_ids)
             if status == JOB_CANCELLING:
-                queries.try_finish_cancel(s, job_id)
+                lifecycle.settle_cancel(s, job_id)
                 qstore.finish_chunk(s, chunk_id, token)
                 stopped = STOPPED_CANCELLED
             elif holding.lost:

@@ -43,9 +43,9 @@ from ..core.params import SamplingParams
 from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries
-from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
-from .export import write_results
+from ..store.models import REQ_FAILED
 from .lease import LeaseKeeper, new_token
+from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
 from .memory import uses_job_memory, warm_memory
 from .stats import pooled
 
@@ -199,8 +199,8 @@ def _run_requests(
     todo = open_ids
     if request_ids is not None:
         report.skipped += len(set(request_ids)) - len(todo)
-    if status in JOB_TERMINAL or status == JOB_CANCELLING:
-        report.stopped = STOPPED_CANCELLED if status in (JOB_CANCELLING, JOB_CANCELLED) else None
+    if not takes_new_work(status):
+        report.stopped = STOPPED_CANCELLED if is_stopping(status) else None
         report.skipped += len(todo)
         todo = []
 
@@ -217,7 +217,7 @@ def _run_requests(
 
     if report.stopped == STOPPED_CANCELLED:
         with session_factory.begin() as s:
-            queries.try_finish_cancel(s, job_id)
+            settle_cancel(s, job_id)
     elif finalize and report.stopped is None:
         report.finalized = finalize_job(session_factory, job_id)
     return report
@@ -243,7 +243,7 @@ class _Stop:
             self.checked = now
             with self.session_factory() as s:
                 status, _ = _job_state(s, self.job_id)
-            if status in (JOB_CANCELLING, JOB_CANCELLED):
+            if is_stopping(status):
                 self.reason = STOPPED_CANCELLED
         return self.reason is not None
 
@@ -331,20 +331,3 @@ def _run_group(
         if unfinished:  # stopped, Ctrl-C or an error in generate(): give the rest back at once
             with session_factory.begin() as s:
                 queries.release_requests(s, sorted(unfinished), worker=worker)
-
-
-def finalize_job(session_factory: sessionmaker[Session], job_id: str, *, write_output: bool = True) -> bool:
-    """Completes the job if no request is open: in_progress -> finalizing (one winner) -> write the output
-    file (jobs.output_file, when set and write_output) -> completed. True for the call that completed it."""
-    with session_factory.begin() as s:
-        if not queries.begin_finalize(s, job_id):
-            return False
-        output_file = queries.get_job(s, job_id).output_file
-    error = None
-    if write_output and output_file:
-        try:
-            write_results(session_factory, job_id, output_file)
-        except OSError as e:
-            error = f"could not write the output file {output_file}: {e} (export with `spec-batch results {job_id} -o ...`)"
-    with session_factory.begin() as s:
-        return queries.complete_job(s, job_id, error=error)

@@ -17,19 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.outputs import RequestStats
 from ..core.params import SamplingParams
-from ..errors import SpecBatchError
 from ..store import chunks as qstore
 from ..store import queries
 from ..store.baselines import SamplePair, record_baseline_samples
 from ..store.models import (
-    JOB_CANCELLED,
-    JOB_CANCELLING,
-    JOB_COMPLETED,
-    JOB_FAILED,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
-    JOB_TERMINAL,
-    JOB_VALIDATING,
     REQ_FAILED,
     REQ_PENDING,
     REQ_RUNNING,
@@ -37,13 +30,11 @@ from ..store.models import (
 )
 from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
 from ..settings import get_settings
+from . import lifecycle
 from .export import write_results
+from .lifecycle import JobStateError
 from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
 from .runner import OnStored, RunReport, build_prompt, run_requests
-
-
-class JobStateError(SpecBatchError):
-    """A job cannot do what was asked in its current status."""
 
 
 def new_job_id() -> str:
@@ -101,7 +92,7 @@ def create_job_from_file(
         queries.insert_job(
             s,
             id=job_id,
-            status=JOB_VALIDATING,
+            status=lifecycle.INITIAL,
             target=target,
             drafter=drafter,
             input_file=str(Path(path).resolve()),
@@ -154,9 +145,9 @@ def create_job_from_file(
                 )
         queries.insert_requests(s, rows)
         if report.requests:
-            queries.set_job_status(s, job_id, JOB_IN_PROGRESS, now=now)
+            lifecycle.start(s, job_id, now=now)
         else:
-            queries.fail_job(
+            lifecycle.fail(
                 s, job_id,
                 f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
                 if report.n_lines else f"{path} has no requests",
@@ -336,12 +327,7 @@ def run_job(
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
-    if status == JOB_VALIDATING:
-        raise JobStateError(
-            f"job {job_id} was interrupted while its file was being validated: run the file again"
-        )
-    if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED):
-        raise JobStateError(f"job {job_id} is {status}; nothing to run")
+    lifecycle.check_runnable(job_id, status)
     with LeaseKeeper(session_factory, worker, lease_seconds):
         if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
             if on_phase:
@@ -407,15 +393,10 @@ def resume_job(
     process's requests are never taken over (JobBusyError, or wait; see wait_until_free). A job killed while
     finalizing is finalized again (its output file rewritten)."""
     with session_factory() as s:
-        job = queries.get_job(s, job_id)
-        status, output_file = job.status, job.output_file
+        status = queries.get_job(s, job_id).status
     if status == JOB_FINALIZING:
-        if output_file:
-            write_results(session_factory, job_id, output_file)
-        with session_factory.begin() as s:
-            finalized = queries.complete_job(s, job_id)
-        return RunReport(job_id=job_id, finalized=finalized)
-    if status not in JOB_TERMINAL:
+        return RunReport(job_id=job_id, finalized=lifecycle.finish_finalizing(session_factory, job_id))
+    if not lifecycle.is_terminal(status):
         wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
     return run_job(session_factory, job_id, decoder, **kwargs)
 
@@ -469,12 +450,11 @@ def resume(
     holds any of its requests (JobBusyError, or `wait`). A completed job only gets its output file back if it is
     missing. Raises JobStateError for a failed, cancelled or cancelling job."""
     info = job_info(session_factory, job_id)
-    if info.status == JOB_COMPLETED:
+    action = lifecycle.resume_action(job_id, info.status)
+    if action == lifecycle.RESUME_REWRITE_OUTPUT:
         if info.output_file and not Path(info.output_file).exists():
             write_results(session_factory, job_id, info.output_file)
         return ResumeOutcome("completed", info)
-    if info.status in (JOB_FAILED, JOB_CANCELLED, JOB_CANCELLING):
-        raise JobStateError(f"job {job_id} is {info.status}; there is nothing to resume")
     if info.queue is not None:
         if enqueue is None:
             raise JobStateError(f"job {job_id} runs on the queue {info.queue}: resume it where the queue is reachable")
@@ -482,7 +462,7 @@ def resume(
         with session_factory() as s:
             running = len(qstore.running_chunk_holders(s, job_id))
         return ResumeOutcome("enqueued", info, enqueued=enqueued, running=running)
-    if info.status != JOB_FINALIZING:  # before loading the model: a busy job is refused at once
+    if action == lifecycle.RESUME_RUN:  # before loading the model: a busy job is refused at once
         wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
     decoder = decoder_for(info.target, info.drafter)
     report = resume_job(session_factory, job_id, decoder, wait=wait, poll_s=poll_s, on_wait=on_wait, **run_kwargs)
@@ -505,13 +485,13 @@ def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOut
     raises JobStateError."""
     with session_factory.begin() as s:
         status = queries.get_job(s, job_id).status
-        changed = queries.request_cancel(s, job_id)
+        changed = lifecycle.request_cancel(s, job_id)
         if changed:
             qstore.cancel_queued_chunks(s, job_id)
-    if not changed and status not in (JOB_CANCELLING, JOB_CANCELLED):
+    if not changed and not lifecycle.is_stopping(status):
         raise JobStateError(f"job {job_id} is {status}; it cannot be cancelled")
     with session_factory.begin() as s:
-        queries.try_finish_cancel(s, job_id)
+        lifecycle.settle_cancel(s, job_id)
         status = queries.get_job(s, job_id).status
         running = queries.job_counts(s, job_id)[REQ_RUNNING]
     return CancelOutcome(job_id, status, running)

@@ -16,13 +16,6 @@ from sqlalchemy.orm import Session
 
 from ..errors import SpecBatchError
 from .models import (
-    JOB_CANCELLED,
-    JOB_CANCELLING,
-    JOB_COMPLETED,
-    JOB_FAILED,
-    JOB_FINALIZING,
-    JOB_IN_PROGRESS,
-    JOB_VALIDATING,
     REQ_CANCELLED,
     REQ_COMPLETED,
     REQ_FAILED,
@@ -87,81 +80,41 @@ def resolve_job_id(session: Session, ref: str) -> str:
     raise JobNotFoundError(f"{ref!r} matches several jobs ({', '.join(matches)}, ...): give more of the id")
 
 
-def set_job_status(session: Session, job_id: str, status: str, *, now: datetime | None = None) -> None:
-    """Unconditional status change (job creation only); racing changes use the functions below."""
-    now = now or utcnow()
-    values: dict[str, Any] = {"status": status}
-    if status == JOB_IN_PROGRESS:
-        values["started_at"] = now
-    session.execute(update(Job).where(Job.id == job_id).values(**values))
+def change_job_status(
+    session: Session,
+    job_id: str,
+    *,
+    sources: Iterable[str],
+    target: str,
+    values: dict[str, Any] | None = None,
+    unless_open_requests: bool = False,
+    unless_running_requests: bool = False,
+) -> bool:
+    """One conditional UPDATE: the job goes to `target` (with `values`) only from one of `sources`, and, when asked,
+    only while none of its requests is open (pending or running) / running. True for the one caller that changed it.
 
-
-def begin_finalize(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
-    """in_progress -> finalizing, only when no request is pending or running. True for the one winner."""
-    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(REQUEST_OPEN))
+    The states and which changes are allowed live in spec_batch.jobs.lifecycle, the only caller."""
+    cond = [Job.id == job_id, Job.status.in_(tuple(sources))]
+    if unless_open_requests:
+        cond.append(~exists().where(Request.job_id == job_id, Request.status.in_(REQUEST_OPEN)))
+    if unless_running_requests:
+        cond.append(~exists().where(Request.job_id == job_id, Request.status == REQ_RUNNING))
     res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JOB_IN_PROGRESS, ~open_requests)
-        .values(status=JOB_FINALIZING, finalizing_at=now or utcnow())
-        .execution_options(synchronize_session=False)
+        update(Job).where(*cond).values(status=target, **(values or {})).execution_options(synchronize_session=False)
     )
     return res.rowcount == 1
 
 
-def complete_job(session: Session, job_id: str, *, now: datetime | None = None, error: str | None = None) -> bool:
-    """finalizing -> completed. `error` records a problem of finalization (e.g. the output file)."""
-    values: dict[str, Any] = {"status": JOB_COMPLETED, "completed_at": now or utcnow()}
-    if error is not None:
-        values["error"] = error
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JOB_FINALIZING)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
-def fail_job(session: Session, job_id: str, error: str, *, now: datetime | None = None) -> bool:
-    """The job as a whole failed (e.g. no valid line). Only from a non-terminal status."""
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_((JOB_VALIDATING, JOB_IN_PROGRESS, JOB_FINALIZING)))
-        .values(status=JOB_FAILED, error=error, failed_at=now or utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
-def request_cancel(session: Session, job_id: str) -> bool:
-    """validating/in_progress -> cancelling. Runners stop at their next group; see try_finish_cancel."""
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_((JOB_VALIDATING, JOB_IN_PROGRESS)))
-        .values(status=JOB_CANCELLING)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
-def try_finish_cancel(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
-    """For a cancelling job: pending requests -> cancelled; once none is running, the job -> cancelled."""
-    now = now or utcnow()
-    session.execute(
+def cancel_pending_requests(session: Session, job_id: str, *, job_status: str, now: datetime | None = None) -> int:
+    """The job's pending requests -> cancelled, only while the job's status is `job_status` (cancelling)."""
+    return session.execute(
         update(Request)
         .where(Request.job_id == job_id, Request.status == REQ_PENDING,
-               exists().where(Job.id == job_id, Job.status == JOB_CANCELLING))
-        .values(status=REQ_CANCELLED, error_code="batch_cancelled", error="the job was cancelled", completed_at=now)
+               exists().where(Job.id == job_id, Job.status == job_status))
+        .values(status=REQ_CANCELLED, error_code="batch_cancelled", error="the job was cancelled",
+                completed_at=now or utcnow())
         .execution_options(synchronize_session=False)
-    )
-    running = exists().where(Request.job_id == job_id, Request.status == REQ_RUNNING)
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JOB_CANCELLING, ~running)
-        .values(status=JOB_CANCELLED, cancelled_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
+    ).rowcount
 
 
 def add_decode_time(session: Session, job_id: str, seconds: float) -> None:
@@ -559,14 +512,10 @@ def job_request_totals(session: Session, job_id: str) -> dict[str, int]:
 __all__ = [
     "JobNotFoundError",
     "find_job",
+    "change_job_status",
+    "cancel_pending_requests",
     "get_job",
     "resolve_job_id",
-    "set_job_status",
-    "begin_finalize",
-    "complete_job",
-    "fail_job",
-    "request_cancel",
-    "try_finish_cancel",
     "add_decode_time",
     "record_baseline",
     "request_ids",

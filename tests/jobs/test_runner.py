@@ -10,6 +10,7 @@ import threading
 import pytest
 from sqlalchemy import select, update
 
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
 from spec_batch.jobs.service import WARMUP_TOKENS
@@ -208,7 +209,7 @@ def test_cancel_stops_the_runner(db_url, tmp_path, fake_decoder_cls):
     def cancel_once(report):
         if report.done == 1:
             with factory.begin() as s:
-                queries.request_cancel(s, job_id)
+                lifecycle.request_cancel(s, job_id)
 
     report = run_requests(factory, job_id, fake_decoder_cls(), on_progress=cancel_once)
     assert report.stopped == "cancelled" and report.completed == 4
@@ -311,7 +312,7 @@ def test_resume_finishes_a_job_killed_while_finalizing(db_url, tmp_path, fake_de
     job_id, _ = _make_job(factory, tmp_path, n=3, bad=False)
     run_requests(factory, job_id, fake_decoder_cls(), finalize=False)
     with factory.begin() as s:
-        assert queries.begin_finalize(s, job_id)  # ... and the process died before writing the output
+        assert lifecycle.begin_finalizing(s, job_id)  # ... and the process died before writing the output
     report = resume_job(factory, job_id, fake_decoder_cls())
     assert report.finalized and _job(factory, job_id).status == "completed"
     assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 3

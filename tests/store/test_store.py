@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
+from spec_batch.jobs import lifecycle
 from spec_batch.core.outputs import GenerationResult, RequestStats
 from spec_batch.jobs.stats import stats_by_model
 from spec_batch.store import (
@@ -214,14 +215,14 @@ def test_finalize_exactly_once_and_only_when_done(db_url):
     job_id, ids = _new_job(factory, n=2)
     with factory.begin() as s:
         queries.save_result(s, ids[0], _result(3, 2, 1, 2))
-        assert queries.begin_finalize(s, job_id) is False  # one request still pending
+        assert lifecycle.begin_finalizing(s, job_id) is False  # one request still pending
         queries.save_result(s, ids[1], _result(3, 2, 1, 2))
     with factory.begin() as s:
-        assert queries.begin_finalize(s, job_id) is True
+        assert lifecycle.begin_finalizing(s, job_id) is True
     with factory.begin() as s:
-        assert queries.begin_finalize(s, job_id) is False
-        assert queries.complete_job(s, job_id) is True
-        assert queries.complete_job(s, job_id) is False
+        assert lifecycle.begin_finalizing(s, job_id) is False
+        assert lifecycle.complete(s, job_id) is True
+        assert lifecycle.complete(s, job_id) is False
     with factory() as s:
         job = s.get(Job, job_id)
         assert job.status == "completed" and job.completed_at is not None and job.finalizing_at is not None
@@ -232,12 +233,12 @@ def test_cancel(db_url):
     job_id, ids = _new_job(factory, n=3)
     with factory.begin() as s:
         queries.claim_requests(s, job_id, ids[:1], worker="w", lease_seconds=60)
-        assert queries.request_cancel(s, job_id) is True
+        assert lifecycle.request_cancel(s, job_id) is True
     with factory.begin() as s:
-        assert queries.try_finish_cancel(s, job_id) is False  # one is still running
+        assert lifecycle.settle_cancel(s, job_id) is False  # one is still running
     with factory.begin() as s:
         queries.save_result(s, ids[0], _result(2, 1, 1, 1))
-        assert queries.try_finish_cancel(s, job_id) is True
+        assert lifecycle.settle_cancel(s, job_id) is True
     with factory() as s:
         assert queries.get_job(s, job_id).status == "cancelled"
         assert queries.job_counts(s, job_id)["cancelled"] == 2

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 
 from batch_lines import completion_line, write_batch
 
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
@@ -174,7 +175,7 @@ def test_reaper_cancels_a_dead_workers_chunk_of_a_cancelling_job(factory, monkey
     job_id, chunks = queued_job(n=2, chunk_size=2)
     _hold(factory, chunks[0], "lost/n/1/a")
     with factory.begin() as s:
-        queries.request_cancel(s, job_id)
+        lifecycle.request_cancel(s, job_id)
     pub = Published()
     _reap(factory, pub, monkeypatch=monkeypatch)
     counts, job = job_state(job_id)

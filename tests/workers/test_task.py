@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from batch_lines import completion_line
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs import cancel_job, runner
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
@@ -90,7 +91,7 @@ def test_cancel_while_running_stops_between_batches(
                 on_result(i, res)
                 if i == 1:  # the first decoding batch of 2 is done: the user cancels
                     with factory.begin() as s:
-                        queries.request_cancel(s, job_id)
+                        lifecycle.request_cancel(s, job_id)
 
             return super().generate(prompts, params, batch_size, on_result=cb, **kw)
 
