@@ -8,7 +8,7 @@ the app is first used, not at import), so a test or a CLI command can set variab
 - ``SPEC_BATCH_TASK_SOFT_TIME_LIMIT`` / ``SPEC_BATCH_TASK_TIME_LIMIT``: a chunk's soft limit (the task stops
   between decoding batches and its unfinished requests are re-queued) and hard limit (the pool child is
   killed; the lease then re-queues the chunk);
-- ``SPEC_BATCH_LEASE_SECONDS``: see workers/lease.py.
+- ``SPEC_BATCH_LEASE_SECONDS``: see workers/reaper.py and spec_batch/jobs/lease.py.
 
 Delivery guarantees (why each setting):
 
@@ -19,7 +19,7 @@ Delivery guarantees (why each setting):
   sit on chunks other workers could run.
 - Redis ``visibility_timeout`` longer than the hard time limit: Redis never re-delivers a message whose task
   can still be running. It is only the last resort (a dead worker's message comes back after it); the DB lease
-  of workers/lease.py re-queues a dead worker's chunk after SPEC_BATCH_LEASE_SECONDS.
+  (the reaper, workers/reaper.py) re-queues a dead worker's chunk after SPEC_BATCH_LEASE_SECONDS.
 - ``socket_timeout`` on the broker connection: a publish to a Redis that vanished fails instead of hanging.
 """
 from __future__ import annotations

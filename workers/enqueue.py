@@ -26,7 +26,7 @@ from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING
 
-from .lease import broker_epoch
+from .reaper import broker_epoch
 from .publish import publish_chunk
 from .routing import queue_name
 

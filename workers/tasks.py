@@ -2,7 +2,7 @@
 
 ``process_chunk(chunk_id)`` takes an id, re-reads everything from SQL and is idempotent:
 
-1. it claims the chunk (``queue_chunks``; see workers/lease.py) or does nothing: a chunk already done, or held
+1. it claims the chunk (``queue_chunks``; see workers/reaper.py) or does nothing: a chunk already done, or held
    by a live worker, or of a finished job, makes a duplicate message harmless;
 2. the chunk's lease (and its requests' leases) are renewed by this process's heartbeat thread;
 3. the job's models are loaded once per worker process, lazily, and stay loaded (spec_batch.loading's
@@ -33,7 +33,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import measure_baseline
 from spec_batch.jobs.memory import JobMemories, uses_job_memory
-from spec_batch.jobs import lifecycle
+from spec_batch.jobs import lease, lifecycle
 from spec_batch.jobs.lifecycle import finalize_job
 from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, run_requests
 from spec_batch.loading import shared_decoder
@@ -42,7 +42,7 @@ from spec_batch.store import chunks as qstore
 from spec_batch.store import open_store, queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
 
-from . import lease, metrics
+from . import metrics, reaper
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
 from .publish import publish_chunk
 
@@ -104,7 +104,7 @@ class Runtime:
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
         self._last_adopt = 0.0
         self.heartbeat = lease.Heartbeat(
-            self.factory, lease_seconds=self.settings.lease_seconds, reap_fn=self.reap
+            self.factory, lease_seconds=self.settings.lease_seconds, on_tick=self.reap_tick
         ).start()
 
     # The reaper publishes with this process's producer pool.
@@ -114,8 +114,16 @@ class Runtime:
     def finalize(self, job_id: str) -> None:
         finalize_job(self.factory, job_id)
 
-    def reap(self) -> lease.ReapReport:
-        rep = lease.reap(
+    def reap_tick(self) -> None:
+        """The heartbeat's extra duty in a worker: one reaper pass, logged when it did something."""
+        rep = self.reap()
+        if rep.any():
+            log.warning("reaper: %s", rep)
+        if rep.errors:
+            raise RuntimeError("reaper: " + "; ".join(rep.errors[:3]))
+
+    def reap(self) -> reaper.ReapReport:
+        rep = reaper.reap(
             self.factory,
             broker_url=self.settings.broker_url,
             publish=self.publish,
@@ -127,8 +135,8 @@ class Runtime:
         if not rep.errors and now - self._last_adopt >= self.settings.lease_seconds:
             self._last_adopt = now
             try:
-                epoch = lease.broker_epoch(self.settings.broker_url)
-                rep.requeued += lease.adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
+                epoch = reaper.broker_epoch(self.settings.broker_url)
+                rep.requeued += reaper.adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
                                                     publish=self.publish, epoch=epoch,
                                                     chunk_size=self.settings.chunk_size)
             except Exception as exc:
@@ -346,8 +354,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
 
         if measure:
             try:
-                measure_baseline(factory, job_id, decoder, worker=token, lease_seconds=rt.settings.lease_seconds,
-                                 on_stored=counted.on_stored)
+                measure_baseline(factory, job_id, decoder, lease=holding, on_stored=counted.on_stored)
             except Exception as exc:
                 if is_transient(exc):
                     raise
@@ -359,8 +366,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         memory = rt.memories.get(factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
         report = run_requests(
             factory, job_id, decoder,
-            request_ids=request_ids, batch_size=batch_size, worker=token,
-            lease_seconds=rt.settings.lease_seconds, keep_alive=False,  # the heartbeat renews this token's leases
+            request_ids=request_ids, batch_size=batch_size, lease=holding,  # the heartbeat renews it
             should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True, memory=memory,
         )
         stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped

@@ -2,15 +2,15 @@
 
 Used by the CLI's local mode (``spec-batch run`` / ``resume``, through ``spec_batch.jobs.service``) and by the
 Celery task (``workers/``): ``run_requests(session_factory, job_id, decoder, *, request_ids=None, batch_size=None,
-worker=None, lease_seconds=None, keep_alive=True, should_stop=None, on_progress=None, on_stored=None,
+lease=None, should_stop=None, on_progress=None, on_stored=None,
 finalize=True, memory=None)``.
 
 - ``request_ids``: the job's requests to run (``None``: all of them). Requests already completed, failed or
   cancelled are skipped, so running the same ids twice, or from two processes at once, stores nothing twice.
-- Requests are claimed one group (``GROUP_FACTOR * batch_size``) at a time with a lease held by ``worker`` (a
-  token of spec_batch.jobs.lease; a new one when None): pending requests, or running ones whose lease expired.
-  With ``keep_alive`` a LeaseKeeper renews the token's leases every lease/3 seconds while this call runs (the
-  workers' heartbeat does it for them). A live holder's requests are never taken.
+- Requests are claimed one group (``GROUP_FACTOR * batch_size``) at a time under the caller's ``lease``
+  (spec_batch.jobs.lease.Lease, renewed by the caller's heartbeat: run_job's, a worker's): pending requests, or
+  running ones whose lease expired. Without one, the call makes its own and renews it while it runs. A live
+  holder's requests are never taken.
 - Each result is stored by a conditional UPDATE (a request already done is never stored twice), in one short
   transaction that also adds the decode time since this call's previous stored result to
   ``jobs.decode_wall_s``: a process killed at any moment has its stored tokens and their time counted, and
@@ -31,7 +31,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries
 from ..store.models import REQ_FAILED
-from .lease import LeaseKeeper, new_token
+from .lease import Heartbeat, Lease, new_lease
 from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
 from .memory import uses_job_memory, warm_memory
 from .stats import pooled
@@ -139,6 +140,21 @@ def _job_state(session: Session, job_id: str) -> tuple[str, int]:
     return job.status, job.batch_size
 
 
+@contextmanager
+def held_lease(session_factory: sessionmaker[Session], lease: Lease | None, worker: str | None = None,
+               lease_seconds: float | None = None) -> Iterator[Lease]:
+    """The caller's lease (the caller's heartbeat renews it), or a new one (token `worker`, or a new token) that a
+    heartbeat of this call renews until the block ends."""
+    if lease is not None:
+        yield lease
+        return
+    lease = new_lease(lease_seconds, token=worker)
+    heartbeat = Heartbeat(session_factory, lease_seconds=lease.seconds)
+    heartbeat.hold(lease.token)
+    with heartbeat:
+        yield lease
+
+
 def run_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
@@ -146,9 +162,9 @@ def run_requests(
     *,
     request_ids: Sequence[int] | None = None,
     batch_size: int | None = None,
+    lease: Lease | None = None,
     worker: str | None = None,
     lease_seconds: float | None = None,
-    keep_alive: bool = True,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[RunReport], None] | None = None,
     on_stored: OnStored | None = None,
@@ -158,19 +174,15 @@ def run_requests(
     """Runs the job's open requests among `request_ids` (all when None) and stores each result as it completes.
 
     See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
-    on_stored(status, stats) follows each row this call stores (a worker's metrics count exactly what SQL has).
+    `lease`: the claims' holder, renewed by the caller's heartbeat; None: a new one (token `worker`, length
+    `lease_seconds`) renewed by this call. on_stored(status, stats) follows each row this call stores (a
+    worker's metrics count exactly what SQL has).
     """
-    worker = worker or new_token()
     settings = get_settings()
-    if lease_seconds is None:
-        lease_seconds = settings.lease_seconds
     if memory is None and uses_job_memory(decoder):
         memory = warm_memory(session_factory, job_id, decoder.tokenizer, settings.suffix_memory_tokens)
-    if not keep_alive:
-        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
-                             should_stop, on_progress, on_stored, finalize, memory)
-    with LeaseKeeper(session_factory, worker, lease_seconds):
-        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
+    with held_lease(session_factory, lease, worker, lease_seconds) as held:
+        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, held.token, held.seconds,
                              should_stop, on_progress, on_stored, finalize, memory)
 
 

@@ -29,12 +29,11 @@ from ..store.models import (
     utcnow,
 )
 from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
-from ..settings import get_settings
 from . import lifecycle
 from .export import write_results
 from .lifecycle import JobStateError
-from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
-from .runner import OnStored, RunReport, build_prompt, run_requests
+from .lease import Holder, Lease, take_over_dead_holders
+from .runner import OnStored, RunReport, build_prompt, held_lease, run_requests
 
 
 def new_job_id() -> str:
@@ -198,6 +197,7 @@ def measure_baseline(
     decoder: Any,
     *,
     sample_size: int | None = None,
+    lease: Lease | None = None,
     worker: str | None = None,
     lease_seconds: float | None = None,
     on_stored: OnStored | None = None,
@@ -208,13 +208,17 @@ def measure_baseline(
     The speculative results are stored as the sample requests' results (conditionally: nothing is stored
     twice; on_stored(status, stats) follows each one stored), so the sample is not decoded again.
 
-    The sample is claimed for `worker` like any request (a live holder's requests are not sampled); the caller
-    keeps the claims alive (run_job's LeaseKeeper, a worker's heartbeat). Returns None when the sample size is 0,
+    The sample is claimed under `lease` like any request (a live holder's requests are not sampled), which the
+    caller's heartbeat renews (run_job's, a worker's); without one, this call makes its own. Returns None when the sample size is 0,
     the job already has a baseline, or nothing of the sample could be claimed.
     """
-    worker = worker or new_token()
-    if lease_seconds is None:
-        lease_seconds = get_settings().lease_seconds
+    with held_lease(session_factory, lease, worker, lease_seconds) as held:
+        return _measure_held(session_factory, job_id, decoder, sample_size, held, on_stored)
+
+
+def _measure_held(session_factory: sessionmaker[Session], job_id: str, decoder: Any, sample_size: int | None,
+                  lease: Lease, on_stored: OnStored | None) -> Baseline | None:
+    worker, lease_seconds = lease.token, lease.seconds
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         k = job.baseline_sample if sample_size is None else sample_size
@@ -316,31 +320,27 @@ def run_job(
     lease_seconds: float | None = None,
 ) -> RunReport:
     """Local mode: the baseline (once per job), then every open request, then finalization (output file).
-    Every claim is held by one token (`worker`, new when None) whose leases a LeaseKeeper renews meanwhile.
+    Every claim is held by one lease (token `worker`, new when None), which a heartbeat renews meanwhile.
 
     on_phase(name, info): "baseline" (info: sample size) before it, "baseline_done" (info: Baseline | None),
     "run" (info: number of open requests) before the requests.
     """
-    worker = worker or new_token()
-    if lease_seconds is None:
-        lease_seconds = get_settings().lease_seconds
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
     lifecycle.check_runnable(job_id, status)
-    with LeaseKeeper(session_factory, worker, lease_seconds):
+    with held_lease(session_factory, None, worker, lease_seconds) as lease:
         if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
             if on_phase:
                 on_phase("baseline", k)
-            b = measure_baseline(session_factory, job_id, decoder, worker=worker, lease_seconds=lease_seconds)
+            b = measure_baseline(session_factory, job_id, decoder, lease=lease)
             if on_phase:
                 on_phase("baseline_done", b)
         if on_phase:
             with session_factory.begin() as s:
                 on_phase("run", len(queries.open_request_ids(s, job_id)))
         return run_requests(
-            session_factory, job_id, decoder, worker=worker, lease_seconds=lease_seconds, keep_alive=False,
-            should_stop=should_stop, on_progress=on_progress,
+            session_factory, job_id, decoder, lease=lease, should_stop=should_stop, on_progress=on_progress,
         )
 
 

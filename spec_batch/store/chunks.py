@@ -7,7 +7,7 @@ no request is lost when a worker, its pool child, Redis or the database goes awa
   and ``lease_expires_at`` renewed by a heartbeat), ``done`` (every request of it finished or the job ended),
   ``split`` (replaced by one chunk per open request after its worker was lost twice: a request that kills its
   worker then fails alone).
-- ``epoch``: the broker epoch (a random value kept in Redis, see workers/lease.py) the message was last
+- ``epoch``: the broker epoch (a random value kept in Redis, see workers/reaper.py) the message was last
   published in; NULL = never published (a submit that died before publishing). A Redis restart without
   persistence (or a flush) loses every queued message; a new epoch makes the reaper publish them again.
 

@@ -54,7 +54,7 @@ class FakeRuntime:
 
     def __init__(self, factory, decoder, lease_seconds: int = 30, max_attempts: int = 3):
         from spec_batch.settings import get_settings
-        from workers import lease
+        from spec_batch.jobs import lease
 
         self.factory = factory
         self.settings = dataclasses.replace(get_settings(), lease_seconds=lease_seconds, max_attempts=max_attempts)

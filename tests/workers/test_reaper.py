@@ -15,7 +15,8 @@ from spec_batch.jobs.lease import holder_prefix
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job, Request, utcnow
-from workers import lease, tasks
+from spec_batch.jobs import lease
+from workers import reaper, tasks
 from workers.routing import queue_name
 
 DEAD_BROKER = "redis://127.0.0.1:1/0"  # nothing listens on port 1
@@ -27,10 +28,10 @@ class Published(list):
 
 
 def _reap(factory, published, *, lease_seconds=5, max_attempts=3, epoch="e1", monkeypatch=None):
-    monkeypatch.setattr(lease, "broker_epoch", lambda url: epoch)
+    monkeypatch.setattr(reaper, "broker_epoch", lambda url: epoch)
     from spec_batch.jobs.runner import finalize_job
 
-    return lease.reap(factory, broker_url="redis://unused", publish=published, lease_seconds=lease_seconds,
+    return reaper.reap(factory, broker_url="redis://unused", publish=published, lease_seconds=lease_seconds,
                       max_attempts=max_attempts, finalize=lambda j: finalize_job(factory, j))
 
 
@@ -166,7 +167,7 @@ def test_reaper_finishes_jobs_whose_last_worker_died(factory, monkeypatch, queue
 
 def test_reaper_with_the_broker_down_does_nothing(factory, queued_job):
     queued_job(n=2, chunk_size=2)
-    rep = lease.reap(factory, broker_url=DEAD_BROKER, publish=Published(), lease_seconds=5, max_attempts=3,
+    rep = reaper.reap(factory, broker_url=DEAD_BROKER, publish=Published(), lease_seconds=5, max_attempts=3,
                      finalize=lambda j: None)
     assert rep.errors and not rep.any()
 
@@ -189,7 +190,7 @@ def test_reaper_adopts_orphans_after_a_grace(factory, tmp_path):
     job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram",
                                      queue=queue_name("default", "ngram"), chunk_size=2)
     pub = Published()
-    assert lease.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 0
+    assert reaper.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 0
     with factory.begin() as s:
         s.execute(update(Job).where(Job.id == job_id).values(created_at=utcnow() - timedelta(seconds=120)))
-    assert lease.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 2 and len(pub) == 2
+    assert reaper.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 2 and len(pub) == 2

@@ -1,12 +1,13 @@
-"""Leases, heartbeats and the reaper: how a chunk whose worker vanished gets run by another worker.
+"""The reaper: how a chunk whose worker vanished gets run by another worker, and the broker epoch.
 
 A worker process that starts a chunk claims it in SQL (``queue_chunks.state='running'``, ``worker`` = a token
 naming this process, ``lease_expires_at = now + SPEC_BATCH_LEASE_SECONDS``); the runner claims the chunk's
-requests the same way. A heartbeat thread in every worker process renews both leases every
-``lease/3`` seconds (at most every 60 s). When a machine is lost or a process is killed, the renewals stop.
+requests the same way. The heartbeat thread of every worker process (spec_batch.jobs.lease.Heartbeat) renews
+both leases every ``lease/3`` seconds (at most every 60 s). When a machine is lost or a process is killed, the
+renewals stop.
 
-The same thread runs the *reaper* on every tick, in every worker process (busy or idle), so any live worker
-recovers what a dead one left:
+The same thread runs the *reaper* on every tick (its ``on_tick``), in every worker process (busy or idle), so
+any live worker recovers what a dead one left:
 
 1. a running chunk whose lease expired (or whose holder is a dead process of this same machine, see
    spec_batch.jobs.lease: a killed pool child is noticed at once) goes back to ``queued`` and is published again; the dead holder's requests
@@ -32,8 +33,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,37 +42,16 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs import lifecycle
-from spec_batch.jobs.lease import holder_is_dead as process_is_gone
-from spec_batch.jobs.lease import holder_prefix, new_token
+from spec_batch.jobs.lease import abandoned_tokens, brief, forget_abandoned, holder_is_dead, holder_prefix
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
 
-log = logging.getLogger("spec_batch.workers.lease")
+log = logging.getLogger("spec_batch.workers.reaper")
 
 EPOCH_KEY = "spec-batch:broker-epoch"
 STATIC_EPOCH = "static"  # a broker that is not Redis: no lost-message detection
 WORKER_LOST = "worker_lost"
-
-
-def brief(exc: BaseException) -> str:
-    """One line for a log: the exception's class and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{exc.__class__.__name__}: {text[0][:240] if text else ''}"
-
-
-# Tokens this process gave up (a failed attempt that could not hand its chunk back): the process may take them.
-_abandoned: set[str] = set()
-
-
-def abandon(token: str) -> None:
-    _abandoned.add(token)
-
-
-def holder_is_dead(token: str | None) -> bool:
-    """True when `token` is a process of this machine that is gone (spec_batch.jobs.lease), or an attempt this
-    process abandoned."""
-    return bool(token) and (token in _abandoned or process_is_gone(token))
 
 
 # ---------------------------------------------------------------- broker epoch
@@ -206,7 +184,7 @@ def reap(
     with factory.begin() as s:
         lost = [(c.id, c.worker) for c in qstore.expired_chunks(s, now=now)]
         lost += [(c.id, c.worker) for c in qstore.running_chunks_of(s, holder_prefix()) if holder_is_dead(c.worker)]
-        lost += [(c.id, c.worker) for c in qstore.running_chunks_held_by(s, _abandoned)]
+        lost += [(c.id, c.worker) for c in qstore.running_chunks_held_by(s, abandoned_tokens())]
     seen: set[str] = set()
     for chunk_id, holder in lost:
         if chunk_id in seen or holder is None:
@@ -214,7 +192,7 @@ def reap(
         seen.add(chunk_id)
         try:
             _recover_chunk(factory, chunk_id, holder, epoch, publish, max_attempts, report, finalize)
-            _abandoned.discard(holder)
+            forget_abandoned(holder)
         except Exception as exc:
             report.errors.append(f"chunk {chunk_id}: {brief(exc)}")
 
@@ -284,127 +262,11 @@ def adopt_orphans(
     return created
 
 
-# ---------------------------------------------------------------- heartbeat
-
-
-@dataclass
-class Holding:
-    """One chunk this process is running. `lost` is set when another worker took the chunk over."""
-
-    token: str
-    chunk_id: str
-    lost: bool = False
-
-
-class Heartbeat:
-    """A daemon thread per worker process: renews this process's leases, then runs the reaper."""
-
-    def __init__(
-        self,
-        factory: sessionmaker[Session],
-        *,
-        lease_seconds: float,
-        reap_fn: Callable[[], ReapReport] | None = None,
-        interval: float | None = None,
-    ) -> None:
-        self.factory = factory
-        self.lease_seconds = float(lease_seconds)
-        self.interval = interval if interval is not None else min(max(self.lease_seconds / 3.0, 0.5), 60.0)
-        self.reap_fn = reap_fn
-        self._holdings: dict[str, Holding] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-        self.last_ok: float | None = None
-        self._warned = 0.0
-
-    def start(self) -> "Heartbeat":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="spec-batch-heartbeat", daemon=True)
-            self._thread.start()
-        return self
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._pid == os.getpid()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def hold(self, token: str, chunk_id: str) -> Holding:
-        holding = Holding(token, chunk_id)
-        with self._lock:
-            self._holdings[token] = holding
-        return holding
-
-    def drop(self, token: str) -> None:
-        with self._lock:
-            self._holdings.pop(token, None)
-
-    def poke(self) -> None:
-        """Run a tick now (e.g. after giving a chunk up, so it is re-queued without waiting)."""
-        self._wake.set()
-
-    def tick(self) -> None:
-        with self._lock:
-            holdings = list(self._holdings.values())
-        ok = True
-        for h in holdings:
-            try:
-                with self.factory.begin() as s:
-                    chunks, _ = qstore.renew(s, h.token, self.lease_seconds)
-                if chunks == 0:
-                    with self.factory() as s:
-                        chunk = qstore.get_chunk(s, h.chunk_id)
-                        finished_here = chunk is not None and chunk.state == qstore.CHUNK_DONE
-                        if not finished_here and (chunk is None or chunk.worker != h.token
-                                                  or chunk.state != qstore.CHUNK_RUNNING):
-                            if not h.lost:
-                                log.warning("chunk %s was taken over by another worker; stopping it here",
-                                            h.chunk_id)
-                            h.lost = True
-            except Exception as exc:
-                ok = False
-                self._warn(f"lease renewal failed ({brief(exc)}); retrying")
-        if self.reap_fn is not None:
-            try:
-                rep = self.reap_fn()
-                if rep.any():
-                    log.warning("reaper: %s", rep)
-                if rep.errors:
-                    ok = False
-                    self._warn("reaper: " + "; ".join(rep.errors[:3]))
-            except Exception as exc:
-                ok = False
-                self._warn(f"reaper failed ({brief(exc)}); retrying")
-        if ok:
-            self.last_ok = time.monotonic()
-
-    def _warn(self, msg: str) -> None:
-        now = time.monotonic()
-        if now - self._warned > 30:
-            log.warning(msg)
-            self._warned = now
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.tick()
-            self._wake.wait(self.interval)
-            self._wake.clear()
-
-
 __all__ = [
     "EPOCH_KEY",
-    "Heartbeat",
-    "Holding",
     "ReapReport",
-    "abandon",
+    "WORKER_LOST",
     "adopt_orphans",
-    "brief",
     "broker_epoch",
-    "holder_is_dead",
-    "new_token",
     "reap",
 ]
