@@ -139,6 +139,7 @@ def _recover_chunk(
                 if lifecycle.settle_cancel(s, job.id):
                     report.cancelled += 1
             return
+        qstore.release_worker_requests(s, holder)  # the lost claims count their attempt now
         over = set(qstore.requests_over_attempts(s, open_ids, max_attempts))
         for rid in over:
             attempts = queries.request_attempts(s, rid) or max_attempts

@@ -109,6 +109,8 @@ def _sigterm_as_interrupt():
 def _summary_table(row: dict, title: str):
     from rich.table import Table
 
+    from ..jobs.baseline import describe_speedup
+
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
@@ -121,7 +123,8 @@ def _summary_table(row: dict, title: str):
     t.add_row("tokens per step", _fmt(row["tokens_per_step"]))
     t.add_row("tokens/s", _fmt(row["tokens_per_s"], ".1f"))
     t.add_row("baseline tokens/s", _fmt(row["baseline_tokens_per_s"], ".1f"))
-    t.add_row("speedup (measured)", _fmt(row["speedup"], ".2f", "x"))
+    t.add_row("speedup (measured)", describe_speedup(row["speedup"], row.get("speedup_low"),
+                                                     row.get("speedup_high"), row.get("speedup_reliable")))
     t.add_row("created / completed", f"{_when(row['created_at'])} / {_when(row['completed_at'])}")
     return t
 
@@ -175,9 +178,12 @@ class _RunDisplay:
                 f"(--baseline-sample 0 skips it)"
             )
         elif name == "baseline_done" and info is not None:
+            from ..jobs.baseline import describe_speedup
+
+            speedup = describe_speedup(info.speedup, info.speedup_low, info.speedup_high, info.reliable)
             self.console.print(
                 f"baseline: {_fmt(info.baseline_tokens_per_s, '.1f')} tok/s without speculation, "
-                f"{_fmt(info.sample_tokens_per_s, '.1f')} with it: speedup {_fmt(info.speedup, '.2f', 'x')}"
+                f"{_fmt(info.sample_tokens_per_s, '.1f')} with it: speedup {speedup}"
             )
         elif name == "run":
             self.progress.start()

@@ -40,11 +40,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.job_memory import JobMemory
 from ..core.outputs import RequestStats
-from ..core.params import SamplingParams
-from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries
 from ..store.models import REQ_FAILED
+from .claims import ClaimedRequests, build_prompt, claimed_requests
 from .lease import Heartbeat, Lease, new_lease
 from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
 from .memory import uses_job_memory, warm_memory
@@ -109,21 +108,6 @@ class RunReport:
             self.target_forwards += stats.target_forwards or 0
 
 
-def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
-    """The decoder's input for a stored request: chat messages through the target's chat template."""
-    if endpoint == "/v1/chat/completions":
-        return decoder.apply_chat_template(prompt)
-    return prompt
-
-
-def prompt_error_code(exc: BaseException) -> str:
-    if isinstance(exc, ChatTemplateError):
-        return "chat_template_error"
-    if isinstance(exc, SpecBatchError):
-        return "invalid_request"
-    return "internal_error"
-
-
 def request_error(message: str | None, batch_index: int) -> str:
     """A decode-time error as stored on its request: the core names a prompt by its place in the batch it was
     given ("prompt 3: ..."), which means nothing to a user; the errors file names the line and custom_id."""
@@ -182,7 +166,7 @@ def run_requests(
     if memory is None and uses_job_memory(decoder):
         memory = warm_memory(session_factory, job_id, decoder.tokenizer, settings.suffix_memory_tokens)
     with held_lease(session_factory, lease, worker, lease_seconds) as held:
-        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, held.token, held.seconds,
+        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, held,
                              should_stop, on_progress, on_stored, finalize, memory)
 
 
@@ -192,8 +176,7 @@ def _run_requests(
     decoder: Any,
     request_ids: Sequence[int] | None,
     batch_size: int | None,
-    worker: str,
-    lease_seconds: float,
+    lease: Lease,
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[RunReport], None] | None,
     on_stored: OnStored | None,
@@ -221,8 +204,8 @@ def _run_requests(
     for start in range(0, len(todo), group):
         if stop(force_check=True):
             break
-        _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
-                   lease_seconds, report, on_progress, on_stored, stop, memory)
+        _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, lease,
+                   report, on_progress, on_stored, stop, memory)
         if stop.reason is not None:
             break
     report.stopped = report.stopped or stop.reason
@@ -266,80 +249,53 @@ def _run_group(
     decoder: Any,
     ids: list[int],
     batch_size: int,
-    worker: str,
-    lease_seconds: float,
+    lease: Lease,
     report: RunReport,
     on_progress: Callable[[RunReport], None] | None,
     on_stored: OnStored | None,
     stop: _Stop,
     memory: JobMemory | None,
 ) -> None:
-    with session_factory.begin() as s:
-        claimed = queries.claim_requests(s, job_id, ids, worker=worker, lease_seconds=lease_seconds)
-        rows = queries.request_inputs(s, claimed)
-    report.skipped += len(ids) - len(claimed)
-    report.claimed += len(claimed)
-    if not claimed:
-        return
-
-    unfinished = set(claimed)
-    prompts: list[str | list[int]] = []
-    params: list[SamplingParams] = []
-    order: list[int] = []
-    try:
-        for rid in claimed:
-            row = rows[rid]
-            try:
-                built = build_prompt(decoder, row.endpoint, row.prompt)
-                sp = SamplingParams.from_dict(row.params)
-            except Exception as e:  # this request alone fails; the others go on
-                with session_factory.begin() as s:
-                    stored = queries.save_failure(s, rid, prompt_error_code(e), str(e), worker=worker)
-                unfinished.discard(rid)
-                if stored:
-                    report.failed += 1
-                    if on_stored is not None:
-                        on_stored(REQ_FAILED, None)
-                    if on_progress is not None:
-                        on_progress(report)
-                else:
-                    report.skipped += 1
-                continue
-            prompts.append(built)
-            params.append(sp)
-            order.append(rid)
-        if not order:
-            return
-
-        last_commit = [time.perf_counter()]
-
-        def on_result(i: int, result: Any) -> None:
-            rid = order[i]
-            if result.finish_reason == CANCELLED:  # stopped before it finished: given back below, not stored
-                return
-            if result.finish_reason == "error":
-                result = dataclasses.replace(result, error=request_error(result.error, i))
-            now = time.perf_counter()
-            decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
-            with session_factory.begin() as s:
-                stored = queries.save_result(s, rid, result, worker=worker)
-                if stored:  # the tokens and the time that produced them, in one transaction
-                    queries.add_decode_time(s, job_id, decode_s)
-            last_commit[0] = now
-            unfinished.discard(rid)
-            if stored:
-                report.add_result(result)
-                report.decode_wall_s += decode_s
+    with claimed_requests(session_factory, job_id, ids, decoder, lease) as batch:
+        report.skipped += len(ids) - len(batch.claimed)
+        report.claimed += len(batch.claimed)
+        for rid, exc in batch.bad:  # this request alone fails; the others go on
+            if batch.fail(rid, exc):
+                report.failed += 1
                 if on_stored is not None:
-                    on_stored(queries.result_status(result), result.stats)
+                    on_stored(REQ_FAILED, None)
+                if on_progress is not None:
+                    on_progress(report)
             else:
                 report.skipped += 1
-            if on_progress is not None:
-                on_progress(report)
+        if batch.ids:
+            on_result = _result_saver(batch, report, on_progress, on_stored)
+            decoder.generate(batch.prompts, batch.params, batch_size=batch_size, return_errors=True,
+                             on_result=on_result, should_stop=stop, memory=memory)
 
-        decoder.generate(prompts, params, batch_size=batch_size, return_errors=True, on_result=on_result,
-                         should_stop=stop, memory=memory)
-    finally:
-        if unfinished:  # stopped, Ctrl-C or an error in generate(): give the rest back at once
-            with session_factory.begin() as s:
-                queries.release_requests(s, sorted(unfinished), worker=worker)
+
+def _result_saver(batch: ClaimedRequests, report: RunReport, on_progress: Callable[[RunReport], None] | None,
+                  on_stored: OnStored | None) -> Callable[[int, Any], None]:
+    """generate()'s on_result: stores each finished row with the decode time since the previous one stored."""
+    last_commit = [time.perf_counter()]
+
+    def on_result(i: int, result: Any) -> None:
+        if result.finish_reason == CANCELLED:  # stopped before it finished: given back at the end, not stored
+            return
+        if result.finish_reason == "error":
+            result = dataclasses.replace(result, error=request_error(result.error, i))
+        now = time.perf_counter()
+        decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
+        stored = batch.store(batch.ids[i], result, decode_s)  # the tokens and their time, in one transaction
+        last_commit[0] = now
+        if stored:
+            report.add_result(result)
+            report.decode_wall_s += decode_s
+            if on_stored is not None:
+                on_stored(queries.result_status(result), result.stats)
+        else:
+            report.skipped += 1
+        if on_progress is not None:
+            on_progress(report)
+
+    return on_result

@@ -9,17 +9,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..core.outputs import RequestStats
 from ..core.params import SamplingParams
 from ..store import chunks as qstore
 from ..store import queries
-from ..store.baselines import SamplePair, record_baseline_samples
 from ..store.models import (
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
@@ -28,12 +26,13 @@ from ..store.models import (
     REQ_RUNNING,
     utcnow,
 )
-from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
 from . import lifecycle
+from .baseline import measure_baseline
+from .batchfile import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
 from .export import write_results
+from .lease import Holder, take_over_dead_holders
 from .lifecycle import JobStateError
-from .lease import Holder, Lease, take_over_dead_holders
-from .runner import OnStored, RunReport, build_prompt, held_lease, run_requests
+from .runner import RunReport, held_lease, run_requests
 
 
 def new_job_id() -> str:
@@ -153,155 +152,6 @@ def create_job_from_file(
                 now=now,
             )
     return job_id, report
-
-
-# ---------------------------------------------------------------- baseline
-
-WARMUP_TOKENS = 16  # per sampled request, decoded untimed by both decoders before the baseline is timed
-
-
-@dataclass
-class Baseline:
-    n_requests: int
-    baseline_output_tokens: int
-    baseline_wall_s: float
-    sample_output_tokens: int
-    sample_wall_s: float
-    stored: int = 0  # speculative sample results stored as the requests' results
-
-    @property
-    def baseline_tokens_per_s(self) -> float | None:
-        return RequestStats(output_tokens=self.baseline_output_tokens, wall_s=self.baseline_wall_s).tokens_per_s
-
-    @property
-    def sample_tokens_per_s(self) -> float | None:
-        return RequestStats(output_tokens=self.sample_output_tokens, wall_s=self.sample_wall_s).tokens_per_s
-
-    @property
-    def speedup(self) -> float | None:
-        a, b = self.sample_tokens_per_s, self.baseline_tokens_per_s
-        return a / b if a is not None and b else None
-
-
-def choose_sample(ids: Sequence[int], k: int) -> list[int]:
-    """k ids spread evenly over `ids` (all of them when k >= len(ids)); deterministic."""
-    n = len(ids)
-    if k >= n:
-        return list(ids)
-    return [ids[(i * n) // k] for i in range(k)]
-
-
-def measure_baseline(
-    session_factory: sessionmaker[Session],
-    job_id: str,
-    decoder: Any,
-    *,
-    sample_size: int | None = None,
-    lease: Lease | None = None,
-    worker: str | None = None,
-    lease_seconds: float | None = None,
-    on_stored: OnStored | None = None,
-) -> Baseline | None:
-    """Measures the job's speedup on a sample of its valid requests: decodes the sample with the job's decoder
-    and then with decoder.without_speculation() (same engine, same batch size), timing each generate() call,
-    and stores both on the job (first measurement wins), with each sampled request's pair (baseline_samples).
-    The speculative results are stored as the sample requests' results (conditionally: nothing is stored
-    twice; on_stored(status, stats) follows each one stored), so the sample is not decoded again.
-
-    The sample is claimed under `lease` like any request (a live holder's requests are not sampled), which the
-    caller's heartbeat renews (run_job's, a worker's); without one, this call makes its own. Returns None when the sample size is 0,
-    the job already has a baseline, or nothing of the sample could be claimed.
-    """
-    with held_lease(session_factory, lease, worker, lease_seconds) as held:
-        return _measure_held(session_factory, job_id, decoder, sample_size, held, on_stored)
-
-
-def _measure_held(session_factory: sessionmaker[Session], job_id: str, decoder: Any, sample_size: int | None,
-                  lease: Lease, on_stored: OnStored | None) -> Baseline | None:
-    worker, lease_seconds = lease.token, lease.seconds
-    with session_factory.begin() as s:
-        job = queries.get_job(s, job_id)
-        k = job.baseline_sample if sample_size is None else sample_size
-        if k <= 0 or job.baseline_wall_s is not None:
-            return None
-        batch_size = job.batch_size
-        sample = choose_sample(queries.valid_request_ids(s, job_id), k)
-        claimed = queries.claim_requests(s, job_id, sample, worker=worker, lease_seconds=lease_seconds)
-        rows = queries.request_inputs(s, claimed)
-    prompts, params, ids = [], [], []
-    for rid in claimed:
-        r = rows[rid]
-        try:
-            prompts.append(build_prompt(decoder, r.endpoint, r.prompt))
-            params.append(SamplingParams.from_dict(r.params))
-        except Exception:  # noqa: BLE001  (the runner reports this request's error; the sample skips it)
-            continue
-        ids.append(rid)
-    try:
-        return _measure(session_factory, job_id, decoder, ids, prompts, params, batch_size, worker, on_stored)
-    finally:  # whatever was claimed and not stored (a prompt the runner will fail, Ctrl-C): back to pending
-        with session_factory.begin() as s:
-            queries.release_requests(s, claimed, worker=worker)
-
-
-def _measure(
-    session_factory: sessionmaker[Session],
-    job_id: str,
-    decoder: Any,
-    ids: list[int],
-    prompts: list[Any],
-    params: list[SamplingParams],
-    batch_size: int,
-    worker: str,
-    on_stored: OnStored | None,
-) -> Baseline | None:
-    if not ids:
-        return None
-    base_decoder = decoder.without_speculation()
-    # Untimed first, for both decoders: the sample's first WARMUP_TOKENS tokens at the job's batch size. First
-    # calls pay one-time costs (a 2-token batch-1 warm-up met none of a batch-8 verify step's shapes), and a
-    # job's speculative decoder starts with a cold draft policy (a plain step first, step costs and confidence
-    # calibration unknown) that the rest of the job runs with once learned. `make demo` measured 0.90-1.02x
-    # timed cold, 1.24-1.60x after this warm-up (its tokens per step: 2.7-2.8 either way).
-    warm = [replace(p, max_new_tokens=min(p.max_new_tokens, WARMUP_TOKENS)) for p in params]
-    for d in (decoder, base_decoder):
-        d.generate(prompts, warm, batch_size=batch_size, return_errors=True)
-
-    t0 = time.perf_counter()
-    spec = decoder.generate(prompts, params, batch_size=batch_size, return_errors=True)
-    sample_wall = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    base = base_decoder.generate(prompts, params, batch_size=batch_size, return_errors=True)
-    base_wall = time.perf_counter() - t0
-
-    def tokens(results: list[Any]) -> int:
-        return sum(r.stats.output_tokens for r in results if r.finish_reason != "error")
-
-    b = Baseline(len(ids), tokens(base), base_wall, tokens(spec), sample_wall)
-    with session_factory.begin() as s:
-        first = queries.record_baseline(
-            s, job_id,
-            n_requests=b.n_requests,
-            baseline_output_tokens=b.baseline_output_tokens,
-            baseline_wall_s=b.baseline_wall_s,
-            sample_output_tokens=b.sample_output_tokens,
-            sample_wall_s=b.sample_wall_s,
-        )
-        if first:  # each request's pair, for reports (both decodes must have succeeded)
-            record_baseline_samples(s, job_id, [
-                SamplePair(rid, sr.stats.output_tokens, sr.stats.target_forwards, sr.stats.wall_s,
-                           br.stats.output_tokens, br.stats.wall_s)
-                for rid, sr, br in zip(ids, spec, base)
-                if sr.finish_reason != "error" and br.finish_reason != "error"
-            ])
-    with session_factory.begin() as s:  # the results and the share of the decode time that produced them, at once
-        stored = [res for rid, res in zip(ids, spec) if queries.save_result(s, rid, res, worker=worker)]
-        b.stored = len(stored)
-        queries.add_decode_time(s, job_id, sample_wall * b.stored / len(ids))
-    if on_stored is not None:  # after the commit: only what SQL has
-        for res in stored:
-            on_stored(queries.result_status(res), res.stats)
-    return b
 
 
 # ---------------------------------------------------------------- running

@@ -273,7 +273,8 @@ def requeue_chunk(
 
 
 def release_worker_requests(session: Session, worker: str) -> int:
-    """A lost holder's running requests -> pending (its results, if it is in fact alive, still count once)."""
+    """A lost holder's running requests -> pending, each counting an attempt (its results, if it is in fact alive,
+    still count once)."""
     return queries.release_holder(session, worker)
 
 
@@ -375,7 +376,8 @@ def open_ids_of(session: Session, ids: Sequence[int]) -> list[int]:
 
 
 def requests_over_attempts(session: Session, ids: Sequence[int], max_attempts: int) -> list[int]:
-    """Open requests among `ids` that were already claimed `max_attempts` times."""
+    """Open requests among `ids` whose claims ended without a result `max_attempts` times (crashed or lost holders:
+    queries.release_requests)."""
     if not ids:
         return []
     return list(

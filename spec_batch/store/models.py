@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -138,6 +139,10 @@ class Job(Base):
     baseline_wall_s: Mapped[float | None] = mapped_column(Float)
     sample_output_tokens: Mapped[int | None] = mapped_column(Integer)
     sample_wall_s: Mapped[float | None] = mapped_column(Float)
+    # The lowest and highest ratio of the baseline's interleaved rounds (0006): a wide range (see
+    # spec_batch.jobs.speedup.UNRELIABLE_SPREAD) means the load changed while the speedup was measured.
+    speedup_low: Mapped[float | None] = mapped_column(Float)
+    speedup_high: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # in_progress since
@@ -227,5 +232,8 @@ job_summary = Table(
     Column("created_at", UTCDateTime),
     Column("completed_at", UTCDateTime),
     Column("forced_tokens", Integer),  # appended by migration 0003
+    Column("speedup_low", Float),  # appended by migration 0006
+    Column("speedup_high", Float),
+    Column("speedup_reliable", Boolean),  # NULL when no range was measured
 )
 JOB_SUMMARY_COLUMNS = tuple(c.name for c in job_summary.columns)

@@ -137,8 +137,11 @@ def record_baseline(
     baseline_wall_s: float,
     sample_output_tokens: int,
     sample_wall_s: float,
+    speedup_low: float | None = None,
+    speedup_high: float | None = None,
 ) -> bool:
-    """Stores the job's measured baseline once (the first measurement wins)."""
+    """Stores the job's measured baseline once (the first measurement wins), with the lowest and highest ratio
+    of its interleaved rounds."""
     res = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.baseline_wall_s.is_(None))
@@ -148,6 +151,8 @@ def record_baseline(
             baseline_wall_s=baseline_wall_s,
             sample_output_tokens=sample_output_tokens,
             sample_wall_s=sample_wall_s,
+            speedup_low=speedup_low,
+            speedup_high=speedup_high,
         )
         .execution_options(synchronize_session=False)
     )
@@ -243,7 +248,8 @@ def claim_requests(
 ) -> list[int]:
     """Marks the claimable ones of `ids` running for `worker` until now + lease_seconds; returns them.
 
-    Claimable: pending, or running with an expired (or no) lease.
+    Claimable: pending, or running with an expired (or no) lease: that earlier claim ended without a result
+    because its holder lost its lease, so it counts as an attempt (see release_requests).
     """
     if not ids:
         return []
@@ -258,7 +264,7 @@ def claim_requests(
         .values(
             status=REQ_RUNNING,
             worker=worker,
-            attempts=Request.attempts + 1,
+            attempts=case((Request.status == REQ_RUNNING, Request.attempts + 1), else_=Request.attempts),
             started_at=now,
             lease_expires_at=now + timedelta(seconds=lease_seconds),
         )
@@ -280,27 +286,32 @@ def renew_holder(session: Session, worker: str, lease_seconds: float, *, now: da
     ).rowcount
 
 
-def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None) -> int:
-    """running -> pending for those of `ids` still running (for `worker`, when given). Returns how many."""
+def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None, lost: bool = False) -> int:
+    """running -> pending for those of `ids` still running (for `worker`, when given). Returns how many.
+
+    `attempts` counts the claims that ended without a result because a process crashed or lost its lease: `lost`
+    says this one did (an error ended the attempt); a clean interruption (Ctrl-C, a stop, a cancel) does not."""
     if not ids:
         return 0
     cond = [Request.id.in_(list(ids)), Request.status == REQ_RUNNING]
     if worker is not None:
         cond.append(Request.worker == worker)
+    attempts = Request.attempts + 1 if lost else Request.attempts
     res = session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None)
+        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None, attempts=attempts)
         .execution_options(synchronize_session=False)
     )
     return res.rowcount
 
 
 def release_holder(session: Session, worker: str, *, job_id: str | None = None) -> int:
-    """Every request still running for `worker` (of `job_id`, when given) -> pending: its holder is gone."""
+    """Every request still running for `worker` (of `job_id`, when given) -> pending: its holder is gone (crashed,
+    or its lease expired), so each counts an attempt (see release_requests)."""
     cond = [Request.worker == worker, Request.status == REQ_RUNNING]
     if job_id is not None:
         cond.append(Request.job_id == job_id)
     return session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None)
+        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None, attempts=Request.attempts + 1)
         .execution_options(synchronize_session=False)
     ).rowcount
 
@@ -377,7 +388,6 @@ def _finish(session: Session, request_id: int, values: dict, *, worker: str | No
         completed_at=now,
         lease_expires_at=None,
         started_at=func.coalesce(Request.started_at, now),
-        attempts=case((Request.status == REQ_PENDING, Request.attempts + 1), else_=Request.attempts),
     )
     if worker is not None:
         values["worker"] = worker

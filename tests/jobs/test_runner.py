@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
-from spec_batch.jobs.service import WARMUP_TOKENS
+from spec_batch.jobs.baseline import WARMUP_TOKENS
 from spec_batch.jobs import JobBusyError
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.runner import finalize_job, run_requests
@@ -162,7 +162,8 @@ def test_resume_takes_over_a_dead_process_but_never_a_live_one(db_url, tmp_path,
     assert len(waited) == 1 and report.completed == 3 and report.finalized
     with factory() as s:
         assert queries.job_counts(s, job_id)["completed"] == 6
-        assert max(r.attempts for r in _rows(factory, job_id)) == 2  # taken over once, never decoded twice
+        # attempts count the claims lost to a dead process or an expired lease: taken over once, never decoded twice
+        assert sorted(r.attempts for r in _rows(factory, job_id)) == [0, 0, 0, 1, 1, 1]
 
 
 def test_overlapping_runners_store_each_result_once(db_url, tmp_path, fake_decoder_cls):
@@ -228,11 +229,13 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cl
     assert b is not None and b.n_requests == 3 and b.stored == 3
     assert b.baseline_output_tokens == b.sample_output_tokens  # same requests, same outputs
     assert measure_baseline(factory, job_id, dec) is None  # once per job
-    # an untimed pass over the sample's first tokens warms the speculative decoder's policy, then the timed one
-    (warm_prompts, warm_params), (timed_prompts, timed_params) = dec.generate_calls
-    assert warm_prompts == timed_prompts and len(timed_prompts) == 3
-    assert [p.max_new_tokens for p in warm_params] == [WARMUP_TOKENS] * 3
-    assert [p.max_new_tokens for p in timed_params] == [WARMUP_TOKENS + 4] * 3
+    # an untimed pass over the sample's first tokens warms the speculative decoder's policy, then the timed
+    # interleaved rounds: one slice of the sample each, every sampled request in exactly one round
+    (warm_prompts, warm_params), *rounds = dec.generate_calls
+    assert len(rounds) == 3 and sorted(p for prompts, _ in rounds for p in prompts) == sorted(warm_prompts)
+    assert len(warm_prompts) == 3 and [p.max_new_tokens for p in warm_params] == [WARMUP_TOKENS] * 3
+    assert [p.max_new_tokens for _, params in rounds for p in params] == [WARMUP_TOKENS + 4] * 3
+    assert len(b.rounds) == 3 and b.speedup_low <= b.speedup <= b.speedup_high
     job = _job(factory, job_id)
     assert (job.baseline_output_tokens, job.sample_output_tokens) == (b.baseline_output_tokens, b.sample_output_tokens)
     completed = [r.line_number for r in _rows(factory, job_id) if r.status == "completed"]

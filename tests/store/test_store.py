@@ -33,7 +33,8 @@ from spec_batch.store import (
 
 REPO = Path(__file__).resolve().parents[2]
 VIEW_COLUMNS = ("job_id, status, target, drafter, n_requests, n_completed, n_failed, output_tokens, acceptance_rate, "
-                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at, forced_tokens").split(", ")
+                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at, forced_tokens, "
+                "speedup_low, speedup_high, speedup_reliable").split(", ")
 
 
 def _revisions() -> list[str]:
@@ -198,7 +199,7 @@ def test_save_result_is_conditional_and_claims_respect_leases(db_url):
         assert queries.save_failure(s, ids[0], "x", "y") is False
     with factory() as s:
         r = s.get(Request, ids[0])
-        assert (r.status, r.output_tokens, r.worker, r.attempts, r.lease_expires_at) == ("completed", 4, "w3", 2, None)
+        assert (r.status, r.output_tokens, r.worker, r.attempts, r.lease_expires_at) == ("completed", 4, "w3", 1, None)
     with factory.begin() as s:
         assert queries.save_result(s, ids[1], _result(0, 0, 0, 0, error=True)) is True
         assert queries.release_requests(s, [ids[2]], worker="nobody") == 0
