@@ -103,7 +103,7 @@ def run_queue(factory, path: Path, broker_url: str, batch_size: int, chunk_size:
     from datetime import datetime
 
     from spec_batch.store import queries
-    from workers.enqueue import submit_file
+    from spec_batch.workers.enqueue import submit_file
 
     pids = [p for w in workers for p in (w.pid, *w.children())]
     w0 = cpu_seconds(pids)
@@ -151,7 +151,7 @@ def main() -> None:
 
     from spec_batch import load_decoder
     from spec_batch.store import make_session_factory, migrate_to_head
-    from workers.routing import queue_name
+    from spec_batch.workers.routing import queue_name
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

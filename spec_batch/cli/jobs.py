@@ -129,11 +129,11 @@ def _summary_table(row: dict, title: str):
     return t
 
 
-def _print_summary(factory, job_id: str, *, title: str = "Job summary") -> dict:
+def _print_summary(session_factory, job_id: str, *, title: str = "Job summary") -> dict:
     from ..jobs.batchfile import errors_path_for
     from ..store import queries
 
-    with factory() as s:
+    with session_factory() as s:
         row = queries.job_summary_row(s, job_id)
         job = queries.get_job(s, job_id)
         out, error = job.output_file, job.error
@@ -227,11 +227,11 @@ def _interrupted(job_id: str) -> None:
     sys.exit(EXIT_INTERRUPTED)
 
 
-def _exit_code(factory, job_id: str) -> int:
+def _exit_code(session_factory, job_id: str) -> int:
     """The exit code of a command that ran or resumed the job, from how the job stands (README: Exit codes)."""
     from ..store import queries
 
-    with factory() as s:
+    with session_factory() as s:
         job = queries.get_job(s, job_id)
         status, error = job.status, job.error
     if status == JOB_COMPLETED:
@@ -303,29 +303,29 @@ def run_command(
         parsed = validate_file(file, defaults)
     except (OutputPathError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    factory = open_store_or_exit()
+    session_factory = open_store_or_exit()
     console = _console(stderr=True)
     job_options = dict(output_file=output, batch_size=batch_size, baseline_sample=baseline_sample,
                        sampling_defaults=defaults, metadata=meta or None, report=parsed)
     if parsed.requests:
         decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
         job_id, parsed = create_job_from_file(
-            factory, file, target=decoder.target_name, drafter=decoder.draft_name,
+            session_factory, file, target=decoder.target_name, drafter=decoder.draft_name,
             max_context=decoder.max_context, vocab_size=decoder.vocab_size, **job_options,
         )
     else:
         decoder = None
-        job_id, parsed = create_job_from_file(factory, file, target=target, drafter=draft, **job_options)
+        job_id, parsed = create_job_from_file(session_factory, file, target=target, drafter=draft, **job_options)
     click.echo(job_id)
     console.print(f"job [bold]{job_id}[/]: {parsed.n_lines} request(s) from {file}, {len(parsed.errors)} invalid")
     _print_line_errors(parsed.errors, console)
     if parsed.requests:
         with _running(job_id) as display:
-            run_job(factory, job_id, decoder, **display.hooks())
+            run_job(session_factory, job_id, decoder, **display.hooks())
     else:
-        write_results(factory, job_id, output)  # the errors file says why every line was refused
-    _print_summary(factory, job_id)
-    sys.exit(_exit_code(factory, job_id))
+        write_results(session_factory, job_id, output)  # the errors file says why every line was refused
+    _print_summary(session_factory, job_id)
+    sys.exit(_exit_code(session_factory, job_id))
 
 
 @main.command("resume")
@@ -341,10 +341,10 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     A job submitted to the queue goes back to its workers; a local one continues in this process. Requests a
     live process holds are never taken over: resume names that process and exits (or waits, with --wait)."""
     from ..jobs import JobBusyError, JobStateError, resume
-    from workers.enqueue import BrokerUnavailableError, enqueue_job
+    from ..workers.enqueue import BrokerUnavailableError, enqueue_job
 
-    factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(factory, job)
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
     console = _console(stderr=True)
 
     said: list[str] = []
@@ -357,7 +357,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     try:
         with _running(job_id) as display:
             outcome = resume(
-                factory, job_id,
+                session_factory, job_id,
                 decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype),
                 enqueue=enqueue_job, wait=wait_busy, on_wait=on_wait,
                 **display.hooks(),
@@ -376,8 +376,8 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
             + (f"; {outcome.running} running on workers" if outcome.running else "")
             + f"; follow it with spec-batch wait {job_id}"
         )
-    _print_summary(factory, job_id)
-    sys.exit(EXIT_COMPLETED if outcome.action == "enqueued" else _exit_code(factory, job_id))
+    _print_summary(session_factory, job_id)
+    sys.exit(EXIT_COMPLETED if outcome.action == "enqueued" else _exit_code(session_factory, job_id))
 
 
 @main.command("jobs")
@@ -390,8 +390,8 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
 
     from ..store import queries
 
-    factory = open_store_or_exit(must_exist=True)
-    with factory() as s:
+    session_factory = open_store_or_exit(must_exist=True)
+    with session_factory() as s:
         rows = queries.list_job_summaries(s, limit=limit, status=status)
     if as_json:
         for r in rows:
@@ -429,10 +429,10 @@ def show_command(job: str, n_errors: int) -> None:
 
     from ..store import queries
 
-    factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(factory, job)
-    _print_summary(factory, job_id, title=f"Job {job_id}")
-    with factory() as s:
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
+    _print_summary(session_factory, job_id, title=f"Job {job_id}")
+    with session_factory() as s:
         j = queries.get_job(s, job_id)
         counts = queries.job_counts(s, job_id)
         failed = queries.failed_requests(s, job_id, n_errors)
@@ -477,11 +477,11 @@ def results_command(job: str, output: Path, force: bool) -> None:
     from ..jobs import job_info, write_results
     from ..jobs.export import OutputPathError, check_output_path
 
-    factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(factory, job)
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
     try:
-        check_output_path(output, input_path=job_info(factory, job_id).input_file, force=force)
-        rep = write_results(factory, job_id, output)
+        check_output_path(output, input_path=job_info(session_factory, job_id).input_file, force=force)
+        rep = write_results(session_factory, job_id, output)
     except OutputPathError as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
@@ -502,8 +502,8 @@ def stats_command(as_json: bool) -> None:
 
     from ..jobs.stats import stats_by_model
 
-    factory = open_store_or_exit(must_exist=True)
-    rows = stats_by_model(factory)
+    session_factory = open_store_or_exit(must_exist=True)
+    rows = stats_by_model(session_factory)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, default=str))

@@ -100,7 +100,7 @@ def submit_command(
     no job. Follow it with `spec-batch wait JOB`; results with `spec-batch results JOB -o OUT.jsonl`.
     """
     from ..settings import get_settings
-    from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
+    from ..workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
 
     meta = parse_metadata(metadata)
     settings = get_settings()
@@ -177,7 +177,7 @@ def worker_command(
     --device and --torch-threads reach the worker processes as SPEC_BATCH_DEVICE and SPEC_BATCH_TORCH_THREADS
     (they read them through spec_batch.settings, as every other setting)."""
     from ..settings import get_settings, shown_url
-    from workers.routing import parse_model_pair, queue_name
+    from ..workers.routing import parse_model_pair, queue_name
 
     settings = get_settings()
     names: list[str] = []
@@ -200,7 +200,7 @@ def worker_command(
     _check_database()
     _err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
          f"lease {settings.lease_seconds}s; broker {shown_url(settings.broker_url)}")
-    from workers.celery_app import app
+    from ..workers.celery_app import app
 
     argv = ["worker", f"--loglevel={loglevel}", "-Q", ",".join(names), f"--concurrency={concurrency}",
             f"--pool={pool}", "-n", hostname or f"spec-batch-{os.getpid()}@%h", *celery_args]

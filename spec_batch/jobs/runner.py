@@ -22,7 +22,7 @@ finalize=True, memory=None)``.
   place in a batch.
 - ``memory``: the job's JobMemory (the suffix drafter drafts from the job's other outputs; outputs never change).
   None: for a suffix decoder, one for this call, warmed from the job's completed outputs (a resume starts with
-  the job's history); a worker passes the one it keeps for the job across chunks (jobs.memory.JobMemories).
+  the job's history); a worker passes the one it keeps for the job across chunks (jobs.job_memory_store.JobMemories).
 - ``finalize=True``: when no request of the job is open any more, ``finalize_job`` completes it (conditional
   updates: exactly one process, whichever finishes last, writes the output file and completes the job).
 """
@@ -46,7 +46,7 @@ from ..store.models import REQ_FAILED
 from .claims import ClaimedRequests, build_prompt, claimed_requests
 from .lease import Heartbeat, Lease, new_lease
 from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
-from .memory import uses_job_memory, warm_memory
+from .job_memory_store import uses_job_memory, warm_memory
 from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size

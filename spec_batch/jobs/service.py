@@ -1,6 +1,6 @@
 """The job service: create a job from a batch file, measure its baseline, run, resume and cancel it.
 
-Used by the CLI (``spec-batch run / resume / cancel``) and by the queue (workers/), which reuses
+Used by the CLI (``spec-batch run / resume / cancel``) and by the queue (spec_batch.workers), which reuses
 create_job_from_file and measure_baseline and runs requests with ``spec_batch.jobs.runner.run_requests``.
 The service never talks to the broker: a caller that resumes a queued job passes the queue's enqueue function.
 """
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.params import SamplingParams
-from ..store import chunks as qstore
+from ..store import chunks
 from ..store import queries
 from ..store.models import (
     JOB_FINALIZING,
@@ -295,7 +295,7 @@ def resume(
     **run_kwargs: Any,
 ) -> ResumeOutcome:
     """Continues a job the way it was started: a queued job goes back to its workers (`enqueue`, e.g.
-    workers.enqueue.enqueue_job: the jobs layer never talks to the broker; chunks a live worker holds stay
+    spec_batch.workers.enqueue.enqueue_job: the jobs layer never talks to the broker; chunks a live worker holds stay
     with it), a local one is decoded in this process with `decoder_for(target, drafter)` once no live process
     holds any of its requests (JobBusyError, or `wait`). A completed job only gets its output file back if it is
     missing. Raises JobStateError for a failed, cancelled or cancelling job."""
@@ -310,7 +310,7 @@ def resume(
             raise JobStateError(f"job {job_id} runs on the queue {info.queue}: resume it where the queue is reachable")
         enqueued = enqueue(session_factory, job_id)
         with session_factory() as s:
-            running = len(qstore.running_chunk_holders(s, job_id))
+            running = len(chunks.running_chunk_holders(s, job_id))
         return ResumeOutcome("enqueued", info, enqueued=enqueued, running=running)
     if action == lifecycle.RESUME_RUN:  # before loading the model: a busy job is refused at once
         wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
@@ -337,7 +337,7 @@ def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOut
         status = queries.get_job(s, job_id).status
         changed = lifecycle.request_cancel(s, job_id)
         if changed:
-            qstore.cancel_queued_chunks(s, job_id)
+            chunks.cancel_queued_chunks(s, job_id)
     if not changed and not lifecycle.is_stopping(status):
         raise JobStateError(f"job {job_id} is {status}; it cannot be cancelled")
     with session_factory.begin() as s:

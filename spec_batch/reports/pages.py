@@ -9,7 +9,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ..store.reports import JobReportData
+from ..store.report_queries import JobReportData
 from . import aggregate, charts
 
 TABLE_ROWS = 10  # slowest and least-accepted requests listed per job

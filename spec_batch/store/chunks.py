@@ -20,23 +20,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import (
-    Boolean,
-    CheckConstraint,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    and_,
-    delete,
-    exists,
-    false,
-    func,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import and_, delete, exists, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from . import queries
 from .models import (
@@ -46,55 +31,20 @@ from .models import (
     JOB_VALIDATING,
     REQ_RUNNING,
     REQUEST_OPEN,
-    Base,
+    CHUNK_DONE,
+    CHUNK_LIVE,
+    CHUNK_QUEUED,
+    CHUNK_RUNNING,
+    CHUNK_SPLIT,
+    CHUNK_STATES,
     Job,
-    JSONType,
+    QueueChunk,
     Request,
-    UTCDateTime,
     utcnow,
 )
 
-CHUNK_QUEUED = "queued"
-CHUNK_RUNNING = "running"
-CHUNK_DONE = "done"
-CHUNK_SPLIT = "split"
-CHUNK_STATES = (CHUNK_QUEUED, CHUNK_RUNNING, CHUNK_DONE, CHUNK_SPLIT)
-CHUNK_LIVE = (CHUNK_QUEUED, CHUNK_RUNNING)  # a message exists or a worker holds it
 # Jobs whose chunks still need running (a cancelling job's chunks run only to cancel their requests).
 JOB_ACTIVE = (JOB_VALIDATING, JOB_IN_PROGRESS, JOB_CANCELLING)
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
-
-
-class QueueChunk(Base):
-    """Requests of one job published together as one Celery task (its id is the task id)."""
-
-    __tablename__ = "queue_chunks"
-    __table_args__ = (
-        CheckConstraint(_in("state", CHUNK_STATES), name="state"),
-        Index("ix_queue_chunks_state_lease_expires_at", "state", "lease_expires_at"),
-    )
-
-    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    seq: Mapped[int] = mapped_column(Integer)  # order within the job (split pieces get new numbers)
-    queue: Mapped[str] = mapped_column(String(128))
-    request_ids: Mapped[list[int]] = mapped_column(JSONType)
-    measure_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    state: Mapped[str] = mapped_column(String(16), default=CHUNK_QUEUED, server_default=CHUNK_QUEUED)
-    epoch: Mapped[str | None] = mapped_column(String(64))
-    worker: Mapped[str | None] = mapped_column(String(255))
-    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-    def __repr__(self) -> str:
-        return f"QueueChunk(id={self.id!r}, job_id={self.job_id!r}, seq={self.seq}, state={self.state!r})"
 
 
 def new_chunk_id() -> str:

@@ -1,5 +1,5 @@
 """Queries and conditional updates of the store. Every function takes a Session the caller owns
-(``with factory.begin() as session: ...``); none commits.
+(``with session_factory.begin() as session: ...``); none commits.
 
 The updates that several processes may race on (claiming, storing a result, finalizing a job) are single
 conditional UPDATE statements, so at most one of the racers changes a row: nothing is stored twice and a job

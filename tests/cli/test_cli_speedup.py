@@ -4,15 +4,16 @@ rounds disagree by more than 25% of the speedup (the load changed while it was m
 from __future__ import annotations
 
 import os
-import time
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import text, update
+from sqlalchemy import text
 
 from batch_lines import completion_line, write_batch
 from spec_batch.cli import _common, main
 from spec_batch.cli import jobs as cli_jobs
+from spec_batch.jobs import baseline
 from spec_batch.jobs.baseline import UNRELIABLE_SPREAD, round_slices, speedup_is_reliable
 from spec_batch.store import Job, make_session_factory, queries
 
@@ -26,6 +27,25 @@ def env(tmp_path, monkeypatch):
 
 def _use_decoder(monkeypatch, decoder):
     monkeypatch.setattr(cli_jobs, "_load_decoder", lambda target, draft, device, dtype: decoder)
+
+
+@pytest.fixture
+def virtual_time(monkeypatch, fake_decoder_cls):
+    """A fake decoder class whose steps take 10 ms of a virtual clock, the clock the baseline's rounds are timed
+    with: the measurement is deterministic on a busy machine. `load(seconds)` adds time outside any step."""
+    clock = {"t": 0.0}
+
+    class VirtualTime(fake_decoder_cls):
+        def _step(self):
+            clock["t"] += 0.01
+            super()._step()
+
+        @staticmethod
+        def load(seconds: float) -> None:
+            clock["t"] += seconds
+
+    monkeypatch.setattr(baseline, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    return VirtualTime
 
 
 def _run_and_show(tmp_path, n: int = 6) -> tuple[str, str]:
@@ -45,8 +65,8 @@ def _summary(url: str, job_id: str) -> dict:
         return queries.job_summary_row(s, job_id)
 
 
-def test_run_measures_rounds_and_show_gives_the_range(env, tmp_path, monkeypatch, fake_decoder_cls):
-    dec = fake_decoder_cls(step_delay=0.004)  # time is the steps': 3 tokens per step with speculation, 1 without
+def test_run_measures_rounds_and_show_gives_the_range(env, tmp_path, monkeypatch, virtual_time):
+    dec = virtual_time()  # time is the steps': 3 tokens per step with speculation, 1 without
     _use_decoder(monkeypatch, dec)
     job_id, shown = _run_and_show(tmp_path)
     row = _summary(env, job_id)
@@ -57,16 +77,16 @@ def test_run_measures_rounds_and_show_gives_the_range(env, tmp_path, monkeypatch
     assert [len(prompts) for prompts, _ in dec.generate_calls] == [6, 2, 2, 2]
 
 
-def test_a_load_change_during_the_rounds_is_called_unreliable(env, tmp_path, monkeypatch, fake_decoder_cls):
-    class LoadedOnce(fake_decoder_cls):
+def test_a_load_change_during_the_rounds_is_called_unreliable(env, tmp_path, monkeypatch, virtual_time):
+    class LoadedOnce(virtual_time):
         """Another process takes the CPU during the second timed round of the speculative decoder only."""
 
         def generate(self, prompts, params=None, *args, **kw):
             if self.draft_name != "none" and len(self.generate_calls) == 2:
-                time.sleep(0.5)
+                self.load(0.5)
             return super().generate(prompts, params, *args, **kw)
 
-    _use_decoder(monkeypatch, LoadedOnce(step_delay=0.004))
+    _use_decoder(monkeypatch, LoadedOnce())
     job_id, shown = _run_and_show(tmp_path)
     row = _summary(env, job_id)
     assert row["speedup_high"] - row["speedup_low"] > UNRELIABLE_SPREAD * row["speedup"]

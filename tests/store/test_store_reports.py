@@ -1,4 +1,4 @@
-"""The report queries (spec_batch.store.reports) and the per-request baseline table on a real database."""
+"""The report queries (spec_batch.store.report_queries) and the per-request baseline table on a real database."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -10,7 +10,7 @@ from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import make_session_factory, queries
 from spec_batch.store.baselines import SamplePair, record_baseline_samples
 from spec_batch.store.models import utcnow
-from spec_batch.store.reports import job_history, job_report_data
+from spec_batch.store.report_queries import job_history, job_report_data
 
 
 def _job(factory, tmp_path, n=6, **kw):

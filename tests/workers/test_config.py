@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from spec_batch.settings import get_settings
-from workers import tasks
-from workers.celery_app import celery_config
+from spec_batch.workers import tasks
+from spec_batch.workers.celery_app import celery_config
 
 from queue_testlib import REPO
 
@@ -39,7 +39,7 @@ def test_lease_default_is_minutes(monkeypatch):
 
 
 def test_app_is_json_only_after_import():
-    from workers.celery_app import app
+    from spec_batch.workers.celery_app import app
 
     assert app.conf.accept_content == ["json"] and app.conf.task_serializer == "json"
     assert tasks.process_chunk.name == "spec_batch.process_chunk"
@@ -64,7 +64,7 @@ def test_transient_errors_are_told_apart():
 def test_worker_module_does_not_touch_the_database_at_import():
     """Importing the app (as the main worker process does before forking) opens no connection."""
     code = ("import os; os.environ['SPEC_BATCH_DATABASE_URL']='postgresql://nobody@127.0.0.1:1/none';"
-            "import workers.celery_app, workers.tasks; from workers.tasks import _runtime; assert _runtime is None")
+            "import workers.celery_app, spec_batch.workers.tasks; from spec_batch.workers.tasks import _runtime; assert _runtime is None")
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=120,
                           env={**os.environ})
     assert proc.returncode == 0, proc.stderr
@@ -104,4 +104,4 @@ def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
     rt = tasks.Runtime()
     assert rt.decoder("default", "ngram") == "dec" and rt.decoder("default", "ngram") == "dec"
     assert [(t, d, kw["device"]) for t, d, kw in loads] == [("default", "ngram", "cuda:3")] * 2  # one cache: loading's
-    rt.factory.kw["bind"].dispose()
+    rt.session_factory.kw["bind"].dispose()

@@ -9,9 +9,9 @@ from batch_lines import completion_line, write_batch
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job
-from workers import enqueue, reaper
-from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, enqueue_job, submit_file
-from workers.routing import queue_name
+from spec_batch.workers import enqueue, reaper
+from spec_batch.workers.enqueue import BrokerUnavailableError, PartialEnqueueError, enqueue_job, submit_file
+from spec_batch.workers.routing import queue_name
 
 DEAD_BROKER = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 

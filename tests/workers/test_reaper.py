@@ -16,8 +16,8 @@ from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job, Request, utcnow
 from spec_batch.jobs import lease
-from workers import reaper, tasks
-from workers.routing import queue_name
+from spec_batch.workers import reaper, tasks
+from spec_batch.workers.routing import queue_name
 
 DEAD_BROKER = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 

@@ -11,7 +11,7 @@ from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Request
 from spec_batch.jobs import lease
-from workers import tasks
+from spec_batch.workers import tasks
 
 
 def test_chunks_run_store_once_and_complete_the_job_once(factory, queued_job, fake_runtime, job_state):

@@ -3,7 +3,7 @@ done so far, by anyone), and drops it when the job ends."""
 from __future__ import annotations
 
 from spec_batch.jobs import lease
-from workers import tasks
+from spec_batch.workers import tasks
 
 
 def test_a_job_memory_lives_across_chunks_and_goes_with_the_job(factory, queued_job, fake_runtime, fake_decoder_cls):

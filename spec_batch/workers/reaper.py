@@ -43,7 +43,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import abandoned_tokens, brief, forget_abandoned, holder_is_dead, holder_prefix
-from spec_batch.store import chunks as qstore
+from spec_batch.store import chunks
 from spec_batch.store import queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
 
@@ -86,7 +86,7 @@ def broker_epoch(broker_url: str) -> str:
 
 # ---------------------------------------------------------------- reaper
 
-Publisher = Callable[[qstore.QueueChunk], None]
+Publisher = Callable[[chunks.QueueChunk], None]
 
 
 @dataclass
@@ -113,7 +113,7 @@ def _give_up_message(attempts: int) -> str:
 
 
 def _recover_chunk(
-    factory: sessionmaker[Session],
+    session_factory: sessionmaker[Session],
     chunk_id: str,
     holder: str,
     epoch: str,
@@ -124,39 +124,39 @@ def _recover_chunk(
 ) -> None:
     job_id = None
     done_after = False
-    with factory.begin() as s:
-        chunk = qstore.get_chunk(s, chunk_id)
-        if chunk is None or chunk.state != qstore.CHUNK_RUNNING or chunk.worker != holder:
+    with session_factory.begin() as s:
+        chunk = chunks.get_chunk(s, chunk_id)
+        if chunk is None or chunk.state != chunks.CHUNK_RUNNING or chunk.worker != holder:
             return  # someone else got there first
         job = queries.find_job(s, chunk.job_id)
         job_id = chunk.job_id
-        open_ids = qstore.open_ids_of(s, chunk.request_ids)
-        if job is None or job.status not in qstore.JOB_ACTIVE or job.status == JOB_CANCELLING:
+        open_ids = chunks.open_ids_of(s, chunk.request_ids)
+        if job is None or job.status not in chunks.JOB_ACTIVE or job.status == JOB_CANCELLING:
             # Nothing to run any more: free the dead holder's requests, let cancellation finish.
-            qstore.release_worker_requests(s, holder)
-            qstore.finish_chunk(s, chunk.id, holder)
+            chunks.release_worker_requests(s, holder)
+            chunks.finish_chunk(s, chunk.id, holder)
             if job is not None and job.status == JOB_CANCELLING:
                 if lifecycle.settle_cancel(s, job.id):
                     report.cancelled += 1
             return
-        qstore.release_worker_requests(s, holder)  # the lost claims count their attempt now
-        over = set(qstore.requests_over_attempts(s, open_ids, max_attempts))
+        chunks.release_worker_requests(s, holder)  # the lost claims count their attempt now
+        over = set(chunks.requests_over_attempts(s, open_ids, max_attempts))
         for rid in over:
             attempts = queries.request_attempts(s, rid) or max_attempts
             if queries.save_failure(s, rid, WORKER_LOST, _give_up_message(attempts)):
                 report.failed_requests += 1
         open_ids = [i for i in open_ids if i not in over]
         if not open_ids:
-            qstore.release_worker_requests(s, holder)
-            qstore.finish_chunk(s, chunk.id, holder)
+            chunks.release_worker_requests(s, holder)
+            chunks.finish_chunk(s, chunk.id, holder)
             done_after = True
         elif chunk.attempts >= 2 and len(open_ids) > 1:
-            pieces = qstore.split_chunk(s, chunk, open_ids, epoch, expected_worker=holder)
+            pieces = chunks.split_chunk(s, chunk, open_ids, epoch, expected_worker=holder)
             for piece in pieces:
                 publish(piece)
             report.split += 1
         else:
-            if qstore.requeue_chunk(s, chunk, epoch, expected_worker=holder):
+            if chunks.requeue_chunk(s, chunk, epoch, expected_worker=holder):
                 publish(chunk)
                 report.requeued += 1
     if done_after and job_id is not None:
@@ -164,7 +164,7 @@ def _recover_chunk(
 
 
 def reap(
-    factory: sessionmaker[Session],
+    session_factory: sessionmaker[Session],
     *,
     broker_url: str,
     publish: Publisher,
@@ -182,43 +182,43 @@ def reap(
     now = utcnow()
 
     # 1. chunks of vanished holders
-    with factory.begin() as s:
-        lost = [(c.id, c.worker) for c in qstore.expired_chunks(s, now=now)]
-        lost += [(c.id, c.worker) for c in qstore.running_chunks_of(s, holder_prefix()) if holder_is_dead(c.worker)]
-        lost += [(c.id, c.worker) for c in qstore.running_chunks_held_by(s, abandoned_tokens())]
+    with session_factory.begin() as s:
+        lost = [(c.id, c.worker) for c in chunks.expired_chunks(s, now=now)]
+        lost += [(c.id, c.worker) for c in chunks.running_chunks_of(s, holder_prefix()) if holder_is_dead(c.worker)]
+        lost += [(c.id, c.worker) for c in chunks.running_chunks_held_by(s, abandoned_tokens())]
     seen: set[str] = set()
     for chunk_id, holder in lost:
         if chunk_id in seen or holder is None:
             continue
         seen.add(chunk_id)
         try:
-            _recover_chunk(factory, chunk_id, holder, epoch, publish, max_attempts, report, finalize)
+            _recover_chunk(session_factory, chunk_id, holder, epoch, publish, max_attempts, report, finalize)
             forget_abandoned(holder)
         except Exception as exc:
             report.errors.append(f"chunk {chunk_id}: {brief(exc)}")
 
     # 2. queued chunks whose message the broker does not have
     grace = now - timedelta(seconds=lease_seconds)
-    with factory.begin() as s:
-        stale = [(c.id, c.epoch) for c in qstore.unpublished_chunks(s, epoch, grace_before=grace)]
+    with session_factory.begin() as s:
+        stale = [(c.id, c.epoch) for c in chunks.unpublished_chunks(s, epoch, grace_before=grace)]
     for chunk_id, old_epoch in stale:
         try:
-            with factory.begin() as s:
-                if qstore.republish_claim(s, chunk_id, old_epoch, epoch):
-                    chunk = qstore.get_chunk(s, chunk_id)
+            with session_factory.begin() as s:
+                if chunks.republish_claim(s, chunk_id, old_epoch, epoch):
+                    chunk = chunks.get_chunk(s, chunk_id)
                     publish(chunk)
                     report.republished += 1
         except Exception as exc:
             report.errors.append(f"republish {chunk_id}: {brief(exc)}")
 
     # 3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running
-    with factory.begin() as s:
-        to_finalize = qstore.queue_jobs_to_finalize(s)
-        to_cancel = qstore.queue_jobs_to_cancel(s)
-        stuck = qstore.queue_jobs_stuck_finalizing(s, since_before=now - timedelta(seconds=lease_seconds))
+    with session_factory.begin() as s:
+        to_finalize = chunks.queue_jobs_to_finalize(s)
+        to_cancel = chunks.queue_jobs_to_cancel(s)
+        stuck = chunks.queue_jobs_stuck_finalizing(s, since_before=now - timedelta(seconds=lease_seconds))
     for job_id in stuck:  # the worker finalizing it died between its two steps
         try:
-            with factory.begin() as s:
+            with session_factory.begin() as s:
                 if lifecycle.complete(s, job_id):
                     report.finalized += 1
         except Exception as exc:
@@ -231,7 +231,7 @@ def reap(
             report.errors.append(f"finalize {job_id}: {brief(exc)}")
     for job_id in to_cancel:
         try:
-            with factory.begin() as s:
+            with session_factory.begin() as s:
                 if lifecycle.settle_cancel(s, job_id):
                     report.cancelled += 1
         except Exception as exc:
@@ -240,23 +240,23 @@ def reap(
 
 
 def adopt_orphans(
-    factory: sessionmaker[Session], *, grace_s: float, publish: Publisher, epoch: str, chunk_size: int,
+    session_factory: sessionmaker[Session], *, grace_s: float, publish: Publisher, epoch: str, chunk_size: int,
     limit: int = 20,
 ) -> int:
     """Reaper step: chunks for open requests of in-progress queue jobs that no live chunk covers (a submit that
     died between storing the job and storing its chunks). Returns the number of chunks created."""
-    with factory() as s:
-        jobs = qstore.jobs_to_adopt(s, created_before=utcnow() - timedelta(seconds=grace_s), limit=limit)
+    with session_factory() as s:
+        jobs = chunks.jobs_to_adopt(s, created_before=utcnow() - timedelta(seconds=grace_s), limit=limit)
     created = 0
     for job_id in jobs:
-        with factory.begin() as s:
+        with session_factory.begin() as s:
             job = queries.get_job(s, job_id)
-            orphans = qstore.orphan_request_ids(s, job_id)
+            orphans = chunks.orphan_request_ids(s, job_id)
             if not orphans or job.status != JOB_IN_PROGRESS or job.queue is None:
                 continue
             # Two reapers racing here may both adopt the same requests: the second chunk then only finds
             # them claimed or done and does nothing (claims are conditional), so this needs no lock.
-            new = qstore.add_chunks(s, job_id, job.queue, orphans, job.chunk_size or chunk_size, epoch=epoch)
+            new = chunks.add_chunks(s, job_id, job.queue, orphans, job.chunk_size or chunk_size, epoch=epoch)
             for c in new:
                 publish(c)  # before the commit: a reaper that dies in between leaves the job to the next one
             created += len(new)

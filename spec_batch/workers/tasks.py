@@ -32,13 +32,13 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import measure_baseline
-from spec_batch.jobs.memory import JobMemories, uses_job_memory
+from spec_batch.jobs.job_memory_store import JobMemories, uses_job_memory
 from spec_batch.jobs import lease, lifecycle
 from spec_batch.jobs.lifecycle import finalize_job
 from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, run_requests
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
-from spec_batch.store import chunks as qstore
+from spec_batch.store import chunks
 from spec_batch.store import open_store, queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
 
@@ -97,22 +97,22 @@ class Runtime:
         self.pid = os.getpid()
         self.settings = get_settings()
         logging.getLogger("alembic").setLevel(logging.WARNING)  # SQLite migrating itself on open: not news
-        self.factory = open_store(self.settings.database_url)
+        self.session_factory = open_store(self.settings.database_url)
         self.device = self.settings.device or _default_device()
         self._loaded: set[tuple[str, str]] = set()
         # the suffix drafter's memory of each job's outputs, kept across the job's chunks
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
         self._last_adopt = 0.0
         self.heartbeat = lease.Heartbeat(
-            self.factory, lease_seconds=self.settings.lease_seconds, on_tick=self.reap_tick
+            self.session_factory, lease_seconds=self.settings.lease_seconds, on_tick=self.reap_tick
         ).start()
 
     # The reaper publishes with this process's producer pool.
-    def publish(self, chunk: qstore.QueueChunk) -> None:
+    def publish(self, chunk: chunks.QueueChunk) -> None:
         publish_chunk(chunk.id, chunk.queue)
 
     def finalize(self, job_id: str) -> None:
-        finalize_job(self.factory, job_id)
+        finalize_job(self.session_factory, job_id)
 
     def reap_tick(self) -> None:
         """The heartbeat's extra duty in a worker: one reaper pass, logged when it did something."""
@@ -124,7 +124,7 @@ class Runtime:
 
     def reap(self) -> reaper.ReapReport:
         rep = reaper.reap(
-            self.factory,
+            self.session_factory,
             broker_url=self.settings.broker_url,
             publish=self.publish,
             lease_seconds=self.settings.lease_seconds,
@@ -136,7 +136,7 @@ class Runtime:
             self._last_adopt = now
             try:
                 epoch = reaper.broker_epoch(self.settings.broker_url)
-                rep.requeued += reaper.adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
+                rep.requeued += reaper.adopt_orphans(self.session_factory, grace_s=self.settings.lease_seconds,
                                                     publish=self.publish, epoch=epoch,
                                                     chunk_size=self.settings.chunk_size)
             except Exception as exc:
@@ -297,8 +297,8 @@ def _give_back(chunk_id: str, token: str) -> None:
         return
     rt.heartbeat.drop(token)
     try:
-        with rt.factory.begin() as s:
-            qstore.expire_chunk(s, chunk_id, token)
+        with rt.session_factory.begin() as s:
+            chunks.expire_chunk(s, chunk_id, token)
         rt.heartbeat.poke()
     except Exception as exc:
         log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id,
@@ -306,26 +306,26 @@ def _give_back(chunk_id: str, token: str) -> None:
 
 
 def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
-    factory = rt.factory
+    session_factory = rt.session_factory
     out: dict[str, Any] = {"chunk": chunk_id, "worker": token}
-    with factory.begin() as s:
-        chunk = qstore.get_chunk(s, chunk_id)
+    with session_factory.begin() as s:
+        chunk = chunks.get_chunk(s, chunk_id)
         if chunk is None:
             log.warning("chunk %s is not in the database (a submit rolled back?); nothing to do", chunk_id)
             return {**out, "skipped": "unknown chunk"}
-        if chunk.state in (qstore.CHUNK_DONE, qstore.CHUNK_SPLIT):
+        if chunk.state in (chunks.CHUNK_DONE, chunks.CHUNK_SPLIT):
             return {**out, "skipped": f"chunk {chunk.state}"}
         job = queries.get_job(s, chunk.job_id)
         if job.status in JOB_TERMINAL:
-            qstore.finish_chunk(s, chunk.id, None)
+            chunks.finish_chunk(s, chunk.id, None)
             rt.memories.drop(job.id)
             return {**out, "skipped": f"job {job.status}"}
-        previous = chunk.worker if chunk.state == qstore.CHUNK_RUNNING else None
+        previous = chunk.worker if chunk.state == chunks.CHUNK_RUNNING else None
         take_from = previous if previous and lease.holder_is_dead(previous) else None
-        if not qstore.claim_chunk(s, chunk.id, token, rt.settings.lease_seconds, take_from=take_from):
+        if not chunks.claim_chunk(s, chunk.id, token, rt.settings.lease_seconds, take_from=take_from):
             return {**out, "skipped": f"held by {chunk.worker}"}
         if previous:  # its lease expired or it is known dead: its unfinished requests are claimable now
-            qstore.release_worker_requests(s, previous)
+            chunks.release_worker_requests(s, previous)
         job_id, request_ids = chunk.job_id, list(chunk.request_ids)
         target, drafter, batch_size = job.target, job.drafter, job.batch_size
         measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
@@ -334,27 +334,27 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
     counted = metrics.ChunkMetrics(target=target, drafter=drafter, n=len(request_ids))
     try:
         if cancelling:
-            with factory.begin() as s:
+            with session_factory.begin() as s:
                 lifecycle.settle_cancel(s, job_id)
-                qstore.finish_chunk(s, chunk_id, token)
+                chunks.finish_chunk(s, chunk_id, token)
             return {**out, "stopped": STOPPED_CANCELLED}
 
         try:
             decoder = rt.decoder(target, drafter)
         except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
             msg = f"the worker could not load target {target!r} with drafter {drafter!r}: {exc}"
-            with factory.begin() as s:
+            with session_factory.begin() as s:
                 failed = sum(queries.save_failure(s, rid, "model_error", msg, worker=token)
-                             for rid in qstore.open_ids_of(s, request_ids))
-                qstore.finish_chunk(s, chunk_id, token)
+                             for rid in chunks.open_ids_of(s, request_ids))
+                chunks.finish_chunk(s, chunk_id, token)
             for _ in range(failed):
                 counted.on_stored(REQ_FAILED, None)
-            finalize_job(factory, job_id)
+            finalize_job(session_factory, job_id)
             return {**out, "failed": "model_error"}
 
         if measure:
             try:
-                measure_baseline(factory, job_id, decoder, lease=holding, on_stored=counted.on_stored)
+                measure_baseline(session_factory, job_id, decoder, lease=holding, on_stored=counted.on_stored)
             except Exception as exc:
                 if is_transient(exc):
                     raise
@@ -363,9 +363,9 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
         # another worker took the chunk over; rows it did not finish go back to pending.
         # a job already partly done (by others too) warms this worker's memory of it from SQL on first use
-        memory = rt.memories.get(factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
+        memory = rt.memories.get(session_factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
         report = run_requests(
-            factory, job_id, decoder,
+            session_factory, job_id, decoder,
             request_ids=request_ids, batch_size=batch_size, lease=holding,  # the heartbeat renews it
             should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True, memory=memory,
         )
@@ -373,22 +373,22 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
                    output_tokens=report.output_tokens, finalized=report.finalized)
 
-        with factory.begin() as s:
+        with session_factory.begin() as s:
             status = queries.get_job(s, job_id).status
-            open_ids = qstore.open_ids_of(s, request_ids)
+            open_ids = chunks.open_ids_of(s, request_ids)
             if status == JOB_CANCELLING:
                 lifecycle.settle_cancel(s, job_id)
-                qstore.finish_chunk(s, chunk_id, token)
+                chunks.finish_chunk(s, chunk_id, token)
                 stopped = STOPPED_CANCELLED
             elif holding.lost:
                 pass  # another worker holds the chunk now
             elif open_ids and status not in JOB_TERMINAL:
-                qstore.expire_chunk(s, chunk_id, token)  # someone else's claim, or released: re-queue
+                chunks.expire_chunk(s, chunk_id, token)  # someone else's claim, or released: re-queue
                 rt.heartbeat.poke()
             else:
-                qstore.finish_chunk(s, chunk_id, token)
+                chunks.finish_chunk(s, chunk_id, token)
         if not open_ids and status not in JOB_TERMINAL and status != JOB_CANCELLING:
-            out["finalized"] = finalize_job(factory, job_id) or out.get("finalized", False)
+            out["finalized"] = finalize_job(session_factory, job_id) or out.get("finalized", False)
         if out.get("finalized") or status in JOB_TERMINAL or stopped == STOPPED_CANCELLED:
             rt.memories.drop(job_id)  # the job ended
         out["stopped"] = stopped
