@@ -59,11 +59,11 @@ def write_batch(path: Path, n: int, max_tokens: int) -> Path:
 def job_wall(factory, job_id: str, t_start_utc) -> dict:
     """The job's wall time (start -> completed_at), its output tokens, and the seconds spent inside
     decoder.generate() (jobs.decode_wall_s): wall - decode is what surrounds decoding."""
-    from spec_batch.store import queries
+    from spec_batch.store import queries, summaries
 
     with factory() as s:
         job = queries.get_job(s, job_id)
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert job.status == "completed", (job_id, job.status)
     wall = (job.completed_at - t_start_utc).total_seconds()
     return {"job": job_id, "wall_s": wall, "output_tokens": int(row["output_tokens"] or 0),

@@ -131,10 +131,10 @@ def _summary_table(row: dict, title: str):
 
 def _print_summary(session_factory, job_id: str, *, title: str = "Job summary") -> dict:
     from ..jobs.batchfile import errors_path_for
-    from ..store import queries
+    from ..store import queries, summaries
 
     with session_factory() as s:
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
         job = queries.get_job(s, job_id)
         out, error = job.output_file, job.error
     table = _summary_table(row, title)
@@ -388,11 +388,11 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
     """Job history, newest first (from the job_summary view)."""
     from rich.table import Table
 
-    from ..store import queries
+    from ..store import summaries
 
     session_factory = open_store_or_exit(must_exist=True)
     with session_factory() as s:
-        rows = queries.list_job_summaries(s, limit=limit, status=status)
+        rows = summaries.list_job_summaries(s, limit=limit, status=status)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, default=str))

@@ -272,7 +272,7 @@ def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int,
 
 def _wait(factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
           quiet: bool) -> int:
-    from ..store import queries
+    from ..store import queries, summaries
 
     t0 = time.monotonic()
     last_line = None
@@ -306,7 +306,7 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
     if tty and not quiet:
         _err("")
     with factory() as s:
-        row = queries.job_summary_row(s, job_id) or {}
+        row = summaries.job_summary_row(s, job_id) or {}
         error = queries.get_job(s, job_id).error
     if not quiet:
         stats = []

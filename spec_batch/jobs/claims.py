@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.params import SamplingParams
 from ..errors import ChatTemplateError, SpecBatchError
-from ..store import queries
+from ..store import queries, request_claims
 from .lease import Lease
 
 # Interruptions that are not failures: the claims go back without counting an attempt.
@@ -97,7 +97,7 @@ def claimed_requests(
     every claimed request not stored goes back to pending: without counting an attempt after a clean end or
     interruption, counting one when an error escapes the block (see the module docstring)."""
     with session_factory.begin() as s:
-        claimed = queries.claim_requests(s, job_id, ids, worker=lease.token, lease_seconds=lease.seconds)
+        claimed = request_claims.claim_requests(s, job_id, ids, worker=lease.token, lease_seconds=lease.seconds)
         inputs = queries.request_inputs(s, claimed)
     batch = ClaimedRequests(session_factory, job_id, lease, len(ids), claimed, inputs, unfinished=set(claimed))
     crashed = False
@@ -112,7 +112,7 @@ def claimed_requests(
     finally:
         if batch.unfinished:  # stopped, Ctrl-C or an error: give the rest back at once
             with session_factory.begin() as s:
-                queries.release_requests(s, sorted(batch.unfinished), worker=lease.token, lost=crashed)
+                request_claims.release_requests(s, sorted(batch.unfinished), worker=lease.token, lost=crashed)
 
 
 __all__ = [

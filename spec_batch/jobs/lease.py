@@ -29,7 +29,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..store import chunks
-from ..store import queries
+from ..store import request_claims
 from ..store.models import utcnow
 
 log = logging.getLogger("spec_batch.jobs.lease")
@@ -141,10 +141,10 @@ def take_over_dead_holders(session_factory: sessionmaker[Session], job_id: str) 
     live = []
     with session_factory.begin() as s:
         now = utcnow()
-        for token, n, until in queries.request_holders(s, job_id):
+        for token, n, until in request_claims.request_holders(s, job_id):
             expired = until is None or until < now
             if expired or holder_is_dead(token):
-                queries.release_holder(s, token, job_id=job_id)
+                request_claims.release_holder(s, token, job_id=job_id)
             else:
                 live.append(Holder(token, n, until))
     return live
@@ -278,7 +278,7 @@ class Heartbeat:
     def _renew(self, lease: Lease) -> None:
         if lease.chunk_id is None:
             with self.session_factory.begin() as s:
-                queries.renew_holder(s, lease.token, lease.seconds)
+                request_claims.renew_holder(s, lease.token, lease.seconds)
             return
         with self.session_factory.begin() as s:
             renewed_chunks, _ = chunks.renew(s, lease.token, lease.seconds)

@@ -1,5 +1,5 @@
 """The SQL store of bulk jobs: tables, engines/sessions/migrations, and every SQL statement of the project (docs/architecture.md)."""
-from . import baselines, chunks, queries
+from . import baselines, chunk_recovery, chunks, queries, request_claims, summaries
 from .db import (
     DatabaseMissingError,
     DatabaseNotMigratedError,
@@ -40,8 +40,11 @@ from .models import (
 
 __all__ = [
     "baselines",
+    "chunk_recovery",
     "chunks",
     "queries",
+    "request_claims",
+    "summaries",
     "DatabaseMissingError",
     "DatabaseNotMigratedError",
     "current_revision",

@@ -8,10 +8,10 @@ is completed exactly once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, case, exists, func, insert, or_, select, update
+from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import SpecBatchError
@@ -25,7 +25,6 @@ from .models import (
     REQUEST_STATUSES,
     Job,
     Request,
-    job_summary,
     utcnow,
 )
 
@@ -237,95 +236,6 @@ def open_request_ids(session: Session, job_id: str, among: Iterable[int] | None 
     return request_ids(session, job_id, REQUEST_OPEN, among)
 
 
-def claim_requests(
-    session: Session,
-    job_id: str,
-    ids: Sequence[int],
-    *,
-    worker: str | None,
-    lease_seconds: float,
-    now: datetime | None = None,
-) -> list[int]:
-    """Marks the claimable ones of `ids` running for `worker` until now + lease_seconds; returns them.
-
-    Claimable: pending, or running with an expired (or no) lease: that earlier claim ended without a result
-    because its holder lost its lease, so it counts as an attempt (see release_requests).
-    """
-    if not ids:
-        return []
-    now = now or utcnow()
-    claimable = or_(
-        Request.status == REQ_PENDING,
-        and_(Request.status == REQ_RUNNING, or_(Request.lease_expires_at.is_(None), Request.lease_expires_at < now)),
-    )
-    res = session.execute(
-        update(Request)
-        .where(Request.job_id == job_id, Request.id.in_(list(ids)), claimable)
-        .values(
-            status=REQ_RUNNING,
-            worker=worker,
-            attempts=case((Request.status == REQ_RUNNING, Request.attempts + 1), else_=Request.attempts),
-            started_at=now,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
-        )
-        .returning(Request.id)
-        .execution_options(synchronize_session=False)
-    )
-    claimed = set(res.scalars().all())
-    return [i for i in ids if i in claimed]
-
-
-def renew_holder(session: Session, worker: str, lease_seconds: float, *, now: datetime | None = None) -> int:
-    """Heartbeat: extends the lease of every request still running for `worker`. Returns how many."""
-    until = (now or utcnow()) + timedelta(seconds=lease_seconds)
-    return session.execute(
-        update(Request)
-        .where(Request.worker == worker, Request.status == REQ_RUNNING)
-        .values(lease_expires_at=until)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-
-
-def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None, lost: bool = False) -> int:
-    """running -> pending for those of `ids` still running (for `worker`, when given). Returns how many.
-
-    `attempts` counts the claims that ended without a result because a process crashed or lost its lease: `lost`
-    says this one did (an error ended the attempt); a clean interruption (Ctrl-C, a stop, a cancel) does not."""
-    if not ids:
-        return 0
-    cond = [Request.id.in_(list(ids)), Request.status == REQ_RUNNING]
-    if worker is not None:
-        cond.append(Request.worker == worker)
-    attempts = Request.attempts + 1 if lost else Request.attempts
-    res = session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None, attempts=attempts)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount
-
-
-def release_holder(session: Session, worker: str, *, job_id: str | None = None) -> int:
-    """Every request still running for `worker` (of `job_id`, when given) -> pending: its holder is gone (crashed,
-    or its lease expired), so each counts an attempt (see release_requests)."""
-    cond = [Request.worker == worker, Request.status == REQ_RUNNING]
-    if job_id is not None:
-        cond.append(Request.job_id == job_id)
-    return session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None, attempts=Request.attempts + 1)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-
-
-def request_holders(session: Session, job_id: str) -> list[tuple[str, int, datetime | None]]:
-    """(worker, running requests, latest lease end) for each holder of the job's running requests."""
-    rows = session.execute(
-        select(Request.worker, func.count(), func.max(Request.lease_expires_at))
-        .where(Request.job_id == job_id, Request.status == REQ_RUNNING)
-        .group_by(Request.worker)
-    ).all()
-    return [(w or "", n, t) for w, n, t in rows]  # max() keeps the column's type: timezone-aware UTC
-
-
 def result_status(result: Any) -> str:
     """The request status a GenerationResult is stored with: failed for finish_reason "error", else completed."""
     return REQ_FAILED if result.finish_reason == "error" else REQ_COMPLETED
@@ -429,96 +339,6 @@ def job_counts(session: Session, job_id: str) -> dict[str, int]:
     return counts
 
 
-# ---------------------------------------------------------------- job_summary and stats
-
-
-def job_summary_row(session: Session, job_id: str) -> dict[str, Any] | None:
-    row = session.execute(select(job_summary).where(job_summary.c.job_id == job_id)).mappings().first()
-    return dict(row) if row is not None else None
-
-
-def list_job_summaries(
-    session: Session, *, limit: int | None = 20, status: str | None = None
-) -> list[dict[str, Any]]:
-    """job_summary rows, newest first."""
-    q = select(job_summary).order_by(job_summary.c.created_at.desc(), job_summary.c.job_id.desc())
-    if status is not None:
-        q = q.where(job_summary.c.status == status)
-    if limit is not None:
-        q = q.limit(limit)
-    return [dict(r) for r in session.execute(q).mappings()]
-
-
-def model_totals(session: Session) -> list[dict[str, Any]]:
-    """Per (target, drafter), over every job: jobs, requests by outcome and the sums of the requests'
-    statistics (rates are computed from these sums by spec_batch.jobs.stats, with the one definition of each),
-    plus the mean and range of the jobs' measured speedups and their mean tokens/s (from job_summary)."""
-    per_req = (
-        select(
-            Job.target,
-            Job.drafter,
-            func.count(func.distinct(Job.id)).label("jobs"),
-            func.count(Request.id).label("n_requests"),
-            func.sum(case((Request.status == REQ_COMPLETED, 1), else_=0)).label("n_completed"),
-            func.sum(case((Request.status == REQ_FAILED, 1), else_=0)).label("n_failed"),
-            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
-            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
-            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
-            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
-        )
-        .select_from(Job)
-        .join(Request, Request.job_id == Job.id, isouter=True)
-        .group_by(Job.target, Job.drafter)
-    ).subquery()
-    speed = (
-        select(
-            job_summary.c.target,
-            job_summary.c.drafter,
-            func.count(job_summary.c.speedup).label("jobs_measured"),
-            func.avg(job_summary.c.speedup).label("speedup"),
-            func.min(job_summary.c.speedup).label("min_speedup"),
-            func.max(job_summary.c.speedup).label("max_speedup"),
-            func.avg(job_summary.c.tokens_per_s).label("tokens_per_s"),
-        )
-        .group_by(job_summary.c.target, job_summary.c.drafter)
-    ).subquery()
-    q = (
-        select(
-            per_req,
-            speed.c.jobs_measured,
-            speed.c.speedup,
-            speed.c.min_speedup,
-            speed.c.max_speedup,
-            speed.c.tokens_per_s,
-        )
-        .join(speed, and_(speed.c.target == per_req.c.target, speed.c.drafter == per_req.c.drafter))
-        .order_by(per_req.c.target, per_req.c.drafter)
-    )
-    out = []
-    for r in session.execute(q).mappings():
-        d = dict(r)
-        for k in ("speedup", "min_speedup", "max_speedup", "tokens_per_s"):
-            if d.get(k) is not None:
-                d[k] = float(d[k])
-        for k in ("n_completed", "n_failed", "output_tokens", "draft_tokens", "accepted_tokens", "target_forwards"):
-            d[k] = int(d[k] or 0)
-        out.append(d)
-    return out
-
-
-def job_request_totals(session: Session, job_id: str) -> dict[str, int]:
-    """Sums of the job's request statistics (the inputs of job_summary's rates)."""
-    row = session.execute(
-        select(
-            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
-            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
-            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
-            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
-        ).where(Request.job_id == job_id)
-    ).mappings().one()
-    return {k: int(v) for k, v in row.items()}
-
-
 __all__ = [
     "JobNotFoundError",
     "find_job",
@@ -530,18 +350,9 @@ __all__ = [
     "record_baseline",
     "request_ids",
     "open_request_ids",
-    "claim_requests",
-    "renew_holder",
-    "release_requests",
-    "release_holder",
-    "request_holders",
     "save_result",
     "save_failure",
     "job_counts",
-    "job_summary_row",
-    "list_job_summaries",
-    "model_totals",
-    "job_request_totals",
     "RequestInput",
     "insert_job",
     "insert_requests",

@@ -43,7 +43,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import abandoned_tokens, brief, forget_abandoned, holder_is_dead, holder_prefix
-from spec_batch.store import chunks
+from spec_batch.store import chunk_recovery, chunks
 from spec_batch.store import queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
 
@@ -140,7 +140,7 @@ def _recover_chunk(
                     report.cancelled += 1
             return
         chunks.release_worker_requests(s, holder)  # the lost claims count their attempt now
-        over = set(chunks.requests_over_attempts(s, open_ids, max_attempts))
+        over = set(chunk_recovery.requests_over_attempts(s, open_ids, max_attempts))
         for rid in over:
             attempts = queries.request_attempts(s, rid) or max_attempts
             if queries.save_failure(s, rid, WORKER_LOST, _give_up_message(attempts)):
@@ -183,9 +183,10 @@ def reap(
 
     # 1. chunks of vanished holders
     with session_factory.begin() as s:
-        lost = [(c.id, c.worker) for c in chunks.expired_chunks(s, now=now)]
-        lost += [(c.id, c.worker) for c in chunks.running_chunks_of(s, holder_prefix()) if holder_is_dead(c.worker)]
-        lost += [(c.id, c.worker) for c in chunks.running_chunks_held_by(s, abandoned_tokens())]
+        lost = [(c.id, c.worker) for c in chunk_recovery.expired_chunks(s, now=now)]
+        lost += [(c.id, c.worker) for c in chunk_recovery.running_chunks_of(s, holder_prefix())
+                 if holder_is_dead(c.worker)]
+        lost += [(c.id, c.worker) for c in chunk_recovery.running_chunks_held_by(s, abandoned_tokens())]
     seen: set[str] = set()
     for chunk_id, holder in lost:
         if chunk_id in seen or holder is None:
@@ -200,11 +201,11 @@ def reap(
     # 2. queued chunks whose message the broker does not have
     grace = now - timedelta(seconds=lease_seconds)
     with session_factory.begin() as s:
-        stale = [(c.id, c.epoch) for c in chunks.unpublished_chunks(s, epoch, grace_before=grace)]
+        stale = [(c.id, c.epoch) for c in chunk_recovery.unpublished_chunks(s, epoch, grace_before=grace)]
     for chunk_id, old_epoch in stale:
         try:
             with session_factory.begin() as s:
-                if chunks.republish_claim(s, chunk_id, old_epoch, epoch):
+                if chunk_recovery.republish_claim(s, chunk_id, old_epoch, epoch):
                     chunk = chunks.get_chunk(s, chunk_id)
                     publish(chunk)
                     report.republished += 1
@@ -213,9 +214,9 @@ def reap(
 
     # 3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running
     with session_factory.begin() as s:
-        to_finalize = chunks.queue_jobs_to_finalize(s)
-        to_cancel = chunks.queue_jobs_to_cancel(s)
-        stuck = chunks.queue_jobs_stuck_finalizing(s, since_before=now - timedelta(seconds=lease_seconds))
+        to_finalize = chunk_recovery.queue_jobs_to_finalize(s)
+        to_cancel = chunk_recovery.queue_jobs_to_cancel(s)
+        stuck = chunk_recovery.queue_jobs_stuck_finalizing(s, since_before=now - timedelta(seconds=lease_seconds))
     for job_id in stuck:  # the worker finalizing it died between its two steps
         try:
             with session_factory.begin() as s:
@@ -246,7 +247,7 @@ def adopt_orphans(
     """Reaper step: chunks for open requests of in-progress queue jobs that no live chunk covers (a submit that
     died between storing the job and storing its chunks). Returns the number of chunks created."""
     with session_factory() as s:
-        jobs = chunks.jobs_to_adopt(s, created_before=utcnow() - timedelta(seconds=grace_s), limit=limit)
+        jobs = chunk_recovery.jobs_to_adopt(s, created_before=utcnow() - timedelta(seconds=grace_s), limit=limit)
     created = 0
     for job_id in jobs:
         with session_factory.begin() as s:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from batch_lines import completion_line, write_batch
-from spec_batch.store import Request, make_session_factory, queries
+from spec_batch.store import Request, make_session_factory, queries, summaries
 
 SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
 INTERRUPTS = 3
@@ -91,7 +91,7 @@ def test_sigint_during_the_baseline_counts_no_attempt_and_the_job_resumes(tmp_pa
     rows = _requests(factory_for(), job_id)
     assert all(r.status == "completed" for r in rows) and all(r.attempts == 0 for r in rows)
     with factory_for()() as s:
-        summary = queries.job_summary_row(s, job_id)
+        summary = summaries.job_summary_row(s, job_id)
     assert summary["status"] == "completed" and summary["speedup"] is not None
     assert summary["speedup_low"] <= summary["speedup"] <= summary["speedup_high"]
     assert len(out.read_text().splitlines()) == len(PROMPTS)

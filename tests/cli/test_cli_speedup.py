@@ -15,7 +15,7 @@ from spec_batch.cli import _common, main
 from spec_batch.cli import jobs as cli_jobs
 from spec_batch.jobs import baseline
 from spec_batch.jobs.baseline import UNRELIABLE_SPREAD, round_slices, speedup_is_reliable
-from spec_batch.store import Job, make_session_factory, queries
+from spec_batch.store import Job, make_session_factory, summaries
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def _run_and_show(tmp_path, n: int = 6) -> tuple[str, str]:
 
 def _summary(url: str, job_id: str) -> dict:
     with make_session_factory(url)() as s:
-        return queries.job_summary_row(s, job_id)
+        return summaries.job_summary_row(s, job_id)
 
 
 def test_run_measures_rounds_and_show_gives_the_range(env, tmp_path, monkeypatch, virtual_time):
@@ -118,7 +118,7 @@ def test_job_summary_rule_in_sql(db_url):
                       sample_wall_s=1.0, speedup_low=low, speedup_high=high))
     with factory() as s:
         for name, (low, high, reliable) in cases.items():
-            row = queries.job_summary_row(s, ids[name])
+            row = summaries.job_summary_row(s, ids[name])
             assert row["speedup"] == pytest.approx(2.0)
             assert (row["speedup_low"], row["speedup_high"], row["speedup_reliable"]) == (low, high, reliable), name
             assert speedup_is_reliable(row["speedup"], low, high) == reliable  # Python says the same

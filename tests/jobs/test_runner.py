@@ -17,7 +17,7 @@ from spec_batch.jobs.baseline import WARMUP_TOKENS
 from spec_batch.jobs import JobBusyError
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.runner import finalize_job, run_requests
-from spec_batch.store import Job, Request, make_session_factory, queries
+from spec_batch.store import Job, Request, make_session_factory, queries, request_claims, summaries
 from spec_batch.store.models import utcnow
 
 from batch_lines import chat_line, completion_line, write_batch
@@ -83,7 +83,7 @@ def test_full_job_with_fake_decoder(db_url, tmp_path, fake_decoder_cls):
     lines = [e["error"]["line"] if e["error"] else e["response"]["body"]["error"]["line"] for e in errs]
     assert lines == [11, 12, 13, 14, 15]
     with factory() as s:
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert (row["n_requests"], row["n_completed"], row["n_failed"]) == (15, 10, 5)
     assert row["output_tokens"] == sum(r.output_tokens or 0 for r in rows)
     assert row["speedup"] is not None and row["tokens_per_s"] is not None
@@ -139,8 +139,8 @@ def test_resume_takes_over_a_dead_process_but_never_a_live_one(db_url, tmp_path,
     live = "another-host/ns1/4242/abcd"  # a live run elsewhere: its lease is all we know
     with factory.begin() as s:
         ids = queries.request_ids(s, job_id)
-        queries.claim_requests(s, job_id, ids[:2], worker=_dead_token(), lease_seconds=3600)
-        queries.claim_requests(s, job_id, ids[2:3], worker=live, lease_seconds=3600)
+        request_claims.claim_requests(s, job_id, ids[:2], worker=_dead_token(), lease_seconds=3600)
+        request_claims.claim_requests(s, job_id, ids[2:3], worker=live, lease_seconds=3600)
     report = run_requests(factory, job_id, fake_decoder_cls())
     assert report.completed == 3 and report.skipped == 3 and not report.finalized  # leases are respected
     dec = fake_decoder_cls()
@@ -241,13 +241,13 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cl
     completed = [r.line_number for r in _rows(factory, job_id) if r.status == "completed"]
     assert completed == [1, 4, 7]  # spread over the file; the sample's results are kept
     with factory() as s:
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert row["speedup"] == pytest.approx((job.sample_output_tokens / job.sample_wall_s)
                                            / (job.baseline_output_tokens / job.baseline_wall_s))
     off, _ = _make_job(factory, tmp_path, n=2, bad=False, baseline_sample=0)
     run_job(factory, off, fake_decoder_cls())
     with factory() as s:
-        row = queries.job_summary_row(s, off)
+        row = summaries.job_summary_row(s, off)
     assert row["speedup"] is None and row["baseline_tokens_per_s"] is None and row["tokens_per_s"] is not None
 
 
@@ -258,7 +258,7 @@ def test_a_file_without_valid_lines_fails_the_job(db_url, tmp_path):
     job = _job(factory, job_id)
     assert job.status == "failed" and "no valid request" in job.error and len(parsed.errors) == 2
     with factory() as s:
-        assert queries.job_summary_row(s, job_id)["n_failed"] == 2
+        assert summaries.job_summary_row(s, job_id)["n_failed"] == 2
 
 
 # ---------------------------------------------------------------- the real model
@@ -299,7 +299,7 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
         assert usage["speculative"]["drafter"] == "ngram"
     assert len(list(iter_jsonl(errors_path_for(out)))) == 2
     with factory() as s:
-        summary = queries.job_summary_row(s, job_id)
+        summary = summaries.job_summary_row(s, job_id)
         job = queries.get_job(s, job_id)
     done = [r for r in rows.values() if r.status == "completed"]
     assert summary["status"] == "completed" and summary["n_completed"] == 4 and summary["n_failed"] == 2

@@ -12,8 +12,8 @@ from batch_lines import completion_line, write_batch
 
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import holder_prefix
-from spec_batch.store import chunks as qstore
-from spec_batch.store import queries
+from spec_batch.store import chunks as qstore, chunk_recovery
+from spec_batch.store import queries, request_claims
 from spec_batch.store.models import Job, Request, utcnow
 from spec_batch.jobs import lease
 from spec_batch.workers import reaper, tasks
@@ -39,7 +39,7 @@ def _hold(factory, chunk, token, *, expired=True, claim_requests=True):
     with factory.begin() as s:
         assert qstore.claim_chunk(s, chunk.id, token, 30)
         if claim_requests:
-            queries.claim_requests(s, chunk.job_id, chunk.request_ids, worker=token, lease_seconds=30)
+            request_claims.claim_requests(s, chunk.job_id, chunk.request_ids, worker=token, lease_seconds=30)
         if expired:
             past = utcnow() - timedelta(seconds=1)
             s.execute(update(qstore.QueueChunk).where(qstore.QueueChunk.id == chunk.id).values(lease_expires_at=past))
@@ -58,7 +58,7 @@ def test_heartbeat_renews_leases(factory, queued_job):
         assert c.lease_expires_at > utcnow() + timedelta(seconds=20)
         leases = s.scalars(select(Request.lease_expires_at).where(Request.worker == token)).all()
         assert len(leases) == 2 and all(t > utcnow() + timedelta(seconds=20) for t in leases)
-        assert qstore.expired_chunks(s) == []
+        assert chunk_recovery.expired_chunks(s) == []
     assert not holding.lost
 
 

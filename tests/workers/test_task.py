@@ -8,7 +8,6 @@ from batch_lines import completion_line
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs import cancel_job, runner
 from spec_batch.store import chunks as qstore
-from spec_batch.store import queries
 from spec_batch.store.models import Request
 from spec_batch.jobs import lease
 from spec_batch.workers import tasks
