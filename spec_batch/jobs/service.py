@@ -51,6 +51,46 @@ def validate_file(path: str | Path, sampling_defaults: dict[str, Any] | None = N
     return read_batch_file(path, defaults=sampling_defaults_with(sampling_defaults))
 
 
+def _request_rows(job_id: str, report: ParseReport, now: Any) -> list[dict[str, Any]]:
+    """One requests row per non-blank line: pending for a valid one, failed (with its error) for an invalid one."""
+    rows = []
+    for entry in report.entries():
+        if isinstance(entry, BatchRequest):
+            rows.append(
+                {
+                    "job_id": job_id,
+                    "custom_id": entry.custom_id,
+                    "line_number": entry.line_number,
+                    "input": entry.raw,
+                    "endpoint": entry.endpoint,
+                    "prompt": entry.prompt,
+                    "params": entry.params_dict(),
+                    "status": REQ_PENDING,
+                    "attempts": 0,
+                }
+            )
+        else:
+            rows.append(
+                {
+                    "job_id": job_id,
+                    "custom_id": None,
+                    "line_number": entry.line_number,
+                    "input": entry.raw,
+                    "endpoint": None,
+                    "prompt": None,
+                    "params": None,
+                    "status": REQ_FAILED,
+                    "finish_reason": "error",
+                    "error_code": entry.code,
+                    "error_param": entry.param,
+                    "error": entry.message,
+                    "attempts": 0,
+                    "completed_at": now,
+                }
+            )
+    return rows
+
+
 def create_job_from_file(
     session_factory: sessionmaker[Session],
     path: str | Path,
@@ -76,10 +116,7 @@ def create_job_from_file(
     target's, when known: lines it cannot run (max_tokens beyond its context, token ids outside its
     vocabulary) are invalid lines too. Raises OSError when the file cannot be read, ValueError for bad options.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if baseline_sample < 0:
-        raise ValueError(f"baseline_sample must be >= 0 (0 turns the baseline off), got {baseline_sample}")
+    _check_job_options(batch_size, baseline_sample)
     defaults = sampling_defaults_with(sampling_defaults)
     if report is None:
         report = read_batch_file(path, defaults=defaults)
@@ -106,52 +143,30 @@ def create_job_from_file(
             created_at=now,
         )
     with session_factory.begin() as s:
-        rows = []
-        for entry in report.entries():
-            if isinstance(entry, BatchRequest):
-                rows.append(
-                    {
-                        "job_id": job_id,
-                        "custom_id": entry.custom_id,
-                        "line_number": entry.line_number,
-                        "input": entry.raw,
-                        "endpoint": entry.endpoint,
-                        "prompt": entry.prompt,
-                        "params": entry.params_dict(),
-                        "status": REQ_PENDING,
-                        "attempts": 0,
-                    }
-                )
-            else:
-                rows.append(
-                    {
-                        "job_id": job_id,
-                        "custom_id": None,
-                        "line_number": entry.line_number,
-                        "input": entry.raw,
-                        "endpoint": None,
-                        "prompt": None,
-                        "params": None,
-                        "status": REQ_FAILED,
-                        "finish_reason": "error",
-                        "error_code": entry.code,
-                        "error_param": entry.param,
-                        "error": entry.message,
-                        "attempts": 0,
-                        "completed_at": now,
-                    }
-                )
+        rows = _request_rows(job_id, report, now)
         queries.insert_requests(s, rows)
-        if report.requests:
-            lifecycle.start(s, job_id, now=now)
-        else:
-            lifecycle.fail(
-                s, job_id,
-                f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
-                if report.n_lines else f"{path} has no requests",
-                now=now,
-            )
+        _leave_validating(s, job_id, path, report, now)
     return job_id, report
+
+
+def _check_job_options(batch_size: int, baseline_sample: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if baseline_sample < 0:
+        raise ValueError(f"baseline_sample must be >= 0 (0 turns the baseline off), got {baseline_sample}")
+
+
+def _leave_validating(session: Session, job_id: str, path: str | Path, report: ParseReport, now: Any) -> None:
+    """The stored job starts (it has valid lines) or fails as a whole (none)."""
+    if report.requests:
+        lifecycle.start(session, job_id, now=now)
+        return
+    lifecycle.fail(
+        session, job_id,
+        f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
+        if report.n_lines else f"{path} has no requests",
+        now=now,
+    )
 
 
 # ---------------------------------------------------------------- running

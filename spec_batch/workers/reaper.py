@@ -36,7 +36,7 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -180,8 +180,16 @@ def reap(
         report.errors.append(f"broker: {brief(exc)}")
         return report
     now = utcnow()
+    grace = now - timedelta(seconds=lease_seconds)
+    _recover_lost_chunks(session_factory, epoch, publish, max_attempts, finalize, report, now)
+    _republish_lost_messages(session_factory, epoch, publish, report, grace)
+    _end_queue_jobs(session_factory, finalize, report, grace)
+    return report
 
-    # 1. chunks of vanished holders
+
+def _recover_lost_chunks(session_factory: sessionmaker[Session], epoch: str, publish: Publisher, max_attempts: int,
+                         finalize: Callable[[str], None], report: ReapReport, now: datetime) -> None:
+    """1. chunks of vanished holders: expired leases, dead processes of this machine, attempts given up here."""
     with session_factory.begin() as s:
         lost = [(c.id, c.worker) for c in chunk_recovery.expired_chunks(s, now=now)]
         lost += [(c.id, c.worker) for c in chunk_recovery.running_chunks_of(s, holder_prefix())
@@ -198,8 +206,10 @@ def reap(
         except Exception as exc:
             report.errors.append(f"chunk {chunk_id}: {brief(exc)}")
 
-    # 2. queued chunks whose message the broker does not have
-    grace = now - timedelta(seconds=lease_seconds)
+
+def _republish_lost_messages(session_factory: sessionmaker[Session], epoch: str, publish: Publisher,
+                             report: ReapReport, grace: datetime) -> None:
+    """2. queued chunks whose message the broker does not have (an older epoch, or never published)."""
     with session_factory.begin() as s:
         stale = [(c.id, c.epoch) for c in chunk_recovery.unpublished_chunks(s, epoch, grace_before=grace)]
     for chunk_id, old_epoch in stale:
@@ -212,11 +222,14 @@ def reap(
         except Exception as exc:
             report.errors.append(f"republish {chunk_id}: {brief(exc)}")
 
-    # 3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running
+
+def _end_queue_jobs(session_factory: sessionmaker[Session], finalize: Callable[[str], None], report: ReapReport,
+                    grace: datetime) -> None:
+    """3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running."""
     with session_factory.begin() as s:
         to_finalize = chunk_recovery.queue_jobs_to_finalize(s)
         to_cancel = chunk_recovery.queue_jobs_to_cancel(s)
-        stuck = chunk_recovery.queue_jobs_stuck_finalizing(s, since_before=now - timedelta(seconds=lease_seconds))
+        stuck = chunk_recovery.queue_jobs_stuck_finalizing(s, since_before=grace)
     for job_id in stuck:  # the worker finalizing it died between its two steps
         try:
             with session_factory.begin() as s:
@@ -237,7 +250,6 @@ def reap(
                     report.cancelled += 1
         except Exception as exc:
             report.errors.append(f"cancel {job_id}: {brief(exc)}")
-    return report
 
 
 def adopt_orphans(

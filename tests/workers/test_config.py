@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from spec_batch.settings import get_settings
-from spec_batch.workers import tasks
+from spec_batch.workers import retries, tasks
 from spec_batch.workers.celery_app import celery_config
 
 from queue_testlib import REPO
@@ -51,14 +51,14 @@ def test_transient_errors_are_told_apart():
     import sqlalchemy.exc as sa_exc
 
     lost = sa_exc.OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
-    assert tasks.is_transient(lost)
-    assert tasks.is_transient(kombu.exceptions.OperationalError("Error 111 connecting"))
-    assert tasks.is_transient(ConnectionRefusedError())
-    assert not tasks.is_transient(sa_exc.OperationalError("x", {}, Exception("no such table: jobs")))
-    assert not tasks.is_transient(ValueError("bad input"))
+    assert retries.is_transient(lost)
+    assert retries.is_transient(kombu.exceptions.OperationalError("Error 111 connecting"))
+    assert retries.is_transient(ConnectionRefusedError())
+    assert not retries.is_transient(sa_exc.OperationalError("x", {}, Exception("no such table: jobs")))
+    assert not retries.is_transient(ValueError("bad input"))
     from spec_batch.errors import UnknownModelError
 
-    assert not tasks.is_transient(UnknownModelError("no model"))
+    assert not retries.is_transient(UnknownModelError("no model"))
 
 
 def test_worker_module_does_not_touch_the_database_at_import():
@@ -71,11 +71,11 @@ def test_worker_module_does_not_touch_the_database_at_import():
 
 
 def test_retry_backoff_doubles_with_jitter_and_is_capped(monkeypatch):
-    monkeypatch.setattr(tasks.random, "random", lambda: 1.0)  # the top of the jitter range
-    assert [tasks.retry_delay(n) for n in (0, 1, 3)] == [1, 2, 8]
-    assert tasks.retry_delay(30) == tasks.RETRY_BACKOFF_MAX_S
-    monkeypatch.setattr(tasks.random, "random", lambda: 0.0)  # the bottom: half of it
-    assert tasks.retry_delay(3) == 4
+    monkeypatch.setattr(retries.random, "random", lambda: 1.0)  # the top of the jitter range
+    assert [retries.retry_delay(n) for n in (0, 1, 3)] == [1, 2, 8]
+    assert retries.retry_delay(30) == retries.RETRY_BACKOFF_MAX_S
+    monkeypatch.setattr(retries.random, "random", lambda: 0.0)  # the bottom: half of it
+    assert retries.retry_delay(3) == 4
 
 
 def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
