@@ -1,7 +1,7 @@
 """A job's measured speedup: its baseline sample decoded with and without speculation, in interleaved rounds.
 
 The sample (a few of the job's valid requests, spread over the file) is claimed like any request
-(jobs.claims), warmed up untimed with both decoders, then measured in ROUNDS alternating rounds: each round
+(jobs.claims), warmed up untimed with both decoders (each round's slice, its first tokens), then measured in ROUNDS alternating rounds: each round
 decodes one slice of the sample with the job's decoder and with ``decoder.without_speculation()`` (same engine,
 same requests), the order swapping every round (speculative first, then plain first, ...). A load that changes
 while the sample is measured then hits both sides alike instead of one phase, and shows as a spread of the rounds'
@@ -162,15 +162,18 @@ def measure_baseline(
             return _measure(batch, decoder, batch_size, on_stored)
 
 
-def _warm_up(batch: ClaimedRequests, decoders: Sequence[Any], batch_size: int) -> None:
-    """Untimed, for both decoders: the sample's first WARMUP_TOKENS tokens at the job's batch size. First calls pay
-    one-time costs (a 2-token batch-1 warm-up met none of a batch-8 verify step's shapes), and a job's speculative
-    decoder starts with a cold draft policy (a plain step first, step costs and confidence calibration unknown)
-    that the rest of the job runs with once learned. `make demo` measured 0.90-1.02x timed cold, 1.24-1.60x after
-    this warm-up (its tokens per step: 2.7-2.8 either way)."""
-    warm = [replace(p, max_new_tokens=min(p.max_new_tokens, WARMUP_TOKENS)) for p in batch.params]
-    for d in decoders:
-        d.generate(batch.prompts, warm, batch_size=batch_size, return_errors=True)
+def _warm_up(batch: ClaimedRequests, decoders: Sequence[Any], slices: list[list[int]], batch_size: int) -> None:
+    """Untimed, for both decoders: each round's slice, its first WARMUP_TOKENS tokens, so the timed rounds meet
+    shapes already seen. First calls pay one-time costs (a 2-token batch-1 warm-up met none of a batch-8 verify
+    step's shapes), and a job's speculative decoder starts with a cold draft policy (a plain step first, step costs
+    and confidence calibration unknown) that the rest of the job runs with once learned. `make demo` measured
+    0.90-1.02x timed cold, 1.24-1.60x after a warm-up (its tokens per step: 2.7-2.8 either way)."""
+    for positions in slices:
+        prompts = [batch.prompts[i] for i in positions]
+        warm = [replace(batch.params[i], max_new_tokens=min(batch.params[i].max_new_tokens, WARMUP_TOKENS))
+                for i in positions]
+        for d in decoders:
+            d.generate(prompts, warm, batch_size=batch_size, return_errors=True)
 
 
 def _timed(decoder: Any, batch: ClaimedRequests, positions: list[int], batch_size: int) -> tuple[list[Any], float]:
@@ -187,10 +190,11 @@ def _tokens(results: list[Any]) -> int:
 
 def _measure(batch: ClaimedRequests, decoder: Any, batch_size: int, on_stored: OnStored | None) -> Baseline:
     base_decoder = decoder.without_speculation()
-    _warm_up(batch, (decoder, base_decoder), batch_size)
+    slices = round_slices(len(batch.ids))
+    _warm_up(batch, (decoder, base_decoder), slices, batch_size)
     b = Baseline(len(batch.ids), 0, 0.0, 0, 0.0)
     first: dict[int, tuple[Any, Any, float]] = {}  # position -> (spec result, base result, spec decode share)
-    for r, positions in enumerate(round_slices(len(batch.ids))):
+    for r, positions in enumerate(slices):
         order = ("spec", "base") if r % 2 == 0 else ("base", "spec")
         out: dict[str, tuple[list[Any], float]] = {}
         for side in order:

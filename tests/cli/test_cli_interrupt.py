@@ -59,7 +59,7 @@ def _interrupt_during_the_baseline(args, env, cwd, factory_for, job_id=None) -> 
 
 @pytest.mark.slow
 def test_sigint_during_the_baseline_counts_no_attempt_and_the_job_resumes(tmp_path):
-    path = write_batch(tmp_path / "in.jsonl", [completion_line(f"r{i}", p, max_tokens=20)
+    path = write_batch(tmp_path / "in.jsonl", [completion_line(f"r{i}", p, max_tokens=12)
                                                for i, p in enumerate(PROMPTS)])
     db = tmp_path / "jobs.db"
     url = f"sqlite:///{db}"

@@ -229,11 +229,13 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cl
     assert b is not None and b.n_requests == 3 and b.stored == 3
     assert b.baseline_output_tokens == b.sample_output_tokens  # same requests, same outputs
     assert measure_baseline(factory, job_id, dec) is None  # once per job
-    # an untimed pass over the sample's first tokens warms the speculative decoder's policy, then the timed
-    # interleaved rounds: one slice of the sample each, every sampled request in exactly one round
-    (warm_prompts, warm_params), *rounds = dec.generate_calls
-    assert len(rounds) == 3 and sorted(p for prompts, _ in rounds for p in prompts) == sorted(warm_prompts)
-    assert len(warm_prompts) == 3 and [p.max_new_tokens for p in warm_params] == [WARMUP_TOKENS] * 3
+    # an untimed pass over each round's slice (its first tokens) warms the speculative decoder's policy and the
+    # shapes, then the timed interleaved rounds: one slice of the sample each, every sampled request in one round
+    assert len(dec.generate_calls) == 6
+    warm, rounds = dec.generate_calls[:3], dec.generate_calls[3:]
+    assert [prompts for prompts, _ in warm] == [prompts for prompts, _ in rounds]
+    assert sorted(p for prompts, _ in rounds for p in prompts) == sorted(set(p for prompts, _ in rounds for p in prompts))
+    assert [p.max_new_tokens for _, params in warm for p in params] == [WARMUP_TOKENS] * 3
     assert [p.max_new_tokens for _, params in rounds for p in params] == [WARMUP_TOKENS + 4] * 3
     assert len(b.rounds) == 3 and b.speedup_low <= b.speedup <= b.speedup_high
     job = _job(factory, job_id)
