@@ -57,11 +57,11 @@ def write_batch(path: Path, n: int, max_tokens: int) -> Path:
 def job_wall(factory, job_id: str, t_start_utc) -> dict:
     """The job's wall time (start -> completed_at), its output tokens, and the seconds spent inside
     decoder.generate() (jobs.decode_wall_s): wall - decode is what surrounds decoding."""
-    from spec_batch.store import queries
+    from spec_batch.store import queries, summaries
 
     with factory() as s:
         job = queries.get_job(s, job_id)
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert job.status == "completed", (job_id, job.status)
     wall = (job.completed_at - t_start_utc).total_seconds()
     return {"job": job_id, "wall_s": wall, "output_tokens": int(row["output_tokens"] or 0),
@@ -101,7 +101,7 @@ def run_queue(factory, path: Path, broker_url: str, batch_size: int, chunk_size:
     from datetime import datetime
 
     from spec_batch.store import queries
-    from workers.enqueue import submit_file
+    from spec_batch.workers.enqueue import submit_file
 
     pids = [p for w in workers for p in (w.pid, *w.children())]
     w0 = cpu_seconds(pids)
@@ -149,7 +149,7 @@ def main() -> None:
 
     from spec_batch import load_decoder
     from spec_batch.store import make_session_factory, migrate_to_head
-    from workers.routing import queue_name
+    from spec_batch.workers.routing import queue_name
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

@@ -5,7 +5,9 @@ those inside functions included (only `if TYPE_CHECKING:` blocks, which never ru
   above it (loading, jobs, store, cli, reports) nor workers;
 - spec_batch.openai_format (request bodies and response shapes) imports no SQL, queue or langchain, and nothing
   of jobs, store, cli or reports;
-- spec_batch.jobs and spec_batch.store import no celery, kombu or langchain, and nothing of workers;
+- spec_batch.jobs and spec_batch.store import no celery, kombu or langchain, and nothing of the queue
+  (spec_batch.workers, or the thin workers/ package kept for `celery -A workers.celery_app`);
+- spec_batch.workers (the queue) imports nothing of the CLI or LangChain;
 - spec_batch.reports (store's read queries, matplotlib, jinja2) imports no celery, kombu, redis or langchain, and
   nothing of workers, jobs, loading or the CLI;
 - no import cycles among the project's modules.
@@ -89,17 +91,19 @@ RULES = [
     ("spec_batch.core", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
                          "langchain_spec", "workers"},
      ("spec_batch.loading", "spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports",
-      "spec_batch.openai_format")),
+      "spec_batch.openai_format", "spec_batch.workers")),
     # the request parser of batch lines and the server: no SQL, no queue, no LangChain
     ("spec_batch.openai_format", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
                                   "langchain_spec", "workers"},
-     ("spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports")),
+     ("spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports", "spec_batch.workers")),
     ("spec_batch.jobs", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.cli",)),
+     ("spec_batch.cli", "spec_batch.workers")),
     ("spec_batch.store", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.core")),
+     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.core", "spec_batch.workers")),
     ("spec_batch.reports", {"celery", "kombu", "redis", "langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli")),
+     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.workers")),
+    ("spec_batch.workers", {"langchain", "langchain_core", "langchain_spec", "workers"},
+     ("spec_batch.cli",)),
 ]
 
 
@@ -176,7 +180,7 @@ def test_commands_that_only_read_or_queue_do_not_import_torch():
     import sys
 
     code = (
-        "import sys, spec_batch, spec_batch.cli, spec_batch.jobs, spec_batch.loading, workers.enqueue;"
+        "import sys, spec_batch, spec_batch.cli, spec_batch.jobs, spec_batch.loading, spec_batch.workers.enqueue;"
         "spec_batch.SamplingParams(max_new_tokens=4); spec_batch.loading.validate_messages;"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); print(heavy)"
     )

@@ -115,7 +115,7 @@ def submit_command(
     no job. Follow it with `spec-batch wait JOB`; results with `spec-batch results JOB -o OUT.jsonl`.
     """
     from ..settings import get_settings
-    from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
+    from ..workers.enqueue import BrokerUnavailableError, PartialEnqueueError, submit_file
 
     meta = parse_metadata(metadata)
     settings = get_settings()
@@ -124,10 +124,10 @@ def submit_command(
     if not no_model_check:
         _check_model(target, "target")
         _check_model(draft, "drafter")
-    factory = open_store_or_exit()
+    session_factory = open_store_or_exit()
     try:
         res = submit_file(
-            factory, file, target=target, drafter=draft, batch_size=batch_size, baseline_sample=baseline_sample,
+            session_factory, file, target=target, drafter=draft, batch_size=batch_size, baseline_sample=baseline_sample,
             chunk_size=chunk_size, sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
             metadata=meta or None, queue=queue,
         )
@@ -139,8 +139,17 @@ def submit_command(
         sys.exit(1)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    report = res.parse_report
-    errors = list(getattr(report, "errors", []) or [])
+    _print_submitted(res, file)
+    click.echo(res.job_id)
+    if wait_after and res.status != JOB_FAILED:
+        sys.exit(_wait(session_factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
+    if res.status == JOB_FAILED:
+        sys.exit(EXIT_FAILED)
+
+
+def _print_submitted(res: Any, file: Path) -> None:
+    """On stderr: what was stored and enqueued, the first invalid lines, and a job that failed outright."""
+    errors = list(getattr(res.parse_report, "errors", []) or [])
     _err(
         f"job {res.job_id}: {res.n_requests} request(s) from {file}, {res.n_invalid} invalid; "
         f"{res.n_chunks} chunk(s) on queue {res.queue}"
@@ -151,11 +160,6 @@ def submit_command(
         _err(f"  ... and {len(errors) - 5} more (`spec-batch show {res.job_id}`)")
     if res.status == JOB_FAILED:
         _err(f"job {res.job_id} failed: no valid request")
-    click.echo(res.job_id)
-    if wait_after and res.status != JOB_FAILED:
-        sys.exit(_wait(factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
-    if res.status == JOB_FAILED:
-        sys.exit(EXIT_FAILED)
 
 
 # ---------------------------------------------------------------- worker
@@ -192,7 +196,7 @@ def worker_command(
     --device and --torch-threads reach the worker processes as SPEC_BATCH_DEVICE and SPEC_BATCH_TORCH_THREADS
     (they read them through spec_batch.settings, as every other setting)."""
     from ..settings import get_settings, shown_url
-    from workers.routing import parse_model_pair, queue_name
+    from ..workers.routing import parse_model_pair, queue_name
 
     settings = get_settings()
     names: list[str] = []
@@ -215,7 +219,7 @@ def worker_command(
     _check_database()
     _err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
          f"lease {settings.lease_seconds}s; broker {shown_url(settings.broker_url)}")
-    from workers.celery_app import app
+    from ..workers.celery_app import app
 
     argv = ["worker", f"--loglevel={loglevel}", "-Q", ",".join(names), f"--concurrency={concurrency}",
             f"--pool={pool}", "-n", hostname or f"spec-batch-{os.getpid()}@%h", *celery_args]
@@ -231,14 +235,14 @@ def _check_database() -> None:
 
     url = get_settings().database_url
     try:
-        factory = open_store(url)
+        session_factory = open_store(url)
     except DatabaseNotMigratedError as exc:
         raise click.ClickException(redact(str(exc), url)) from exc
     except Exception as exc:  # noqa: BLE001
         _err(f"warning: cannot open the database {shown_url(url)} now ({redact(str(exc), url)}); "
              f"starting anyway, chunks are retried until it is back")
         return
-    factory.kw["bind"].dispose()
+    session_factory.kw["bind"].dispose()
 
 
 # ---------------------------------------------------------------- cancel
@@ -255,17 +259,17 @@ def cancel_command(job: str, wait_after: bool) -> None:
     """
     from ..jobs import JobStateError, cancel_job
 
-    factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(factory, job)
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
     try:
-        outcome = cancel_job(factory, job_id)
+        outcome = cancel_job(session_factory, job_id)
     except JobStateError as exc:
         raise click.ClickException(str(exc)) from exc
     _err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next "
          f"decoding step)" if outcome.status == JOB_CANCELLING else f"job {job_id}: {outcome.status}")
     click.echo(outcome.status)
     if wait_after and outcome.status == JOB_CANCELLING:
-        code = _wait(factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
+        code = _wait(session_factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
         sys.exit(EXIT_COMPLETED if code == EXIT_CANCELLED else code)
 
 
@@ -285,16 +289,16 @@ def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int,
     return ", ".join(parts)
 
 
-def _wait(factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
+def _wait(session_factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
           quiet: bool) -> int:
-    from ..store import queries
+    from ..store import queries, summaries
 
     t0 = time.monotonic()
     last_line = None
     first_done = None
     tty = sys.stderr.isatty()
     while True:
-        with factory() as s:
+        with session_factory() as s:
             job = queries.get_job(s, job_id)
             status, total = job.status, job.n_requests
             counts = queries.job_counts(s, job_id)
@@ -320,8 +324,8 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
         time.sleep(interval)
     if tty and not quiet:
         _err("")
-    with factory() as s:
-        row = queries.job_summary_row(s, job_id) or {}
+    with session_factory() as s:
+        row = summaries.job_summary_row(s, job_id) or {}
         error = queries.get_job(s, job_id).error
     if not quiet:
         stats = []
@@ -337,7 +341,7 @@ def _wait(factory, job_id: str, *, interval: float, timeout: float | None, outpu
         from ..jobs import write_results
 
         try:
-            rep = write_results(factory, job_id, output)
+            rep = write_results(session_factory, job_id, output)
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc}") from exc
         _err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
@@ -362,13 +366,13 @@ def wait_command(job: str, interval: float, timeout: float | None, output: Path 
     from ..jobs import job_info
     from ..jobs.output_guard import OutputPathError, check_output_path, job_files
 
-    factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(factory, job)
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
     if output is not None:  # checked now, not after a long wait
         try:
-            check_output_path(output, input_path=job_info(factory, job_id).input_file,
-                              protected=job_files(factory, [job_id]), force=force)
+            check_output_path(output, input_path=job_info(session_factory, job_id).input_file,
+                              protected=job_files(session_factory, [job_id]), force=force)
         except OutputPathError as exc:
             raise click.ClickException(str(exc)) from exc
-    sys.exit(_wait(factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
+    sys.exit(_wait(session_factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
 

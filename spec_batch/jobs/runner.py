@@ -2,15 +2,15 @@
 
 Used by the CLI's local mode (``spec-batch run`` / ``resume``, through ``spec_batch.jobs.service``) and by the
 Celery task (``workers/``): ``run_requests(session_factory, job_id, decoder, *, request_ids=None, batch_size=None,
-worker=None, lease_seconds=None, keep_alive=True, should_stop=None, on_progress=None, on_stored=None,
+lease=None, should_stop=None, on_progress=None, on_stored=None,
 finalize=True, memory=None)``.
 
 - ``request_ids``: the job's requests to run (``None``: all of them). Requests already completed, failed or
   cancelled are skipped, so running the same ids twice, or from two processes at once, stores nothing twice.
-- Requests are claimed one group (``GROUP_FACTOR * batch_size``) at a time with a lease held by ``worker`` (a
-  token of spec_batch.jobs.lease; a new one when None): pending requests, or running ones whose lease expired.
-  With ``keep_alive`` a LeaseKeeper renews the token's leases every lease/3 seconds while this call runs (the
-  workers' heartbeat does it for them). A live holder's requests are never taken.
+- Requests are claimed one group (``GROUP_FACTOR * batch_size``) at a time under the caller's ``lease``
+  (spec_batch.jobs.lease.Lease, renewed by the caller's heartbeat: run_job's, a worker's): pending requests, or
+  running ones whose lease expired. Without one, the call makes its own and renews it while it runs. A live
+  holder's requests are never taken.
 - Each result is stored by a conditional UPDATE (a request already done is never stored twice), in one short
   transaction that also adds the decode time since this call's previous stored result to
   ``jobs.decode_wall_s``: a process killed at any moment has its stored tokens and their time counted, and
@@ -22,7 +22,7 @@ finalize=True, memory=None)``.
   place in a batch.
 - ``memory``: the job's JobMemory (the suffix drafter drafts from the job's other outputs; outputs never change).
   None: for a suffix decoder, one for this call, warmed from the job's completed outputs (a resume starts with
-  the job's history); a worker passes the one it keeps for the job across chunks (jobs.memory.JobMemories).
+  the job's history); a worker passes the one it keeps for the job across chunks (jobs.job_memory_store.JobMemories).
 - ``finalize=True``: when no request of the job is open any more, ``finalize_job`` completes it (conditional
   updates: exactly one process, whichever finishes last, writes the output file and completes the job).
 """
@@ -31,7 +31,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,15 +40,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.job_memory import JobMemory
 from ..core.outputs import RequestStats
-from ..core.params import SamplingParams
-from ..errors import ChatTemplateError, SpecBatchError
 from ..settings import get_settings
 from ..store import queries
-from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
-from .choices import Choices, expand, n_of
-from .export import write_results
-from .lease import LeaseKeeper, new_token
-from .memory import uses_job_memory, warm_memory
+from ..store.models import REQ_FAILED
+from .claims import ClaimedRequests, build_prompt, claimed_requests  # noqa: F401  (build_prompt: bench_replay)
+from .lease import Heartbeat, Lease, new_lease
+from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
+from .job_memory_store import uses_job_memory, warm_memory
 from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
@@ -109,21 +108,6 @@ class RunReport:
             self.target_forwards += stats.target_forwards or 0
 
 
-def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
-    """The decoder's input for a stored request: chat messages through the target's chat template."""
-    if endpoint == "/v1/chat/completions":
-        return decoder.apply_chat_template(prompt)
-    return prompt
-
-
-def prompt_error_code(exc: BaseException) -> str:
-    if isinstance(exc, ChatTemplateError):
-        return "chat_template_error"
-    if isinstance(exc, SpecBatchError):
-        return "invalid_request"
-    return "internal_error"
-
-
 def request_error(message: str | None, batch_index: int) -> str:
     """A decode-time error as stored on its request: the core names a prompt by its place in the batch it was
     given ("prompt 3: ..."), which means nothing to a user; the errors file names the line and custom_id."""
@@ -140,6 +124,21 @@ def _job_state(session: Session, job_id: str) -> tuple[str, int]:
     return job.status, job.batch_size
 
 
+@contextmanager
+def held_lease(session_factory: sessionmaker[Session], lease: Lease | None, worker: str | None = None,
+               lease_seconds: float | None = None) -> Iterator[Lease]:
+    """The caller's lease (the caller's heartbeat renews it), or a new one (token `worker`, or a new token) that a
+    heartbeat of this call renews until the block ends."""
+    if lease is not None:
+        yield lease
+        return
+    lease = new_lease(lease_seconds, token=worker)
+    heartbeat = Heartbeat(session_factory, lease_seconds=lease.seconds)
+    heartbeat.hold(lease.token)
+    with heartbeat:
+        yield lease
+
+
 def run_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
@@ -147,9 +146,9 @@ def run_requests(
     *,
     request_ids: Sequence[int] | None = None,
     batch_size: int | None = None,
+    lease: Lease | None = None,
     worker: str | None = None,
     lease_seconds: float | None = None,
-    keep_alive: bool = True,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[RunReport], None] | None = None,
     on_stored: OnStored | None = None,
@@ -159,19 +158,15 @@ def run_requests(
     """Runs the job's open requests among `request_ids` (all when None) and stores each result as it completes.
 
     See the module docstring for the contract (idempotent; safe with overlapping ids in two processes).
-    on_stored(status, stats) follows each row this call stores (a worker's metrics count exactly what SQL has).
+    `lease`: the claims' holder, renewed by the caller's heartbeat; None: a new one (token `worker`, length
+    `lease_seconds`) renewed by this call. on_stored(status, stats) follows each row this call stores (a
+    worker's metrics count exactly what SQL has).
     """
-    worker = worker or new_token()
     settings = get_settings()
-    if lease_seconds is None:
-        lease_seconds = settings.lease_seconds
     if memory is None and uses_job_memory(decoder):
         memory = warm_memory(session_factory, job_id, decoder.tokenizer, settings.suffix_memory_tokens)
-    if not keep_alive:
-        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
-                             should_stop, on_progress, on_stored, finalize, memory)
-    with LeaseKeeper(session_factory, worker, lease_seconds):
-        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, worker, lease_seconds,
+    with held_lease(session_factory, lease, worker, lease_seconds) as held:
+        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, held,
                              should_stop, on_progress, on_stored, finalize, memory)
 
 
@@ -181,8 +176,7 @@ def _run_requests(
     decoder: Any,
     request_ids: Sequence[int] | None,
     batch_size: int | None,
-    worker: str,
-    lease_seconds: float,
+    lease: Lease,
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[RunReport], None] | None,
     on_stored: OnStored | None,
@@ -200,8 +194,8 @@ def _run_requests(
     todo = open_ids
     if request_ids is not None:
         report.skipped += len(set(request_ids)) - len(todo)
-    if status in JOB_TERMINAL or status == JOB_CANCELLING:
-        report.stopped = STOPPED_CANCELLED if status in (JOB_CANCELLING, JOB_CANCELLED) else None
+    if not takes_new_work(status):
+        report.stopped = STOPPED_CANCELLED if is_stopping(status) else None
         report.skipped += len(todo)
         todo = []
 
@@ -210,15 +204,15 @@ def _run_requests(
     for start in range(0, len(todo), group):
         if stop(force_check=True):
             break
-        _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, worker,
-                   lease_seconds, report, on_progress, on_stored, stop, memory)
+        _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, lease,
+                   report, on_progress, on_stored, stop, memory)
         if stop.reason is not None:
             break
     report.stopped = report.stopped or stop.reason
 
     if report.stopped == STOPPED_CANCELLED:
         with session_factory.begin() as s:
-            queries.try_finish_cancel(s, job_id)
+            settle_cancel(s, job_id)
     elif finalize and report.stopped is None:
         report.finalized = finalize_job(session_factory, job_id)
     return report
@@ -244,7 +238,7 @@ class _Stop:
             self.checked = now
             with self.session_factory() as s:
                 status, _ = _job_state(s, self.job_id)
-            if status in (JOB_CANCELLING, JOB_CANCELLED):
+            if is_stopping(status):
                 self.reason = STOPPED_CANCELLED
         return self.reason is not None
 
@@ -255,104 +249,55 @@ def _run_group(
     decoder: Any,
     ids: list[int],
     batch_size: int,
-    worker: str,
-    lease_seconds: float,
+    lease: Lease,
     report: RunReport,
     on_progress: Callable[[RunReport], None] | None,
     on_stored: OnStored | None,
     stop: _Stop,
     memory: JobMemory | None,
 ) -> None:
-    with session_factory.begin() as s:
-        claimed = queries.claim_requests(s, job_id, ids, worker=worker, lease_seconds=lease_seconds)
-        rows = queries.request_inputs(s, claimed)
-    report.skipped += len(ids) - len(claimed)
-    report.claimed += len(claimed)
-    if not claimed:
-        return
-
-    unfinished = set(claimed)
-    prompts: list[str | list[int]] = []
-    params: list[SamplingParams] = []
-    order: list[tuple[int, int]] = []  # (request id, choice index) of each prompt
-    choices = Choices(getattr(decoder, "tokenizer", None))
-    try:
-        for rid in claimed:
-            row = rows[rid]
-            try:
-                built = build_prompt(decoder, row.endpoint, row.prompt)
-                sp = SamplingParams.from_dict(row.params)
-            except Exception as e:  # this request alone fails; the others go on
-                with session_factory.begin() as s:
-                    stored = queries.save_failure(s, rid, prompt_error_code(e), str(e), worker=worker)
-                unfinished.discard(rid)
-                if stored:
-                    report.failed += 1
-                    if on_stored is not None:
-                        on_stored(REQ_FAILED, None)
-                    if on_progress is not None:
-                        on_progress(report)
-                else:
-                    report.skipped += 1
-                continue
-            choices.expect(rid, n_of(row.options))  # n > 1: the same prompt once per choice
-            for index, choice_params in enumerate(expand(sp, n_of(row.options))):
-                prompts.append(built)
-                params.append(choice_params)
-                order.append((rid, index))
-        if not order:
-            return
-
-        last_commit = [time.perf_counter()]
-
-        def on_result(i: int, result: Any) -> None:
-            rid, index = order[i]
-            if result.finish_reason == CANCELLED:  # stopped before it finished: given back below, not stored
-                return
-            if result.finish_reason == "error":
-                result = dataclasses.replace(result, error=request_error(result.error, i))
-            complete = choices.add(rid, index, result)
-            if complete is None:  # more choices of this request to come
-                return
-            result, records = complete
-            now = time.perf_counter()
-            decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
-            with session_factory.begin() as s:
-                stored = queries.save_result(s, rid, result, worker=worker, choices=records)
-                if stored:  # the tokens and the time that produced them, in one transaction
-                    queries.add_decode_time(s, job_id, decode_s)
-            last_commit[0] = now
-            unfinished.discard(rid)
-            if stored:
-                report.add_result(result)
-                report.decode_wall_s += decode_s
+    with claimed_requests(session_factory, job_id, ids, decoder, lease) as batch:
+        report.skipped += len(ids) - len(batch.claimed)
+        report.claimed += len(batch.claimed)
+        for rid, exc in batch.bad:  # this request alone fails; the others go on
+            if batch.fail(rid, exc):
+                report.failed += 1
                 if on_stored is not None:
-                    on_stored(queries.result_status(result), result.stats)
+                    on_stored(REQ_FAILED, None)
+                if on_progress is not None:
+                    on_progress(report)
             else:
                 report.skipped += 1
-            if on_progress is not None:
-                on_progress(report)
-
-        decoder.generate(prompts, params, batch_size=batch_size, return_errors=True, on_result=on_result,
-                         should_stop=stop, memory=memory)
-    finally:
-        if unfinished:  # stopped, Ctrl-C or an error in generate(): give the rest back at once
-            with session_factory.begin() as s:
-                queries.release_requests(s, sorted(unfinished), worker=worker)
+        if batch.ids:
+            on_result = _result_saver(batch, report, on_progress, on_stored)
+            decoder.generate(batch.prompts, batch.params, batch_size=batch_size, return_errors=True,
+                             on_result=on_result, should_stop=stop, memory=memory)
 
 
-def finalize_job(session_factory: sessionmaker[Session], job_id: str, *, write_output: bool = True) -> bool:
-    """Completes the job if no request is open: in_progress -> finalizing (one winner) -> write the output
-    file (jobs.output_file, when set and write_output) -> completed. True for the call that completed it."""
-    with session_factory.begin() as s:
-        if not queries.begin_finalize(s, job_id):
-            return False
-        output_file = queries.get_job(s, job_id).output_file
-    error = None
-    if write_output and output_file:
-        try:
-            write_results(session_factory, job_id, output_file)
-        except OSError as e:
-            error = f"could not write the output file {output_file}: {e} (export with `spec-batch results {job_id} -o ...`)"
-    with session_factory.begin() as s:
-        return queries.complete_job(s, job_id, error=error)
+def _result_saver(batch: ClaimedRequests, report: RunReport, on_progress: Callable[[RunReport], None] | None,
+                  on_stored: OnStored | None) -> Callable[[int, Any], None]:
+    """generate()'s on_result: stores each finished row with the decode time since the previous one stored."""
+    last_commit = [time.perf_counter()]
+
+    def on_result(i: int, result: Any) -> None:
+        if result.finish_reason == CANCELLED:  # stopped before it finished: given back at the end, not stored
+            return
+        if result.finish_reason == "error":
+            result = dataclasses.replace(result, error=request_error(result.error, i))
+        now = time.perf_counter()
+        decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
+        stored = batch.store_prompt(i, result, decode_s)  # the tokens and their time, in one transaction
+        if stored is None:  # more choices of this request to come
+            return
+        last_commit[0] = now
+        if stored:
+            report.add_result(result)
+            report.decode_wall_s += decode_s
+            if on_stored is not None:
+                on_stored(queries.result_status(result), result.stats)
+        else:
+            report.skipped += 1
+        if on_progress is not None:
+            on_progress(report)
+
+    return on_result

@@ -1,6 +1,6 @@
 """The job service: create a job from a batch file, measure its baseline, run, resume and cancel it.
 
-Used by the CLI (``spec-batch run / resume / cancel``) and by the queue (workers/), which reuses
+Used by the CLI (``spec-batch run / resume / cancel``) and by the queue (spec_batch.workers), which reuses
 create_job_from_file and measure_baseline and runs requests with ``spec_batch.jobs.runner.run_requests``.
 The service never talks to the broker: a caller that resumes a queued job passes the queue's enqueue function.
 """
@@ -9,42 +9,30 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..core.outputs import RequestStats
 from ..core.params import SamplingParams
-from ..errors import SpecBatchError
-from ..store import chunks as qstore
+from ..store import chunks
 from ..store import queries
-from ..store.baselines import SamplePair, record_baseline_samples
 from ..store.models import (
-    JOB_CANCELLED,
-    JOB_CANCELLING,
-    JOB_COMPLETED,
-    JOB_FAILED,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
-    JOB_TERMINAL,
-    JOB_VALIDATING,
     REQ_FAILED,
     REQ_PENDING,
     REQ_RUNNING,
     utcnow,
 )
+from . import lifecycle
+from .baseline import measure_baseline
 from .batch_input import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
-from .choices import n_of
-from ..settings import get_settings
 from .export import write_results
-from .lease import Holder, LeaseKeeper, new_token, take_over_dead_holders
-from .runner import OnStored, RunReport, build_prompt, run_requests
-
-
-class JobStateError(SpecBatchError):
-    """A job cannot do what was asked in its current status."""
+from .lease import Holder, take_over_dead_holders
+from .lifecycle import JobStateError
+from .runner import RunReport, held_lease, run_requests
 
 
 def new_job_id() -> str:
@@ -61,6 +49,47 @@ def sampling_defaults_with(overrides: dict[str, Any] | None) -> dict[str, Any]:
 def validate_file(path: str | Path, sampling_defaults: dict[str, Any] | None = None) -> ParseReport:
     """Reads and validates a batch file without storing anything (OSError when it cannot be read)."""
     return read_batch_file(path, defaults=sampling_defaults_with(sampling_defaults))
+
+
+def _request_rows(job_id: str, report: ParseReport, now: Any) -> list[dict[str, Any]]:
+    """One requests row per non-blank line: pending for a valid one, failed (with its error) for an invalid one."""
+    rows = []
+    for entry in report.entries():
+        if isinstance(entry, BatchRequest):
+            rows.append(
+                {
+                    "job_id": job_id,
+                    "custom_id": entry.custom_id,
+                    "line_number": entry.line_number,
+                    "input": entry.raw,
+                    "endpoint": entry.endpoint,
+                    "prompt": entry.prompt,
+                    "params": entry.params.to_dict(),
+                    "options": entry.options,
+                    "status": REQ_PENDING,
+                    "attempts": 0,
+                }
+            )
+        else:
+            rows.append(
+                {
+                    "job_id": job_id,
+                    "custom_id": entry.custom_id,  # kept: unique only among valid rows
+                    "line_number": entry.line_number,
+                    "input": entry.raw,
+                    "endpoint": None,
+                    "prompt": None,
+                    "params": None,
+                    "status": REQ_FAILED,
+                    "finish_reason": "error",
+                    "error_code": entry.code,
+                    "error_param": entry.param,
+                    "error": entry.message,
+                    "attempts": 0,
+                    "completed_at": now,
+                }
+            )
+    return rows
 
 
 def create_job_from_file(
@@ -88,10 +117,7 @@ def create_job_from_file(
     target's, when known: lines it cannot run (max_tokens beyond its context, token ids outside its
     vocabulary) are invalid lines too. Raises OSError when the file cannot be read, ValueError for bad options.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if baseline_sample < 0:
-        raise ValueError(f"baseline_sample must be >= 0 (0 turns the baseline off), got {baseline_sample}")
+    _check_job_options(batch_size, baseline_sample)
     defaults = sampling_defaults_with(sampling_defaults)
     if report is None:
         report = read_batch_file(path, defaults=defaults)
@@ -102,7 +128,7 @@ def create_job_from_file(
         queries.insert_job(
             s,
             id=job_id,
-            status=JOB_VALIDATING,
+            status=lifecycle.INITIAL,
             target=target,
             drafter=drafter,
             input_file=str(Path(path).resolve()),
@@ -118,199 +144,30 @@ def create_job_from_file(
             created_at=now,
         )
     with session_factory.begin() as s:
-        rows = []
-        for entry in report.entries():
-            if isinstance(entry, BatchRequest):
-                rows.append(
-                    {
-                        "job_id": job_id,
-                        "custom_id": entry.custom_id,
-                        "line_number": entry.line_number,
-                        "input": entry.raw,
-                        "endpoint": entry.endpoint,
-                        "prompt": entry.prompt,
-                        "params": entry.params.to_dict(),
-                        "options": entry.options,
-                        "status": REQ_PENDING,
-                        "attempts": 0,
-                    }
-                )
-            else:
-                rows.append(
-                    {
-                        "job_id": job_id,
-                        "custom_id": entry.custom_id,  # kept: unique only among valid rows
-                        "line_number": entry.line_number,
-                        "input": entry.raw,
-                        "endpoint": None,
-                        "prompt": None,
-                        "params": None,
-                        "status": REQ_FAILED,
-                        "finish_reason": "error",
-                        "error_code": entry.code,
-                        "error_param": entry.param,
-                        "error": entry.message,
-                        "attempts": 0,
-                        "completed_at": now,
-                    }
-                )
+        rows = _request_rows(job_id, report, now)
         queries.insert_requests(s, rows)
-        if report.requests:
-            queries.set_job_status(s, job_id, JOB_IN_PROGRESS, now=now)
-        else:
-            queries.fail_job(
-                s, job_id,
-                f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
-                if report.n_lines else f"{path} has no requests",
-                now=now,
-            )
+        _leave_validating(s, job_id, path, report, now)
     return job_id, report
 
 
-# ---------------------------------------------------------------- baseline
-
-WARMUP_TOKENS = 16  # per sampled request, decoded untimed by both decoders before the baseline is timed
-
-
-@dataclass
-class Baseline:
-    n_requests: int
-    baseline_output_tokens: int
-    baseline_wall_s: float
-    sample_output_tokens: int
-    sample_wall_s: float
-    stored: int = 0  # speculative sample results stored as the requests' results
-
-    @property
-    def baseline_tokens_per_s(self) -> float | None:
-        return RequestStats(output_tokens=self.baseline_output_tokens, wall_s=self.baseline_wall_s).tokens_per_s
-
-    @property
-    def sample_tokens_per_s(self) -> float | None:
-        return RequestStats(output_tokens=self.sample_output_tokens, wall_s=self.sample_wall_s).tokens_per_s
-
-    @property
-    def speedup(self) -> float | None:
-        a, b = self.sample_tokens_per_s, self.baseline_tokens_per_s
-        return a / b if a is not None and b else None
+def _check_job_options(batch_size: int, baseline_sample: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if baseline_sample < 0:
+        raise ValueError(f"baseline_sample must be >= 0 (0 turns the baseline off), got {baseline_sample}")
 
 
-def choose_sample(ids: Sequence[int], k: int) -> list[int]:
-    """k ids spread evenly over `ids` (all of them when k >= len(ids)); deterministic."""
-    n = len(ids)
-    if k >= n:
-        return list(ids)
-    return [ids[(i * n) // k] for i in range(k)]
-
-
-def measure_baseline(
-    session_factory: sessionmaker[Session],
-    job_id: str,
-    decoder: Any,
-    *,
-    sample_size: int | None = None,
-    worker: str | None = None,
-    lease_seconds: float | None = None,
-    on_stored: OnStored | None = None,
-) -> Baseline | None:
-    """Measures the job's speedup on a sample of its valid requests: decodes the sample with the job's decoder
-    and then with decoder.without_speculation() (same engine, same batch size), timing each generate() call,
-    and stores both on the job (first measurement wins), with each sampled request's pair (baseline_samples).
-    The speculative results are stored as the sample requests' results (conditionally: nothing is stored
-    twice; on_stored(status, stats) follows each one stored), so the sample is not decoded again.
-
-    The sample is claimed for `worker` like any request (a live holder's requests are not sampled); the caller
-    keeps the claims alive (run_job's LeaseKeeper, a worker's heartbeat). Returns None when the sample size is 0,
-    the job already has a baseline, or nothing of the sample could be claimed.
-    """
-    worker = worker or new_token()
-    if lease_seconds is None:
-        lease_seconds = get_settings().lease_seconds
-    with session_factory.begin() as s:
-        job = queries.get_job(s, job_id)
-        k = job.baseline_sample if sample_size is None else sample_size
-        if k <= 0 or job.baseline_wall_s is not None:
-            return None
-        batch_size = job.batch_size
-        sample = choose_sample(queries.valid_request_ids(s, job_id), k)
-        claimed = queries.claim_requests(s, job_id, sample, worker=worker, lease_seconds=lease_seconds)
-        rows = queries.request_inputs(s, claimed)
-    prompts, params, ids = [], [], []
-    for rid in claimed:
-        r = rows[rid]
-        if n_of(r.options) > 1 or r.params.get("logprobs"):  # choices the runner stores (jobs/choices.py)
-            continue
-        try:
-            prompts.append(build_prompt(decoder, r.endpoint, r.prompt))
-            params.append(SamplingParams.from_dict(r.params))
-        except Exception:  # noqa: BLE001  (the runner reports this request's error; the sample skips it)
-            continue
-        ids.append(rid)
-    try:
-        return _measure(session_factory, job_id, decoder, ids, prompts, params, batch_size, worker, on_stored)
-    finally:  # whatever was claimed and not stored (a prompt the runner will fail, Ctrl-C): back to pending
-        with session_factory.begin() as s:
-            queries.release_requests(s, claimed, worker=worker)
-
-
-def _measure(
-    session_factory: sessionmaker[Session],
-    job_id: str,
-    decoder: Any,
-    ids: list[int],
-    prompts: list[Any],
-    params: list[SamplingParams],
-    batch_size: int,
-    worker: str,
-    on_stored: OnStored | None,
-) -> Baseline | None:
-    if not ids:
-        return None
-    base_decoder = decoder.without_speculation()
-    # Untimed first, for both decoders: the sample's first WARMUP_TOKENS tokens at the job's batch size. First
-    # calls pay one-time costs (a 2-token batch-1 warm-up met none of a batch-8 verify step's shapes), and a
-    # job's speculative decoder starts with a cold draft policy (a plain step first, step costs and confidence
-    # calibration unknown) that the rest of the job runs with once learned. `make demo` measured 0.90-1.02x
-    # timed cold, 1.24-1.60x after this warm-up (its tokens per step: 2.7-2.8 either way).
-    warm = [replace(p, max_new_tokens=min(p.max_new_tokens, WARMUP_TOKENS)) for p in params]
-    for d in (decoder, base_decoder):
-        d.generate(prompts, warm, batch_size=batch_size, return_errors=True)
-
-    t0 = time.perf_counter()
-    spec = decoder.generate(prompts, params, batch_size=batch_size, return_errors=True)
-    sample_wall = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    base = base_decoder.generate(prompts, params, batch_size=batch_size, return_errors=True)
-    base_wall = time.perf_counter() - t0
-
-    def tokens(results: list[Any]) -> int:
-        return sum(r.stats.output_tokens for r in results if r.finish_reason != "error")
-
-    b = Baseline(len(ids), tokens(base), base_wall, tokens(spec), sample_wall)
-    with session_factory.begin() as s:
-        first = queries.record_baseline(
-            s, job_id,
-            n_requests=b.n_requests,
-            baseline_output_tokens=b.baseline_output_tokens,
-            baseline_wall_s=b.baseline_wall_s,
-            sample_output_tokens=b.sample_output_tokens,
-            sample_wall_s=b.sample_wall_s,
-        )
-        if first:  # each request's pair, for reports (both decodes must have succeeded)
-            record_baseline_samples(s, job_id, [
-                SamplePair(rid, sr.stats.output_tokens, sr.stats.target_forwards, sr.stats.wall_s,
-                           br.stats.output_tokens, br.stats.wall_s)
-                for rid, sr, br in zip(ids, spec, base)
-                if sr.finish_reason != "error" and br.finish_reason != "error"
-            ])
-    with session_factory.begin() as s:  # the results and the share of the decode time that produced them, at once
-        stored = [res for rid, res in zip(ids, spec) if queries.save_result(s, rid, res, worker=worker)]
-        b.stored = len(stored)
-        queries.add_decode_time(s, job_id, sample_wall * b.stored / len(ids))
-    if on_stored is not None:  # after the commit: only what SQL has
-        for res in stored:
-            on_stored(queries.result_status(res), res.stats)
-    return b
+def _leave_validating(session: Session, job_id: str, path: str | Path, report: ParseReport, now: Any) -> None:
+    """The stored job starts (it has valid lines) or fails as a whole (none)."""
+    if report.requests:
+        lifecycle.start(session, job_id, now=now)
+        return
+    lifecycle.fail(
+        session, job_id,
+        f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
+        if report.n_lines else f"{path} has no requests",
+        now=now,
+    )
 
 
 # ---------------------------------------------------------------- running
@@ -329,37 +186,27 @@ def run_job(
     lease_seconds: float | None = None,
 ) -> RunReport:
     """Local mode: the baseline (once per job), then every open request, then finalization (output file).
-    Every claim is held by one token (`worker`, new when None) whose leases a LeaseKeeper renews meanwhile.
+    Every claim is held by one lease (token `worker`, new when None), which a heartbeat renews meanwhile.
 
     on_phase(name, info): "baseline" (info: sample size) before it, "baseline_done" (info: Baseline | None),
     "run" (info: number of open requests) before the requests.
     """
-    worker = worker or new_token()
-    if lease_seconds is None:
-        lease_seconds = get_settings().lease_seconds
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        status, has_baseline = job.status, job.baseline_wall_s is not None
-        k = min(job.baseline_sample, job.n_requests - job.n_invalid)  # the sample is at most the valid requests
-    if status == JOB_VALIDATING:
-        raise JobStateError(
-            f"job {job_id} was interrupted while its file was being validated: run the file again"
-        )
-    if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED):
-        raise JobStateError(f"job {job_id} is {status}; nothing to run")
-    with LeaseKeeper(session_factory, worker, lease_seconds):
+        status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
+    lifecycle.check_runnable(job_id, status)
+    with held_lease(session_factory, None, worker, lease_seconds) as lease:
         if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
             if on_phase:
                 on_phase("baseline", k)
-            b = measure_baseline(session_factory, job_id, decoder, worker=worker, lease_seconds=lease_seconds)
+            b = measure_baseline(session_factory, job_id, decoder, lease=lease)
             if on_phase:
                 on_phase("baseline_done", b)
         if on_phase:
             with session_factory.begin() as s:
                 on_phase("run", len(queries.open_request_ids(s, job_id)))
         return run_requests(
-            session_factory, job_id, decoder, worker=worker, lease_seconds=lease_seconds, keep_alive=False,
-            should_stop=should_stop, on_progress=on_progress,
+            session_factory, job_id, decoder, lease=lease, should_stop=should_stop, on_progress=on_progress,
         )
 
 
@@ -412,15 +259,10 @@ def resume_job(
     process's requests are never taken over (JobBusyError, or wait; see wait_until_free). A job killed while
     finalizing is finalized again (its output file rewritten)."""
     with session_factory() as s:
-        job = queries.get_job(s, job_id)
-        status, output_file = job.status, job.output_file
+        status = queries.get_job(s, job_id).status
     if status == JOB_FINALIZING:
-        if output_file:
-            write_results(session_factory, job_id, output_file)
-        with session_factory.begin() as s:
-            finalized = queries.complete_job(s, job_id)
-        return RunReport(job_id=job_id, finalized=finalized)
-    if status not in JOB_TERMINAL:
+        return RunReport(job_id=job_id, finalized=lifecycle.finish_finalizing(session_factory, job_id))
+    if not lifecycle.is_terminal(status):
         wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
     return run_job(session_factory, job_id, decoder, **kwargs)
 
@@ -469,25 +311,24 @@ def resume(
     **run_kwargs: Any,
 ) -> ResumeOutcome:
     """Continues a job the way it was started: a queued job goes back to its workers (`enqueue`, e.g.
-    workers.enqueue.enqueue_job: the jobs layer never talks to the broker; chunks a live worker holds stay
+    spec_batch.workers.enqueue.enqueue_job: the jobs layer never talks to the broker; chunks a live worker holds stay
     with it), a local one is decoded in this process with `decoder_for(target, drafter)` once no live process
     holds any of its requests (JobBusyError, or `wait`). A completed job only gets its output file back if it is
     missing. Raises JobStateError for a failed, cancelled or cancelling job."""
     info = job_info(session_factory, job_id)
-    if info.status == JOB_COMPLETED:
+    action = lifecycle.resume_action(job_id, info.status)
+    if action == lifecycle.RESUME_REWRITE_OUTPUT:
         if info.output_file and not Path(info.output_file).exists():
             write_results(session_factory, job_id, info.output_file)
         return ResumeOutcome("completed", info)
-    if info.status in (JOB_FAILED, JOB_CANCELLED, JOB_CANCELLING):
-        raise JobStateError(f"job {job_id} is {info.status}; there is nothing to resume")
     if info.queue is not None:
         if enqueue is None:
             raise JobStateError(f"job {job_id} runs on the queue {info.queue}: resume it where the queue is reachable")
         enqueued = enqueue(session_factory, job_id)
         with session_factory() as s:
-            running = len(qstore.running_chunk_holders(s, job_id))
+            running = len(chunks.running_chunk_holders(s, job_id))
         return ResumeOutcome("enqueued", info, enqueued=enqueued, running=running)
-    if info.status != JOB_FINALIZING:  # before loading the model: a busy job is refused at once
+    if action == lifecycle.RESUME_RUN:  # before loading the model: a busy job is refused at once
         wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
     decoder = decoder_for(info.target, info.drafter)
     report = resume_job(session_factory, job_id, decoder, wait=wait, poll_s=poll_s, on_wait=on_wait, **run_kwargs)
@@ -510,13 +351,13 @@ def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOut
     raises JobStateError."""
     with session_factory.begin() as s:
         status = queries.get_job(s, job_id).status
-        changed = queries.request_cancel(s, job_id)
+        changed = lifecycle.request_cancel(s, job_id)
         if changed:
-            qstore.cancel_queued_chunks(s, job_id)
-    if not changed and status not in (JOB_CANCELLING, JOB_CANCELLED):
+            chunks.cancel_queued_chunks(s, job_id)
+    if not changed and not lifecycle.is_stopping(status):
         raise JobStateError(f"job {job_id} is {status}; it cannot be cancelled")
     with session_factory.begin() as s:
-        queries.try_finish_cancel(s, job_id)
+        lifecycle.settle_cancel(s, job_id)
         status = queries.get_job(s, job_id).status
         running = queries.job_counts(s, job_id)[REQ_RUNNING]
     return CancelOutcome(job_id, status, running)

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.outputs import RequestStats
-from ..store import queries
+from ..store import summaries
 
 
 def stats_of_row(row: Any) -> RequestStats:
@@ -55,7 +55,7 @@ def stats_by_model(session_factory: sessionmaker[Session]) -> list[dict[str, Any
     """Per (target, drafter) over every job: counts, pooled acceptance rate and tokens per step, and the mean
     tokens/s and measured speedups of its jobs."""
     with session_factory() as s:
-        rows = queries.model_totals(s)
+        rows = summaries.model_totals(s)
     for r in rows:
         total = pooled(
             output_tokens=r["output_tokens"], draft_tokens=r["draft_tokens"],

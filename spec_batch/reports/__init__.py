@@ -1,7 +1,7 @@
 """HTML reports of bulk jobs: charts of acceptance, accepted lengths, throughput and the measured baseline.
 
 ``job_report_html(session, job_ids)`` and ``history_report_html(session, since=None)`` read the job database
-(``spec_batch.store.reports``) and return one self-contained page (inline SVG charts, no scripts, no network).
+(``spec_batch.store.report_queries``) and return one self-contained page (inline SVG charts, no scripts, no network).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from ..store.models import utcnow
-from ..store.reports import job_history, job_report_data
+from ..store.report_queries import job_history, job_report_data
 from .html import render
 from .pages import history_page, jobs_page
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..core.outputs import RequestStats
-from ..store.reports import BaselinePoint, RequestPoint
+from ..store.report_queries import BaselinePoint, RequestPoint
 
 
 def _tokens_per_s(output_tokens: int | None, wall_s: float | None) -> float | None:

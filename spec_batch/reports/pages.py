@@ -9,7 +9,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ..store.reports import JobReportData
+from ..store.report_queries import JobReportData
 from . import aggregate, charts
 
 TABLE_ROWS = 10  # slowest and least-accepted requests listed per job
@@ -78,11 +78,23 @@ def _summary(data: JobReportData) -> list[tuple[str, str]]:
         ("tokens per step", fmt(s.get("tokens_per_step"), ".2f")),
         ("tokens/s", fmt(s.get("tokens_per_s"), ".1f")),
         ("baseline", baseline),
-        ("speedup", fmt(s.get("speedup"), ".2f", "×")),
+        ("speedup", _speedup(s)),
         ("batch size", str(data.batch_size)),
         ("decode time", fmt(data.decode_wall_s, ".1f", " s")),
         ("created / completed", f"{fmt_time(s.get('created_at'))} / {fmt_time(s.get('completed_at'))}"),
     ]
+
+
+def _speedup(s: dict) -> str:
+    """The speedup with its interleaved rounds' range; job_summary's speedup_reliable says when it is unreliable."""
+    text = fmt(s.get("speedup"), ".2f", "×")
+    low, high = s.get("speedup_low"), s.get("speedup_high")
+    if s.get("speedup") is None or low is None or high is None:
+        return text
+    text += f" (rounds {low:.2f}×–{high:.2f}×)"
+    if s.get("speedup_reliable") is False:
+        text += ": unreliable, the rounds differ by more than 25% of it (the load changed while it was measured)"
+    return text
 
 
 def _request_table(heading: str, rows: Sequence[aggregate.RequestRates]) -> Table:

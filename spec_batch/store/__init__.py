@@ -1,5 +1,5 @@
 """The SQL store of bulk jobs: tables, engines/sessions/migrations, and every SQL statement of the project (docs/architecture.md)."""
-from . import queries
+from . import baselines, chunk_recovery, chunks, queries, request_claims, summaries
 from .db import (
     DatabaseMissingError,
     DatabaseNotMigratedError,
@@ -37,11 +37,14 @@ from .models import (
     job_summary,
     utcnow,
 )
-from . import chunks  # noqa: E402,F401  (registers the queue_chunks table on the metadata)
-from . import baselines  # noqa: E402,F401  (registers the baseline_samples table on the metadata)
 
 __all__ = [
+    "baselines",
+    "chunk_recovery",
+    "chunks",
     "queries",
+    "request_claims",
+    "summaries",
     "DatabaseMissingError",
     "DatabaseNotMigratedError",
     "current_revision",

@@ -13,28 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import Float, ForeignKey, Integer, insert
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
 
-from .models import Base
-
-
-class BaselineSample(Base):
-    """One sampled request of a job's baseline: its tokens and seconds with and without speculation."""
-
-    __tablename__ = "baseline_samples"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), unique=True)
-    speculative_output_tokens: Mapped[int] = mapped_column(Integer)
-    speculative_target_forwards: Mapped[int] = mapped_column(Integer)
-    speculative_wall_s: Mapped[float] = mapped_column(Float)
-    baseline_output_tokens: Mapped[int] = mapped_column(Integer)  # without speculation: one token per step
-    baseline_wall_s: Mapped[float] = mapped_column(Float)
-
-    def __repr__(self) -> str:
-        return f"BaselineSample(job_id={self.job_id!r}, request_id={self.request_id!r})"
+from .models import BaselineSample
 
 
 @dataclass(frozen=True)

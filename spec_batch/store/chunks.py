@@ -7,7 +7,7 @@ no request is lost when a worker, its pool child, Redis or the database goes awa
   and ``lease_expires_at`` renewed by a heartbeat), ``done`` (every request of it finished or the job ended),
   ``split`` (replaced by one chunk per open request after its worker was lost twice: a request that kills its
   worker then fails alone).
-- ``epoch``: the broker epoch (a random value kept in Redis, see workers/lease.py) the message was last
+- ``epoch``: the broker epoch (a random value kept in Redis, see workers/reaper.py) the message was last
   published in; NULL = never published (a submit that died before publishing). A Redis restart without
   persistence (or a flush) loses every queued message; a new epoch makes the reaper publish them again.
 
@@ -20,81 +20,29 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import (
-    Boolean,
-    CheckConstraint,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    and_,
-    delete,
-    exists,
-    false,
-    func,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import and_, delete, exists, func, or_, select, update
+from sqlalchemy.orm import Session
 
-from . import queries
+from . import request_claims
 from .models import (
     JOB_CANCELLING,
-    JOB_FINALIZING,
     JOB_IN_PROGRESS,
     JOB_VALIDATING,
-    REQ_RUNNING,
     REQUEST_OPEN,
-    Base,
+    CHUNK_DONE,
+    CHUNK_LIVE,
+    CHUNK_QUEUED,
+    CHUNK_RUNNING,
+    CHUNK_SPLIT,
+    CHUNK_STATES,
     Job,
-    JSONType,
+    QueueChunk,
     Request,
-    UTCDateTime,
     utcnow,
 )
 
-CHUNK_QUEUED = "queued"
-CHUNK_RUNNING = "running"
-CHUNK_DONE = "done"
-CHUNK_SPLIT = "split"
-CHUNK_STATES = (CHUNK_QUEUED, CHUNK_RUNNING, CHUNK_DONE, CHUNK_SPLIT)
-CHUNK_LIVE = (CHUNK_QUEUED, CHUNK_RUNNING)  # a message exists or a worker holds it
 # Jobs whose chunks still need running (a cancelling job's chunks run only to cancel their requests).
 JOB_ACTIVE = (JOB_VALIDATING, JOB_IN_PROGRESS, JOB_CANCELLING)
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
-
-
-class QueueChunk(Base):
-    """Requests of one job published together as one Celery task (its id is the task id)."""
-
-    __tablename__ = "queue_chunks"
-    __table_args__ = (
-        CheckConstraint(_in("state", CHUNK_STATES), name="state"),
-        Index("ix_queue_chunks_state_lease_expires_at", "state", "lease_expires_at"),
-    )
-
-    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    seq: Mapped[int] = mapped_column(Integer)  # order within the job (split pieces get new numbers)
-    queue: Mapped[str] = mapped_column(String(128))
-    request_ids: Mapped[list[int]] = mapped_column(JSONType)
-    measure_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    state: Mapped[str] = mapped_column(String(16), default=CHUNK_QUEUED, server_default=CHUNK_QUEUED)
-    epoch: Mapped[str | None] = mapped_column(String(64))
-    worker: Mapped[str | None] = mapped_column(String(255))
-    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-    def __repr__(self) -> str:
-        return f"QueueChunk(id={self.id!r}, job_id={self.job_id!r}, seq={self.seq}, state={self.state!r})"
 
 
 def new_chunk_id() -> str:
@@ -216,7 +164,7 @@ def renew(session: Session, worker: str, lease_seconds: float, *, now: datetime 
         .values(lease_expires_at=until)
         .execution_options(synchronize_session=False)
     ).rowcount
-    return c, queries.renew_holder(session, worker, lease_seconds, now=now)
+    return c, request_claims.renew_holder(session, worker, lease_seconds, now=now)
 
 
 def finish_chunk(session: Session, chunk_id: str, worker: str | None, *, now: datetime | None = None) -> bool:
@@ -273,8 +221,9 @@ def requeue_chunk(
 
 
 def release_worker_requests(session: Session, worker: str) -> int:
-    """A lost holder's running requests -> pending (its results, if it is in fact alive, still count once)."""
-    return queries.release_holder(session, worker)
+    """A lost holder's running requests -> pending, each counting an attempt (its results, if it is in fact alive,
+    still count once)."""
+    return request_claims.release_holder(session, worker)
 
 
 def split_chunk(
@@ -303,67 +252,6 @@ def split_chunk(
     )
 
 
-def expired_chunks(session: Session, *, now: datetime | None = None, limit: int = 100) -> list[QueueChunk]:
-    """Running chunks whose holder stopped renewing its lease."""
-    now = now or utcnow()
-    return list(
-        session.scalars(
-            select(QueueChunk)
-            .where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.lease_expires_at < now)
-            .order_by(QueueChunk.lease_expires_at)
-            .limit(limit)
-        )
-    )
-
-
-def running_chunks_of(session: Session, worker_prefix: str, limit: int = 100) -> list[QueueChunk]:
-    """Running chunks whose holder's token starts with `worker_prefix` (the same worker node)."""
-    esc = worker_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return list(
-        session.scalars(
-            select(QueueChunk)
-            .where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker.like(esc + "%", escape="\\"))
-            .limit(limit)
-        )
-    )
-
-
-def unpublished_chunks(
-    session: Session, epoch: str, *, grace_before: datetime, limit: int = 500
-) -> list[QueueChunk]:
-    """Queued chunks of active jobs whose message is not in the broker's current epoch: published in an
-    earlier epoch (Redis lost its data), or never published and older than `grace_before` (a submit that
-    failed or died after storing the job)."""
-    return list(
-        session.scalars(
-            select(QueueChunk)
-            .join(Job, Job.id == QueueChunk.job_id)
-            .where(
-                QueueChunk.state == CHUNK_QUEUED,
-                Job.status.in_(JOB_ACTIVE),
-                or_(
-                    and_(QueueChunk.epoch.is_not(None), QueueChunk.epoch != epoch),
-                    and_(QueueChunk.epoch.is_(None), QueueChunk.created_at < grace_before),
-                ),
-            )
-            .order_by(QueueChunk.created_at, QueueChunk.seq)
-            .limit(limit)
-        )
-    )
-
-
-def republish_claim(session: Session, chunk_id: str, old_epoch: str | None, epoch: str) -> bool:
-    """queued chunk in `old_epoch` -> `epoch` (one reaper wins; it then publishes before committing)."""
-    cond = QueueChunk.epoch.is_(None) if old_epoch is None else QueueChunk.epoch == old_epoch
-    res = session.execute(
-        update(QueueChunk)
-        .where(QueueChunk.id == chunk_id, QueueChunk.state == CHUNK_QUEUED, cond)
-        .values(epoch=epoch, published_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
 def open_ids_of(session: Session, ids: Sequence[int]) -> list[int]:
     """Those of `ids` still pending or running, in the given order."""
     if not ids:
@@ -372,19 +260,6 @@ def open_ids_of(session: Session, ids: Sequence[int]) -> list[int]:
         session.scalars(select(Request.id).where(Request.id.in_(list(ids)), Request.status.in_(REQUEST_OPEN)))
     )
     return [i for i in ids if i in open_]
-
-
-def requests_over_attempts(session: Session, ids: Sequence[int], max_attempts: int) -> list[int]:
-    """Open requests among `ids` that were already claimed `max_attempts` times."""
-    if not ids:
-        return []
-    return list(
-        session.scalars(
-            select(Request.id).where(
-                Request.id.in_(list(ids)), Request.status.in_(REQUEST_OPEN), Request.attempts >= max_attempts
-            )
-        )
-    )
 
 
 def chunk_counts(session: Session, job_id: str) -> dict[str, int]:
@@ -439,50 +314,6 @@ def delete_unpublished_job(session: Session, job_id: str) -> bool:
     return res.rowcount == 1
 
 
-def jobs_to_adopt(session: Session, *, created_before: datetime, limit: int) -> list[str]:
-    """In-progress queue jobs older than `created_before` (a submit may have died before storing chunks)."""
-    return list(session.scalars(
-        select(Job.id)
-        .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, Job.created_at < created_before)
-        .order_by(Job.created_at)
-        .limit(limit)
-    ))
-
-
-def running_chunks_held_by(session: Session, holders: Iterable[str]) -> list[QueueChunk]:
-    holders = list(holders)
-    if not holders:
-        return []
-    return list(session.scalars(
-        select(QueueChunk).where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker.in_(holders))
-    ))
-
-
-def queue_jobs_to_finalize(session: Session, limit: int = 50) -> list[str]:
-    """In-progress queue jobs with nothing open any more (their last worker died before finalizing)."""
-    open_req = exists().where(Request.job_id == Job.id, Request.status.in_(REQUEST_OPEN))
-    return list(session.scalars(
-        select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, ~open_req).limit(limit)
-    ))
-
-
-def queue_jobs_to_cancel(session: Session, limit: int = 50) -> list[str]:
-    """Cancelling queue jobs with no request running any more."""
-    running_req = exists().where(Request.job_id == Job.id, Request.status == REQ_RUNNING)
-    return list(session.scalars(
-        select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_CANCELLING, ~running_req).limit(limit)
-    ))
-
-
-def queue_jobs_stuck_finalizing(session: Session, *, since_before: datetime, limit: int = 50) -> list[str]:
-    """Queue jobs finalizing since before `since_before` (the worker finalizing them died in between)."""
-    return list(session.scalars(
-        select(Job.id).where(
-            Job.queue.is_not(None), Job.status == JOB_FINALIZING, Job.finalizing_at < since_before
-        ).limit(limit)
-    ))
-
-
 def running_chunk_holders(session: Session, job_id: str) -> list[tuple[str, datetime | None]]:
     """(worker, lease_expires_at) of the job's running chunks."""
     return [
@@ -516,11 +347,6 @@ __all__ = [
     "baseline_chunk_pending",
     "set_job_queue",
     "delete_unpublished_job",
-    "jobs_to_adopt",
-    "running_chunks_held_by",
-    "queue_jobs_to_finalize",
-    "queue_jobs_to_cancel",
-    "queue_jobs_stuck_finalizing",
     "running_chunk_holders",
     "JOB_ACTIVE",
     "new_chunk_id",
@@ -535,12 +361,7 @@ __all__ = [
     "requeue_chunk",
     "release_worker_requests",
     "split_chunk",
-    "expired_chunks",
-    "running_chunks_of",
-    "unpublished_chunks",
-    "republish_claim",
     "open_ids_of",
-    "requests_over_attempts",
     "chunk_counts",
     "cancel_queued_chunks",
 ]

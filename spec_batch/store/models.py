@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.x tables of bulk jobs and their requests.
+"""SQLAlchemy 2.x tables of the store: jobs, their requests, queue chunks and baseline samples (every table here).
 
 Alembic migrations in ``migrations/`` are the only way this schema changes: edit these classes, then add a
 migration (``alembic revision -m ...``) that makes the same change, with a working downgrade.
@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -27,6 +28,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     text,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -139,6 +141,10 @@ class Job(Base):
     baseline_wall_s: Mapped[float | None] = mapped_column(Float)
     sample_output_tokens: Mapped[int | None] = mapped_column(Integer)
     sample_wall_s: Mapped[float | None] = mapped_column(Float)
+    # The lowest and highest ratio of the baseline's interleaved rounds (0006): a wide range (see
+    # spec_batch.jobs.speedup.UNRELIABLE_SPREAD) means the load changed while the speedup was measured.
+    speedup_low: Mapped[float | None] = mapped_column(Float)
+    speedup_high: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # in_progress since
@@ -212,6 +218,66 @@ class Request(Base):
         return f"Request(id={self.id!r}, job_id={self.job_id!r}, custom_id={self.custom_id!r}, status={self.status!r})"
 
 
+# ---------------------------------------------------------------- the queue (migration 0002)
+
+CHUNK_QUEUED = "queued"
+CHUNK_RUNNING = "running"
+CHUNK_DONE = "done"
+CHUNK_SPLIT = "split"
+CHUNK_STATES = (CHUNK_QUEUED, CHUNK_RUNNING, CHUNK_DONE, CHUNK_SPLIT)
+CHUNK_LIVE = (CHUNK_QUEUED, CHUNK_RUNNING)  # a message exists or a worker holds it
+
+
+class QueueChunk(Base):
+    """Requests of one job published together as one Celery task (its id is the task id)."""
+
+    __tablename__ = "queue_chunks"
+    __table_args__ = (
+        CheckConstraint(_in("state", CHUNK_STATES), name="state"),
+        Index("ix_queue_chunks_state_lease_expires_at", "state", "lease_expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)  # order within the job (split pieces get new numbers)
+    queue: Mapped[str] = mapped_column(String(128))
+    request_ids: Mapped[list[int]] = mapped_column(JSONType)
+    measure_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    state: Mapped[str] = mapped_column(String(16), default=CHUNK_QUEUED, server_default=CHUNK_QUEUED)
+    epoch: Mapped[str | None] = mapped_column(String(64))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    def __repr__(self) -> str:
+        return f"QueueChunk(id={self.id!r}, job_id={self.job_id!r}, seq={self.seq}, state={self.state!r})"
+
+
+# ---------------------------------------------------------------- the baseline sample, request by request (0004)
+
+
+class BaselineSample(Base):
+    """One sampled request of a job's baseline: its tokens and seconds with and without speculation."""
+
+    __tablename__ = "baseline_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), unique=True)
+    speculative_output_tokens: Mapped[int] = mapped_column(Integer)
+    speculative_target_forwards: Mapped[int] = mapped_column(Integer)
+    speculative_wall_s: Mapped[float] = mapped_column(Float)
+    baseline_output_tokens: Mapped[int] = mapped_column(Integer)  # without speculation: one token per step
+    baseline_wall_s: Mapped[float] = mapped_column(Float)
+
+    def __repr__(self) -> str:
+        return f"BaselineSample(job_id={self.job_id!r}, request_id={self.request_id!r})"
+
+
 # The job_summary view, for typed queries (select(job_summary)); created by the migrations (0001, extended in
 # 0003), not create_all.
 view_metadata = MetaData()
@@ -234,5 +300,8 @@ job_summary = Table(
     Column("created_at", UTCDateTime),
     Column("completed_at", UTCDateTime),
     Column("forced_tokens", Integer),  # appended by migration 0003
+    Column("speedup_low", Float),  # appended by migration 0006
+    Column("speedup_high", Float),
+    Column("speedup_reliable", Boolean),  # NULL when no range was measured
 )
 JOB_SUMMARY_COLUMNS = tuple(c.name for c in job_summary.columns)

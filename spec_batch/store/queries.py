@@ -1,5 +1,5 @@
 """Queries and conditional updates of the store. Every function takes a Session the caller owns
-(``with factory.begin() as session: ...``); none commits.
+(``with session_factory.begin() as session: ...``); none commits.
 
 The updates that several processes may race on (claiming, storing a result, finalizing a job) are single
 conditional UPDATE statements, so at most one of the racers changes a row: nothing is stored twice and a job
@@ -8,21 +8,14 @@ is completed exactly once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, case, exists, func, insert, or_, select, update
+from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import SpecBatchError
 from .models import (
-    JOB_CANCELLED,
-    JOB_CANCELLING,
-    JOB_COMPLETED,
-    JOB_FAILED,
-    JOB_FINALIZING,
-    JOB_IN_PROGRESS,
-    JOB_VALIDATING,
     REQ_CANCELLED,
     REQ_COMPLETED,
     REQ_FAILED,
@@ -32,7 +25,6 @@ from .models import (
     REQUEST_STATUSES,
     Job,
     Request,
-    job_summary,
     utcnow,
 )
 
@@ -87,81 +79,41 @@ def resolve_job_id(session: Session, ref: str) -> str:
     raise JobNotFoundError(f"{ref!r} matches several jobs ({', '.join(matches)}, ...): give more of the id")
 
 
-def set_job_status(session: Session, job_id: str, status: str, *, now: datetime | None = None) -> None:
-    """Unconditional status change (job creation only); racing changes use the functions below."""
-    now = now or utcnow()
-    values: dict[str, Any] = {"status": status}
-    if status == JOB_IN_PROGRESS:
-        values["started_at"] = now
-    session.execute(update(Job).where(Job.id == job_id).values(**values))
+def change_job_status(
+    session: Session,
+    job_id: str,
+    *,
+    sources: Iterable[str],
+    target: str,
+    values: dict[str, Any] | None = None,
+    unless_open_requests: bool = False,
+    unless_running_requests: bool = False,
+) -> bool:
+    """One conditional UPDATE: the job goes to `target` (with `values`) only from one of `sources`, and, when asked,
+    only while none of its requests is open (pending or running) / running. True for the one caller that changed it.
 
-
-def begin_finalize(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
-    """in_progress -> finalizing, only when no request is pending or running. True for the one winner."""
-    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(REQUEST_OPEN))
+    The states and which changes are allowed live in spec_batch.jobs.lifecycle, the only caller."""
+    cond = [Job.id == job_id, Job.status.in_(tuple(sources))]
+    if unless_open_requests:
+        cond.append(~exists().where(Request.job_id == job_id, Request.status.in_(REQUEST_OPEN)))
+    if unless_running_requests:
+        cond.append(~exists().where(Request.job_id == job_id, Request.status == REQ_RUNNING))
     res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JOB_IN_PROGRESS, ~open_requests)
-        .values(status=JOB_FINALIZING, finalizing_at=now or utcnow())
-        .execution_options(synchronize_session=False)
+        update(Job).where(*cond).values(status=target, **(values or {})).execution_options(synchronize_session=False)
     )
     return res.rowcount == 1
 
 
-def complete_job(session: Session, job_id: str, *, now: datetime | None = None, error: str | None = None) -> bool:
-    """finalizing -> completed. `error` records a problem of finalization (e.g. the output file)."""
-    values: dict[str, Any] = {"status": JOB_COMPLETED, "completed_at": now or utcnow()}
-    if error is not None:
-        values["error"] = error
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JOB_FINALIZING)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
-def fail_job(session: Session, job_id: str, error: str, *, now: datetime | None = None) -> bool:
-    """The job as a whole failed (e.g. no valid line). Only from a non-terminal status."""
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_((JOB_VALIDATING, JOB_IN_PROGRESS, JOB_FINALIZING)))
-        .values(status=JOB_FAILED, error=error, failed_at=now or utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
-def request_cancel(session: Session, job_id: str) -> bool:
-    """validating/in_progress -> cancelling. Runners stop at their next group; see try_finish_cancel."""
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_((JOB_VALIDATING, JOB_IN_PROGRESS)))
-        .values(status=JOB_CANCELLING)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
-
-
-def try_finish_cancel(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
-    """For a cancelling job: pending requests -> cancelled; once none is running, the job -> cancelled."""
-    now = now or utcnow()
-    session.execute(
+def cancel_pending_requests(session: Session, job_id: str, *, job_status: str, now: datetime | None = None) -> int:
+    """The job's pending requests -> cancelled, only while the job's status is `job_status` (cancelling)."""
+    return session.execute(
         update(Request)
         .where(Request.job_id == job_id, Request.status == REQ_PENDING,
-               exists().where(Job.id == job_id, Job.status == JOB_CANCELLING))
-        .values(status=REQ_CANCELLED, error_code="batch_cancelled", error="the job was cancelled", completed_at=now)
+               exists().where(Job.id == job_id, Job.status == job_status))
+        .values(status=REQ_CANCELLED, error_code="batch_cancelled", error="the job was cancelled",
+                completed_at=now or utcnow())
         .execution_options(synchronize_session=False)
-    )
-    running = exists().where(Request.job_id == job_id, Request.status == REQ_RUNNING)
-    res = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JOB_CANCELLING, ~running)
-        .values(status=JOB_CANCELLED, cancelled_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount == 1
+    ).rowcount
 
 
 def add_decode_time(session: Session, job_id: str, seconds: float) -> None:
@@ -184,8 +136,11 @@ def record_baseline(
     baseline_wall_s: float,
     sample_output_tokens: int,
     sample_wall_s: float,
+    speedup_low: float | None = None,
+    speedup_high: float | None = None,
 ) -> bool:
-    """Stores the job's measured baseline once (the first measurement wins)."""
+    """Stores the job's measured baseline once (the first measurement wins), with the lowest and highest ratio
+    of its interleaved rounds."""
     res = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.baseline_wall_s.is_(None))
@@ -195,6 +150,8 @@ def record_baseline(
             baseline_wall_s=baseline_wall_s,
             sample_output_tokens=sample_output_tokens,
             sample_wall_s=sample_wall_s,
+            speedup_low=speedup_low,
+            speedup_high=speedup_high,
         )
         .execution_options(synchronize_session=False)
     )
@@ -281,89 +238,6 @@ def open_request_ids(session: Session, job_id: str, among: Iterable[int] | None 
     return request_ids(session, job_id, REQUEST_OPEN, among)
 
 
-def claim_requests(
-    session: Session,
-    job_id: str,
-    ids: Sequence[int],
-    *,
-    worker: str | None,
-    lease_seconds: float,
-    now: datetime | None = None,
-) -> list[int]:
-    """Marks the claimable ones of `ids` running for `worker` until now + lease_seconds; returns them.
-
-    Claimable: pending, or running with an expired (or no) lease.
-    """
-    if not ids:
-        return []
-    now = now or utcnow()
-    claimable = or_(
-        Request.status == REQ_PENDING,
-        and_(Request.status == REQ_RUNNING, or_(Request.lease_expires_at.is_(None), Request.lease_expires_at < now)),
-    )
-    res = session.execute(
-        update(Request)
-        .where(Request.job_id == job_id, Request.id.in_(list(ids)), claimable)
-        .values(
-            status=REQ_RUNNING,
-            worker=worker,
-            attempts=Request.attempts + 1,
-            started_at=now,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
-        )
-        .returning(Request.id)
-        .execution_options(synchronize_session=False)
-    )
-    claimed = set(res.scalars().all())
-    return [i for i in ids if i in claimed]
-
-
-def renew_holder(session: Session, worker: str, lease_seconds: float, *, now: datetime | None = None) -> int:
-    """Heartbeat: extends the lease of every request still running for `worker`. Returns how many."""
-    until = (now or utcnow()) + timedelta(seconds=lease_seconds)
-    return session.execute(
-        update(Request)
-        .where(Request.worker == worker, Request.status == REQ_RUNNING)
-        .values(lease_expires_at=until)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-
-
-def release_requests(session: Session, ids: Sequence[int], *, worker: str | None = None) -> int:
-    """running -> pending for those of `ids` still running (for `worker`, when given). Returns how many."""
-    if not ids:
-        return 0
-    cond = [Request.id.in_(list(ids)), Request.status == REQ_RUNNING]
-    if worker is not None:
-        cond.append(Request.worker == worker)
-    res = session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
-    )
-    return res.rowcount
-
-
-def release_holder(session: Session, worker: str, *, job_id: str | None = None) -> int:
-    """Every request still running for `worker` (of `job_id`, when given) -> pending: its holder is gone."""
-    cond = [Request.worker == worker, Request.status == REQ_RUNNING]
-    if job_id is not None:
-        cond.append(Request.job_id == job_id)
-    return session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-
-
-def request_holders(session: Session, job_id: str) -> list[tuple[str, int, datetime | None]]:
-    """(worker, running requests, latest lease end) for each holder of the job's running requests."""
-    rows = session.execute(
-        select(Request.worker, func.count(), func.max(Request.lease_expires_at))
-        .where(Request.job_id == job_id, Request.status == REQ_RUNNING)
-        .group_by(Request.worker)
-    ).all()
-    return [(w or "", n, t) for w, n, t in rows]  # max() keeps the column's type: timezone-aware UTC
-
-
 def result_status(result: Any) -> str:
     """The request status a GenerationResult is stored with: failed for finish_reason "error", else completed."""
     return REQ_FAILED if result.finish_reason == "error" else REQ_COMPLETED
@@ -429,7 +303,6 @@ def _finish(session: Session, request_id: int, values: dict, *, worker: str | No
         completed_at=now,
         lease_expires_at=None,
         started_at=func.coalesce(Request.started_at, now),
-        attempts=case((Request.status == REQ_PENDING, Request.attempts + 1), else_=Request.attempts),
     )
     if worker is not None:
         values["worker"] = worker
@@ -471,123 +344,20 @@ def job_counts(session: Session, job_id: str) -> dict[str, int]:
     return counts
 
 
-# ---------------------------------------------------------------- job_summary and stats
-
-
-def job_summary_row(session: Session, job_id: str) -> dict[str, Any] | None:
-    row = session.execute(select(job_summary).where(job_summary.c.job_id == job_id)).mappings().first()
-    return dict(row) if row is not None else None
-
-
-def list_job_summaries(
-    session: Session, *, limit: int | None = 20, status: str | None = None
-) -> list[dict[str, Any]]:
-    """job_summary rows, newest first."""
-    q = select(job_summary).order_by(job_summary.c.created_at.desc(), job_summary.c.job_id.desc())
-    if status is not None:
-        q = q.where(job_summary.c.status == status)
-    if limit is not None:
-        q = q.limit(limit)
-    return [dict(r) for r in session.execute(q).mappings()]
-
-
-def model_totals(session: Session) -> list[dict[str, Any]]:
-    """Per (target, drafter), over every job: jobs, requests by outcome and the sums of the requests'
-    statistics (rates are computed from these sums by spec_batch.jobs.stats, with the one definition of each),
-    plus the mean and range of the jobs' measured speedups and their mean tokens/s (from job_summary)."""
-    per_req = (
-        select(
-            Job.target,
-            Job.drafter,
-            func.count(func.distinct(Job.id)).label("jobs"),
-            func.count(Request.id).label("n_requests"),
-            func.sum(case((Request.status == REQ_COMPLETED, 1), else_=0)).label("n_completed"),
-            func.sum(case((Request.status == REQ_FAILED, 1), else_=0)).label("n_failed"),
-            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
-            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
-            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
-            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
-        )
-        .select_from(Job)
-        .join(Request, Request.job_id == Job.id, isouter=True)
-        .group_by(Job.target, Job.drafter)
-    ).subquery()
-    speed = (
-        select(
-            job_summary.c.target,
-            job_summary.c.drafter,
-            func.count(job_summary.c.speedup).label("jobs_measured"),
-            func.avg(job_summary.c.speedup).label("speedup"),
-            func.min(job_summary.c.speedup).label("min_speedup"),
-            func.max(job_summary.c.speedup).label("max_speedup"),
-            func.avg(job_summary.c.tokens_per_s).label("tokens_per_s"),
-        )
-        .group_by(job_summary.c.target, job_summary.c.drafter)
-    ).subquery()
-    q = (
-        select(
-            per_req,
-            speed.c.jobs_measured,
-            speed.c.speedup,
-            speed.c.min_speedup,
-            speed.c.max_speedup,
-            speed.c.tokens_per_s,
-        )
-        .join(speed, and_(speed.c.target == per_req.c.target, speed.c.drafter == per_req.c.drafter))
-        .order_by(per_req.c.target, per_req.c.drafter)
-    )
-    out = []
-    for r in session.execute(q).mappings():
-        d = dict(r)
-        for k in ("speedup", "min_speedup", "max_speedup", "tokens_per_s"):
-            if d.get(k) is not None:
-                d[k] = float(d[k])
-        for k in ("n_completed", "n_failed", "output_tokens", "draft_tokens", "accepted_tokens", "target_forwards"):
-            d[k] = int(d[k] or 0)
-        out.append(d)
-    return out
-
-
-def job_request_totals(session: Session, job_id: str) -> dict[str, int]:
-    """Sums of the job's request statistics (the inputs of job_summary's rates)."""
-    row = session.execute(
-        select(
-            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
-            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
-            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
-            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
-        ).where(Request.job_id == job_id)
-    ).mappings().one()
-    return {k: int(v) for k, v in row.items()}
-
-
 __all__ = [
     "JobNotFoundError",
     "find_job",
+    "change_job_status",
+    "cancel_pending_requests",
     "get_job",
     "resolve_job_id",
-    "set_job_status",
-    "begin_finalize",
-    "complete_job",
-    "fail_job",
-    "request_cancel",
-    "try_finish_cancel",
     "add_decode_time",
     "record_baseline",
     "request_ids",
     "open_request_ids",
-    "claim_requests",
-    "renew_holder",
-    "release_requests",
-    "release_holder",
-    "request_holders",
     "save_result",
     "save_failure",
     "job_counts",
-    "job_summary_row",
-    "list_job_summaries",
-    "model_totals",
-    "job_request_totals",
     "RequestInput",
     "insert_job",
     "insert_requests",

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.store import Request, current_revision, head_revision, make_engine, make_session_factory, queries
+from spec_batch.store import Request, current_revision, head_revision, make_engine, make_session_factory, queries, request_claims, summaries
 
 from batch_lines import chat_line, completion_line, write_batch
 from db_fixtures import create_pg_database, drop_pg_database
@@ -149,7 +149,7 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
     assert "completed" in res.stdout and job_id in res.stdout
     with factory() as s:
         rows = s.scalars(select(Request).where(Request.job_id == job_id)).all()
-        summary = queries.job_summary_row(s, job_id)
+        summary = summaries.job_summary_row(s, job_id)
     assert len(rows) == n and all(r.status == "completed" for r in rows)
     assert {r.id: (r.output, r.completed_at) for r in rows if r.id in before} == before  # finished work kept
     assert summary["status"] == "completed" and summary["n_completed"] == n
@@ -191,7 +191,7 @@ def test_resume_refuses_a_job_a_live_process_holds(tmp_path, fake_decoder_cls):
     path = write_batch(tmp_path / "in.jsonl", [completion_line(f"c{i}", f"p{i}", max_tokens=3) for i in range(3)])
     job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=0)
     with factory.begin() as s:  # the original `spec-batch run`, still alive on another machine
-        queries.claim_requests(s, job_id, queries.request_ids(s, job_id)[:1], worker="elsewhere/ns1/77/ab",
+        request_claims.claim_requests(s, job_id, queries.request_ids(s, job_id)[:1], worker="elsewhere/ns1/77/ab",
                                lease_seconds=600)
     r = _invoke(url, "resume", job_id)
     assert r.exit_code == 5 and "process 77 on elsewhere holds 1 request(s)" in r.output, r.output

@@ -72,7 +72,7 @@ def test_wait_reports_the_end(db_url, tmp_path, monkeypatch, fake_decoder):
 
 
 def test_submit_names_each_invalid_line_once(tmp_path, monkeypatch):
-    from workers import enqueue
+    from spec_batch.workers import enqueue
 
     published = []
     monkeypatch.setattr(enqueue, "check_broker", lambda url=None: "e1")

@@ -122,12 +122,12 @@ def test_the_output_is_checked_before_the_model_loads(env, tmp_path, loads):
 
 
 def test_an_output_that_cannot_be_written_at_the_end_exits_4(env, tmp_path, loads, monkeypatch):
-    from spec_batch.jobs import runner
+    from spec_batch.jobs import lifecycle  # finalization writes the output file
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(runner, "write_results", refuse)
+    monkeypatch.setattr(lifecycle, "write_results", refuse)
     res = _run(str(_lines(tmp_path)), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "0")
     assert res.exit_code == _common.EXIT_OUTPUT_NOT_WRITTEN, res.output
     assert "could not write the output file" in res.stdout

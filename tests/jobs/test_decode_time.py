@@ -12,7 +12,7 @@ import pytest
 
 from batch_lines import completion_line, write_batch
 from spec_batch.jobs import create_job_from_file, resume_job
-from spec_batch.store import make_session_factory, queries
+from spec_batch.store import make_session_factory, queries, summaries
 
 STEP_S = 0.2  # seconds per result of the killed process's decoder
 KILLED_AFTER = 3  # results it stores before SIGKILL
@@ -45,7 +45,7 @@ def test_a_killed_process_keeps_its_tokens_and_their_decode_time(db_url, tmp_pat
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     with factory() as s:
         counts = queries.job_counts(s, job_id)
-        killed = queries.job_summary_row(s, job_id)
+        killed = summaries.job_summary_row(s, job_id)
         decode_s = queries.get_job(s, job_id).decode_wall_s
     assert counts["completed"] == KILLED_AFTER and counts["running"] == 6 - KILLED_AFTER  # left by the dead
     assert killed["output_tokens"] == 2 * KILLED_AFTER
@@ -57,6 +57,6 @@ def test_a_killed_process_keeps_its_tokens_and_their_decode_time(db_url, tmp_pat
     assert report.completed == 6 - KILLED_AFTER and report.finalized
     with factory() as s:
         job = queries.get_job(s, job_id)
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert job.decode_wall_s == pytest.approx(decode_s + report.decode_wall_s)
     assert row["tokens_per_s"] == pytest.approx(row["output_tokens"] / job.decode_wall_s)

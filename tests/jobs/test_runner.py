@@ -10,13 +10,14 @@ import threading
 import pytest
 from sqlalchemy import select, update
 
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
-from spec_batch.jobs.service import WARMUP_TOKENS
+from spec_batch.jobs.baseline import WARMUP_TOKENS
 from spec_batch.jobs import JobBusyError
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.runner import finalize_job, run_requests
-from spec_batch.store import Job, Request, make_session_factory, queries
+from spec_batch.store import Job, Request, make_session_factory, queries, request_claims, summaries
 from spec_batch.store.models import utcnow
 
 from batch_lines import chat_line, completion_line, write_batch
@@ -82,7 +83,7 @@ def test_full_job_with_fake_decoder(db_url, tmp_path, fake_decoder_cls):
     lines = [e["error"]["line"] if e["error"] else e["response"]["body"]["error"]["line"] for e in errs]
     assert lines == [11, 12, 13, 14, 15]
     with factory() as s:
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert (row["n_requests"], row["n_completed"], row["n_failed"]) == (15, 10, 5)
     assert row["output_tokens"] == sum(r.output_tokens or 0 for r in rows)
     assert row["speedup"] is not None and row["tokens_per_s"] is not None
@@ -138,8 +139,8 @@ def test_resume_takes_over_a_dead_process_but_never_a_live_one(db_url, tmp_path,
     live = "another-host/ns1/4242/abcd"  # a live run elsewhere: its lease is all we know
     with factory.begin() as s:
         ids = queries.request_ids(s, job_id)
-        queries.claim_requests(s, job_id, ids[:2], worker=_dead_token(), lease_seconds=3600)
-        queries.claim_requests(s, job_id, ids[2:3], worker=live, lease_seconds=3600)
+        request_claims.claim_requests(s, job_id, ids[:2], worker=_dead_token(), lease_seconds=3600)
+        request_claims.claim_requests(s, job_id, ids[2:3], worker=live, lease_seconds=3600)
     report = run_requests(factory, job_id, fake_decoder_cls())
     assert report.completed == 3 and report.skipped == 3 and not report.finalized  # leases are respected
     dec = fake_decoder_cls()
@@ -161,7 +162,8 @@ def test_resume_takes_over_a_dead_process_but_never_a_live_one(db_url, tmp_path,
     assert len(waited) == 1 and report.completed == 3 and report.finalized
     with factory() as s:
         assert queries.job_counts(s, job_id)["completed"] == 6
-        assert max(r.attempts for r in _rows(factory, job_id)) == 2  # taken over once, never decoded twice
+        # attempts count the claims lost to a dead process or an expired lease: taken over once, never decoded twice
+        assert sorted(r.attempts for r in _rows(factory, job_id)) == [0, 0, 0, 1, 1, 1]
 
 
 def test_overlapping_runners_store_each_result_once(db_url, tmp_path, fake_decoder_cls):
@@ -208,7 +210,7 @@ def test_cancel_stops_the_runner(db_url, tmp_path, fake_decoder_cls):
     def cancel_once(report):
         if report.done == 1:
             with factory.begin() as s:
-                queries.request_cancel(s, job_id)
+                lifecycle.request_cancel(s, job_id)
 
     report = run_requests(factory, job_id, fake_decoder_cls(), on_progress=cancel_once)
     assert report.stopped == "cancelled" and report.completed == 4
@@ -227,23 +229,27 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cl
     assert b is not None and b.n_requests == 3 and b.stored == 3
     assert b.baseline_output_tokens == b.sample_output_tokens  # same requests, same outputs
     assert measure_baseline(factory, job_id, dec) is None  # once per job
-    # an untimed pass over the sample's first tokens warms the speculative decoder's policy, then the timed one
-    (warm_prompts, warm_params), (timed_prompts, timed_params) = dec.generate_calls
-    assert warm_prompts == timed_prompts and len(timed_prompts) == 3
-    assert [p.max_new_tokens for p in warm_params] == [WARMUP_TOKENS] * 3
-    assert [p.max_new_tokens for p in timed_params] == [WARMUP_TOKENS + 4] * 3
+    # an untimed pass over each round's slice (its first tokens) warms the speculative decoder's policy and the
+    # shapes, then the timed interleaved rounds: one slice of the sample each, every sampled request in one round
+    assert len(dec.generate_calls) == 6
+    warm, rounds = dec.generate_calls[:3], dec.generate_calls[3:]
+    assert [prompts for prompts, _ in warm] == [prompts for prompts, _ in rounds]
+    assert sorted(p for prompts, _ in rounds for p in prompts) == sorted(set(p for prompts, _ in rounds for p in prompts))
+    assert [p.max_new_tokens for _, params in warm for p in params] == [WARMUP_TOKENS] * 3
+    assert [p.max_new_tokens for _, params in rounds for p in params] == [WARMUP_TOKENS + 4] * 3
+    assert len(b.rounds) == 3 and b.speedup_low <= b.speedup <= b.speedup_high
     job = _job(factory, job_id)
     assert (job.baseline_output_tokens, job.sample_output_tokens) == (b.baseline_output_tokens, b.sample_output_tokens)
     completed = [r.line_number for r in _rows(factory, job_id) if r.status == "completed"]
     assert completed == [1, 4, 7]  # spread over the file; the sample's results are kept
     with factory() as s:
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
     assert row["speedup"] == pytest.approx((job.sample_output_tokens / job.sample_wall_s)
                                            / (job.baseline_output_tokens / job.baseline_wall_s))
     off, _ = _make_job(factory, tmp_path, n=2, bad=False, baseline_sample=0)
     run_job(factory, off, fake_decoder_cls())
     with factory() as s:
-        row = queries.job_summary_row(s, off)
+        row = summaries.job_summary_row(s, off)
     assert row["speedup"] is None and row["baseline_tokens_per_s"] is None and row["tokens_per_s"] is not None
 
 
@@ -254,7 +260,7 @@ def test_a_file_without_valid_lines_fails_the_job(db_url, tmp_path):
     job = _job(factory, job_id)
     assert job.status == "failed" and "no valid request" in job.error and len(parsed.errors) == 2
     with factory() as s:
-        assert queries.job_summary_row(s, job_id)["n_failed"] == 2
+        assert summaries.job_summary_row(s, job_id)["n_failed"] == 2
 
 
 # ---------------------------------------------------------------- the real model
@@ -295,7 +301,7 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
         assert usage["speculative"]["drafter"] == "ngram"
     assert len(list(iter_jsonl(errors_path_for(out)))) == 2
     with factory() as s:
-        summary = queries.job_summary_row(s, job_id)
+        summary = summaries.job_summary_row(s, job_id)
         job = queries.get_job(s, job_id)
     done = [r for r in rows.values() if r.status == "completed"]
     assert summary["status"] == "completed" and summary["n_completed"] == 4 and summary["n_failed"] == 2
@@ -311,7 +317,7 @@ def test_resume_finishes_a_job_killed_while_finalizing(db_url, tmp_path, fake_de
     job_id, _ = _make_job(factory, tmp_path, n=3, bad=False)
     run_requests(factory, job_id, fake_decoder_cls(), finalize=False)
     with factory.begin() as s:
-        assert queries.begin_finalize(s, job_id)  # ... and the process died before writing the output
+        assert lifecycle.begin_finalizing(s, job_id)  # ... and the process died before writing the output
     report = resume_job(factory, job_id, fake_decoder_cls())
     assert report.finalized and _job(factory, job_id).status == "completed"
     assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 3

@@ -12,7 +12,7 @@ from batch_lines import chat_line, completion_line, write_batch
 from spec_batch.core.params import SamplingParams
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.jobs.batchfile import CHAT, COMPLETIONS, INVALID_VALUE, BatchLineError, errors_path_for, iter_jsonl, parse_line, parse_lines
-from spec_batch.store import Request, make_session_factory, queries
+from spec_batch.store import Request, make_session_factory, summaries
 
 RECORD = {
     "type": "object",
@@ -79,7 +79,7 @@ def test_a_schema_job_validates_every_output_and_stores_forced_tokens(db_url, tm
     assert err["custom_id"] == "bad" and err["error"]["line"] == 4 and "Invalid type: strnig" in err["error"]["message"]
     with factory() as s:
         rows = s.scalars(select(Request).where(Request.job_id == job_id, Request.status == "completed")).all()
-        summary = queries.job_summary_row(s, job_id)
+        summary = summaries.job_summary_row(s, job_id)
     assert all(r.forced_tokens > 0 for r in rows)
     assert summary["forced_tokens"] == sum(r.forced_tokens for r in rows)
 

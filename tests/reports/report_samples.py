@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
-from spec_batch.store.reports import BaselinePoint, JobReportData, RequestPoint
+from spec_batch.store.report_queries import BaselinePoint, JobReportData, RequestPoint
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 K = 4  # draft tokens per step

@@ -11,7 +11,7 @@ from report_samples import T0, empty_job, history_rows, sample_job
 from spec_batch.reports import aggregate
 from spec_batch.reports.html import render
 from spec_batch.reports.pages import history_page, job_section, jobs_page
-from spec_batch.store.reports import BaselinePoint, RequestPoint
+from spec_batch.store.report_queries import BaselinePoint, RequestPoint
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 JOB_CHARTS = ["acceptance-by-position", "accepted-length", "requests-paid", "throughput", "baseline"]

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from batch_lines import completion_line, write_batch
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.jobs.stats import pooled, stats_by_model, stats_of_row
-from spec_batch.store import Request, make_session_factory, queries
+from spec_batch.store import Request, make_session_factory, queries, summaries
 
 
 def test_the_view_and_the_python_rates_agree_on_a_real_job(db_url, tmp_path, tiny_decoder, tiny_target):
@@ -21,7 +21,7 @@ def test_the_view_and_the_python_rates_agree_on_a_real_job(db_url, tmp_path, tin
     assert run_job(factory, job_id, decoder).finalized
 
     with factory() as s:
-        view = queries.job_summary_row(s, job_id)
+        view = summaries.job_summary_row(s, job_id)
         rows = s.scalars(select(Request).where(Request.job_id == job_id)).all()
         decode_s = queries.get_job(s, job_id).decode_wall_s
     stats = [stats_of_row(r) for r in rows]

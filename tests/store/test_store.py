@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
+from spec_batch.jobs import lifecycle
 from spec_batch.core.outputs import GenerationResult, RequestStats
 from spec_batch.jobs.stats import stats_by_model
 from spec_batch.store import (
@@ -26,13 +27,16 @@ from spec_batch.store import (
     migrate_to_head,
     open_store,
     queries,
+    request_claims,
+    summaries,
     utcnow,
 )
 
 
 REPO = Path(__file__).resolve().parents[2]
 VIEW_COLUMNS = ("job_id, status, target, drafter, n_requests, n_completed, n_failed, output_tokens, acceptance_rate, "
-                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at, forced_tokens").split(", ")
+                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at, forced_tokens, "
+                "speedup_low, speedup_high, speedup_reliable").split(", ")
 
 
 def _revisions() -> list[str]:
@@ -183,15 +187,15 @@ def test_save_result_is_conditional_and_claims_respect_leases(db_url):
     factory = make_session_factory(db_url)
     job_id, ids = _new_job(factory, n=3)
     with factory.begin() as s:
-        assert queries.claim_requests(s, job_id, ids[:2], worker="w1", lease_seconds=60) == ids[:2]
+        assert request_claims.claim_requests(s, job_id, ids[:2], worker="w1", lease_seconds=60) == ids[:2]
     with factory.begin() as s:  # a live lease is not claimable; a pending row is
-        assert queries.claim_requests(s, job_id, ids, worker="w2", lease_seconds=60) == [ids[2]]
+        assert request_claims.claim_requests(s, job_id, ids, worker="w2", lease_seconds=60) == [ids[2]]
     with factory.begin() as s:  # an expired lease is
         s.execute(text("UPDATE requests SET lease_expires_at = :t WHERE id = :i"),
                   {"t": (utcnow() - timedelta(seconds=5)).replace(tzinfo=None) if "sqlite" in db_url
                    else utcnow() - timedelta(seconds=5), "i": ids[0]})
     with factory.begin() as s:
-        assert queries.claim_requests(s, job_id, ids, worker="w3", lease_seconds=60) == [ids[0]]
+        assert request_claims.claim_requests(s, job_id, ids, worker="w3", lease_seconds=60) == [ids[0]]
     with factory.begin() as s:
         assert queries.save_result(s, ids[0], _result(4, 6, 3, 2), worker="w3") is True
     with factory.begin() as s:
@@ -199,11 +203,11 @@ def test_save_result_is_conditional_and_claims_respect_leases(db_url):
         assert queries.save_failure(s, ids[0], "x", "y") is False
     with factory() as s:
         r = s.get(Request, ids[0])
-        assert (r.status, r.output_tokens, r.worker, r.attempts, r.lease_expires_at) == ("completed", 4, "w3", 2, None)
+        assert (r.status, r.output_tokens, r.worker, r.attempts, r.lease_expires_at) == ("completed", 4, "w3", 1, None)
     with factory.begin() as s:
         assert queries.save_result(s, ids[1], _result(0, 0, 0, 0, error=True)) is True
-        assert queries.release_requests(s, [ids[2]], worker="nobody") == 0
-        assert queries.release_requests(s, [ids[2]], worker="w2") == 1
+        assert request_claims.release_requests(s, [ids[2]], worker="nobody") == 0
+        assert request_claims.release_requests(s, [ids[2]], worker="w2") == 1
     with factory() as s:
         r = s.get(Request, ids[1])
         assert (r.status, r.error_code, r.error) == ("failed", "decode_error", "prompt too long")
@@ -216,14 +220,14 @@ def test_finalize_exactly_once_and_only_when_done(db_url):
     job_id, ids = _new_job(factory, n=2)
     with factory.begin() as s:
         queries.save_result(s, ids[0], _result(3, 2, 1, 2))
-        assert queries.begin_finalize(s, job_id) is False  # one request still pending
+        assert lifecycle.begin_finalizing(s, job_id) is False  # one request still pending
         queries.save_result(s, ids[1], _result(3, 2, 1, 2))
     with factory.begin() as s:
-        assert queries.begin_finalize(s, job_id) is True
+        assert lifecycle.begin_finalizing(s, job_id) is True
     with factory.begin() as s:
-        assert queries.begin_finalize(s, job_id) is False
-        assert queries.complete_job(s, job_id) is True
-        assert queries.complete_job(s, job_id) is False
+        assert lifecycle.begin_finalizing(s, job_id) is False
+        assert lifecycle.complete(s, job_id) is True
+        assert lifecycle.complete(s, job_id) is False
     with factory() as s:
         job = s.get(Job, job_id)
         assert job.status == "completed" and job.completed_at is not None and job.finalizing_at is not None
@@ -233,13 +237,13 @@ def test_cancel(db_url):
     factory = make_session_factory(db_url)
     job_id, ids = _new_job(factory, n=3)
     with factory.begin() as s:
-        queries.claim_requests(s, job_id, ids[:1], worker="w", lease_seconds=60)
-        assert queries.request_cancel(s, job_id) is True
+        request_claims.claim_requests(s, job_id, ids[:1], worker="w", lease_seconds=60)
+        assert lifecycle.request_cancel(s, job_id) is True
     with factory.begin() as s:
-        assert queries.try_finish_cancel(s, job_id) is False  # one is still running
+        assert lifecycle.settle_cancel(s, job_id) is False  # one is still running
     with factory.begin() as s:
         queries.save_result(s, ids[0], _result(2, 1, 1, 1))
-        assert queries.try_finish_cancel(s, job_id) is True
+        assert lifecycle.settle_cancel(s, job_id) is True
     with factory() as s:
         assert queries.get_job(s, job_id).status == "cancelled"
         assert queries.job_counts(s, job_id)["cancelled"] == 2
@@ -273,7 +277,7 @@ def test_job_summary_equals_the_sums_of_the_request_rows(db_url):
         assert queries.record_baseline(s, job_id, n_requests=1, baseline_output_tokens=1, baseline_wall_s=1.0,
                                        sample_output_tokens=1, sample_wall_s=1.0) is False  # first wins
     with factory() as s:
-        row = queries.job_summary_row(s, job_id)
+        row = summaries.job_summary_row(s, job_id)
         reqs = s.scalars(select(Request).where(Request.job_id == job_id)).all()
         job = s.get(Job, job_id)
     out = sum(r.output_tokens or 0 for r in reqs)
@@ -300,13 +304,13 @@ def test_job_summary_nulls_instead_of_division_by_zero(db_url):
         queries.save_result(s, ids[0], _result(0, 0, 0, 0, error=True))
     with factory() as s:
         for jid in (empty, job_id):
-            row = queries.job_summary_row(s, jid)
+            row = summaries.job_summary_row(s, jid)
             assert row["output_tokens"] == 0
             for col in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s", "speedup"):
                 assert row[col] is None, col
-        assert queries.job_summary_row(s, empty)["n_requests"] == 0
-        summaries = queries.list_job_summaries(s, limit=None)
-        assert {empty, job_id} <= {r["job_id"] for r in summaries}
+        assert summaries.job_summary_row(s, empty)["n_requests"] == 0
+        listed = summaries.list_job_summaries(s, limit=None)
+        assert {empty, job_id} <= {r["job_id"] for r in listed}
     stats = stats_by_model(factory)
     mine = next(r for r in stats if r["target"] == "t" and r["drafter"] == "ngram")
     assert mine["acceptance_rate"] is None or mine["draft_tokens"] > 0

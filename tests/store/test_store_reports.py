@@ -1,4 +1,4 @@
-"""The report queries (spec_batch.store.reports) and the per-request baseline table on a real database."""
+"""The report queries (spec_batch.store.report_queries) and the per-request baseline table on a real database."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,10 +7,10 @@ import pytest
 
 from batch_lines import completion_line, write_batch
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.store import make_session_factory, queries
+from spec_batch.store import make_session_factory, queries, summaries
 from spec_batch.store.baselines import SamplePair, record_baseline_samples
 from spec_batch.store.models import utcnow
-from spec_batch.store.reports import job_history, job_report_data
+from spec_batch.store.report_queries import job_history, job_report_data
 
 
 def _job(factory, tmp_path, n=6, **kw):
@@ -26,7 +26,7 @@ def test_job_report_data_matches_job_summary(db_url, tmp_path, fake_decoder_cls)
     run_job(factory, job_id, fake_decoder_cls())
     with factory() as s:
         data = job_report_data(s, job_id)
-        summary = queries.job_summary_row(s, job_id)
+        summary = summaries.job_summary_row(s, job_id)
     assert data.summary == summary and data.batch_size == 2
     assert len(data.baseline) == data.baseline_requests == 2  # measure_baseline stored each sampled pair
     assert {b.custom_id for b in data.baseline} <= {f"c{i}" for i in range(6)}

@@ -54,14 +54,14 @@ class FakeRuntime:
 
     def __init__(self, factory, decoder, lease_seconds: int = 30, max_attempts: int = 3):
         from spec_batch.settings import get_settings
-        from workers import lease
+        from spec_batch.jobs import lease
 
-        self.factory = factory
+        self.session_factory = factory
         self.settings = dataclasses.replace(get_settings(), lease_seconds=lease_seconds, max_attempts=max_attempts)
         self.heartbeat = lease.Heartbeat(factory, lease_seconds=lease_seconds)
         self._decoder = decoder
         self.loads = 0
-        from spec_batch.jobs.memory import JobMemories
+        from spec_batch.jobs.job_memory_store import JobMemories
 
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
 
@@ -102,7 +102,7 @@ def queued_job(factory, tmp_path):
     from spec_batch.jobs import create_job_from_file
     from spec_batch.store import chunks as qstore
     from spec_batch.store import queries
-    from workers.routing import queue_name
+    from spec_batch.workers.routing import queue_name
 
     def make(n: int = 5, chunk_size: int = 2, *, lines=None, baseline: int = 0, batch_size: int = 2):
         lines = lines or [completion_line(f"r{i}", f"prompt number {i}") for i in range(n)]

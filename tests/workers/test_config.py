@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from spec_batch.settings import get_settings
-from workers import tasks
-from workers.celery_app import celery_config
+from spec_batch.workers import retries, tasks
+from spec_batch.workers.celery_app import celery_config
 
 from queue_testlib import REPO
 
@@ -39,7 +39,7 @@ def test_lease_default_is_minutes(monkeypatch):
 
 
 def test_app_is_json_only_after_import():
-    from workers.celery_app import app
+    from spec_batch.workers.celery_app import app
 
     assert app.conf.accept_content == ["json"] and app.conf.task_serializer == "json"
     assert tasks.process_chunk.name == "spec_batch.process_chunk"
@@ -51,31 +51,31 @@ def test_transient_errors_are_told_apart():
     import sqlalchemy.exc as sa_exc
 
     lost = sa_exc.OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
-    assert tasks.is_transient(lost)
-    assert tasks.is_transient(kombu.exceptions.OperationalError("Error 111 connecting"))
-    assert tasks.is_transient(ConnectionRefusedError())
-    assert not tasks.is_transient(sa_exc.OperationalError("x", {}, Exception("no such table: jobs")))
-    assert not tasks.is_transient(ValueError("bad input"))
+    assert retries.is_transient(lost)
+    assert retries.is_transient(kombu.exceptions.OperationalError("Error 111 connecting"))
+    assert retries.is_transient(ConnectionRefusedError())
+    assert not retries.is_transient(sa_exc.OperationalError("x", {}, Exception("no such table: jobs")))
+    assert not retries.is_transient(ValueError("bad input"))
     from spec_batch.errors import UnknownModelError
 
-    assert not tasks.is_transient(UnknownModelError("no model"))
+    assert not retries.is_transient(UnknownModelError("no model"))
 
 
 def test_worker_module_does_not_touch_the_database_at_import():
     """Importing the app (as the main worker process does before forking) opens no connection."""
     code = ("import os; os.environ['SPEC_BATCH_DATABASE_URL']='postgresql://nobody@127.0.0.1:1/none';"
-            "import workers.celery_app, workers.tasks; from workers.tasks import _runtime; assert _runtime is None")
+            "import workers.celery_app, spec_batch.workers.tasks; from spec_batch.workers.tasks import _runtime; assert _runtime is None")
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=120,
                           env={**os.environ})
     assert proc.returncode == 0, proc.stderr
 
 
 def test_retry_backoff_doubles_with_jitter_and_is_capped(monkeypatch):
-    monkeypatch.setattr(tasks.random, "random", lambda: 1.0)  # the top of the jitter range
-    assert [tasks.retry_delay(n) for n in (0, 1, 3)] == [1, 2, 8]
-    assert tasks.retry_delay(30) == tasks.RETRY_BACKOFF_MAX_S
-    monkeypatch.setattr(tasks.random, "random", lambda: 0.0)  # the bottom: half of it
-    assert tasks.retry_delay(3) == 4
+    monkeypatch.setattr(retries.random, "random", lambda: 1.0)  # the top of the jitter range
+    assert [retries.retry_delay(n) for n in (0, 1, 3)] == [1, 2, 8]
+    assert retries.retry_delay(30) == retries.RETRY_BACKOFF_MAX_S
+    monkeypatch.setattr(retries.random, "random", lambda: 0.0)  # the bottom: half of it
+    assert retries.retry_delay(3) == 4
 
 
 def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
@@ -104,4 +104,4 @@ def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
     rt = tasks.Runtime()
     assert rt.decoder("default", "ngram") == "dec" and rt.decoder("default", "ngram") == "dec"
     assert [(t, d, kw["device"]) for t, d, kw in loads] == [("default", "ngram", "cuda:3")] * 2  # one cache: loading's
-    rt.factory.kw["bind"].dispose()
+    rt.session_factory.kw["bind"].dispose()

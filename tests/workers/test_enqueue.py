@@ -9,9 +9,9 @@ from batch_lines import completion_line, write_batch
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job
-from workers import enqueue, lease
-from workers.enqueue import BrokerUnavailableError, PartialEnqueueError, enqueue_job, submit_file
-from workers.routing import queue_name
+from spec_batch.workers import enqueue, reaper
+from spec_batch.workers.enqueue import BrokerUnavailableError, PartialEnqueueError, enqueue_job, submit_file
+from spec_batch.workers.routing import queue_name
 
 DEAD_BROKER = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
@@ -32,7 +32,7 @@ def test_submit_publishes_every_chunk(factory, tmp_path, redis_url):
     res = submit_file(factory, path, target="default", drafter="ngram", chunk_size=3, broker_url=redis_url)
     assert (res.n_requests, res.n_invalid, res.n_chunks, res.published) == (8, 1, 3, 3)
     r = redis.Redis.from_url(redis_url)
-    epoch = r.get(lease.EPOCH_KEY).decode()
+    epoch = r.get(reaper.EPOCH_KEY).decode()
     assert r.llen(res.queue) == 3
     with factory() as s:
         chunks = qstore.job_chunks(s, res.job_id)

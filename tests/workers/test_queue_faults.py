@@ -17,7 +17,7 @@ from spec_batch.jobs.lease import token_pid
 from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Request
-from workers.enqueue import submit_file
+from spec_batch.workers.enqueue import submit_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

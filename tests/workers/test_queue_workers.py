@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from queue_testlib import WorkerProcess, run_cli, wait_for, worker_env, write_completions
-from spec_batch.store import make_session_factory, migrate_to_head, queries
+from spec_batch.store import make_session_factory, migrate_to_head, queries, summaries
 from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Request
 
@@ -156,8 +156,8 @@ def test_submit_and_wait_through_a_worker_matches_the_in_process_runner(live, tm
                                        baseline_sample=0, sampling_defaults={"max_new_tokens": 8})
     run_job(factory, local_id, load_decoder("default", "ngram", num_draft_tokens=8, adaptive=False))
     with factory() as s:
-        q = queries.job_summary_row(s, job_id)
-        local = queries.job_summary_row(s, local_id)
+        q = summaries.job_summary_row(s, job_id)
+        local = summaries.job_summary_row(s, local_id)
     for key in ("n_requests", "n_completed", "n_failed", "output_tokens"):
         assert q[key] == local[key], key
     for key in ("acceptance_rate", "tokens_per_step"):

@@ -10,12 +10,14 @@ from sqlalchemy import select, update
 
 from batch_lines import completion_line, write_batch
 
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import holder_prefix
-from spec_batch.store import chunks as qstore
-from spec_batch.store import queries
+from spec_batch.store import chunks as qstore, chunk_recovery
+from spec_batch.store import queries, request_claims
 from spec_batch.store.models import Job, Request, utcnow
-from workers import lease, tasks
-from workers.routing import queue_name
+from spec_batch.jobs import lease
+from spec_batch.workers import reaper, tasks
+from spec_batch.workers.routing import queue_name
 
 DEAD_BROKER = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
@@ -26,10 +28,10 @@ class Published(list):
 
 
 def _reap(factory, published, *, lease_seconds=5, max_attempts=3, epoch="e1", monkeypatch=None):
-    monkeypatch.setattr(lease, "broker_epoch", lambda url: epoch)
+    monkeypatch.setattr(reaper, "broker_epoch", lambda url: epoch)
     from spec_batch.jobs.runner import finalize_job
 
-    return lease.reap(factory, broker_url="redis://unused", publish=published, lease_seconds=lease_seconds,
+    return reaper.reap(factory, broker_url="redis://unused", publish=published, lease_seconds=lease_seconds,
                       max_attempts=max_attempts, finalize=lambda j: finalize_job(factory, j))
 
 
@@ -37,7 +39,7 @@ def _hold(factory, chunk, token, *, expired=True, claim_requests=True):
     with factory.begin() as s:
         assert qstore.claim_chunk(s, chunk.id, token, 30)
         if claim_requests:
-            queries.claim_requests(s, chunk.job_id, chunk.request_ids, worker=token, lease_seconds=30)
+            request_claims.claim_requests(s, chunk.job_id, chunk.request_ids, worker=token, lease_seconds=30)
         if expired:
             past = utcnow() - timedelta(seconds=1)
             s.execute(update(qstore.QueueChunk).where(qstore.QueueChunk.id == chunk.id).values(lease_expires_at=past))
@@ -56,7 +58,7 @@ def test_heartbeat_renews_leases(factory, queued_job):
         assert c.lease_expires_at > utcnow() + timedelta(seconds=20)
         leases = s.scalars(select(Request.lease_expires_at).where(Request.worker == token)).all()
         assert len(leases) == 2 and all(t > utcnow() + timedelta(seconds=20) for t in leases)
-        assert qstore.expired_chunks(s) == []
+        assert chunk_recovery.expired_chunks(s) == []
     assert not holding.lost
 
 
@@ -165,7 +167,7 @@ def test_reaper_finishes_jobs_whose_last_worker_died(factory, monkeypatch, queue
 
 def test_reaper_with_the_broker_down_does_nothing(factory, queued_job):
     queued_job(n=2, chunk_size=2)
-    rep = lease.reap(factory, broker_url=DEAD_BROKER, publish=Published(), lease_seconds=5, max_attempts=3,
+    rep = reaper.reap(factory, broker_url=DEAD_BROKER, publish=Published(), lease_seconds=5, max_attempts=3,
                      finalize=lambda j: None)
     assert rep.errors and not rep.any()
 
@@ -174,7 +176,7 @@ def test_reaper_cancels_a_dead_workers_chunk_of_a_cancelling_job(factory, monkey
     job_id, chunks = queued_job(n=2, chunk_size=2)
     _hold(factory, chunks[0], "lost/n/1/a")
     with factory.begin() as s:
-        queries.request_cancel(s, job_id)
+        lifecycle.request_cancel(s, job_id)
     pub = Published()
     _reap(factory, pub, monkeypatch=monkeypatch)
     counts, job = job_state(job_id)
@@ -188,7 +190,7 @@ def test_reaper_adopts_orphans_after_a_grace(factory, tmp_path):
     job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram",
                                      queue=queue_name("default", "ngram"), chunk_size=2)
     pub = Published()
-    assert lease.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 0
+    assert reaper.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 0
     with factory.begin() as s:
         s.execute(update(Job).where(Job.id == job_id).values(created_at=utcnow() - timedelta(seconds=120)))
-    assert lease.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 2 and len(pub) == 2
+    assert reaper.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 2 and len(pub) == 2

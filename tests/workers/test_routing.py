@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.routing import parse_model_pair, queue_name
+from spec_batch.workers.routing import parse_model_pair, queue_name
 
 
 def test_queue_names_are_plain_and_distinct():

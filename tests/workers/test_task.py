@@ -5,11 +5,12 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from batch_lines import completion_line
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs import cancel_job, runner
 from spec_batch.store import chunks as qstore
-from spec_batch.store import queries
 from spec_batch.store.models import Request
-from workers import lease, tasks
+from spec_batch.jobs import lease
+from spec_batch.workers import tasks
 
 
 def test_chunks_run_store_once_and_complete_the_job_once(factory, queued_job, fake_runtime, job_state):
@@ -90,7 +91,7 @@ def test_cancel_while_running_stops_between_batches(
                 on_result(i, res)
                 if i == 1:  # the first decoding batch of 2 is done: the user cancels
                     with factory.begin() as s:
-                        queries.request_cancel(s, job_id)
+                        lifecycle.request_cancel(s, job_id)
 
             return super().generate(prompts, params, batch_size, on_result=cb, **kw)
 

@@ -2,7 +2,8 @@
 done so far, by anyone), and drops it when the job ends."""
 from __future__ import annotations
 
-from workers import lease, tasks
+from spec_batch.jobs import lease
+from spec_batch.workers import tasks
 
 
 def test_a_job_memory_lives_across_chunks_and_goes_with_the_job(factory, queued_job, fake_runtime, fake_decoder_cls):

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, multiprocessing, os, sys, time, urllib.request
     from types import SimpleNamespace
-    from workers import metrics
+    from spec_batch.workers import metrics
 
     port = int(sys.argv[1])
     path = metrics.prepare()
@@ -95,7 +95,7 @@ def test_children_add_up_in_the_main_process(monkeypatch):
 
 def test_prometheus_client_imported_first_is_refused(monkeypatch):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    proc = _run("import prometheus_client\nfrom workers import metrics\nmetrics.prepare()")
+    proc = _run("import prometheus_client\nfrom spec_batch.workers import metrics\nmetrics.prepare()")
     assert proc.returncode != 0 and "imported before the worker set PROMETHEUS_MULTIPROC_DIR" in proc.stderr
 
 
@@ -103,7 +103,7 @@ def test_a_given_directory_is_emptied_and_kept(tmp_path, monkeypatch):
     stale = tmp_path / "counter_999.db"
     stale.write_bytes(b"old")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    proc = _run("from workers import metrics\nprint(metrics.prepare())\nmetrics.shutdown()")
+    proc = _run("from spec_batch.workers import metrics\nprint(metrics.prepare())\nmetrics.shutdown()")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(tmp_path) and not stale.exists() and tmp_path.is_dir()
 

@@ -10,7 +10,7 @@ from test_worker_metrics import listening_address
 
 from queue_testlib import WorkerProcess, completion, free_port, run_cli, wait_for, worker_env
 from spec_batch.store import make_session_factory, migrate_to_head, queries
-from spec_batch.store.reports import job_report_data
+from spec_batch.store.report_queries import job_report_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from .baselines import BaselineSample
 from .models import Job, Request, job_summary
-from .queries import get_job, job_summary_row
+from .queries import get_job
+from .summaries import job_summary_row
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.errors import SpecBatchError
-from spec_batch.jobs import create_job_from_file
+from spec_batch.jobs import create_job_from_file, lifecycle
 from spec_batch.settings import get_settings, shown_url
-from spec_batch.store import chunks as qstore
+from spec_batch.store import chunks
 from spec_batch.store import queries
 from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING
 
-from .lease import broker_epoch
+from .reaper import broker_epoch
 from .publish import publish_chunk
 from .routing import check_queue_name, queue_name
 
@@ -73,11 +73,11 @@ class SubmitResult:
 
 
 def _publish(
-    chunks: list[tuple[str, str]], factory: sessionmaker[Session], epoch: str, broker_url: str | None = None
+    to_publish: list[tuple[str, str]], session_factory: sessionmaker[Session], epoch: str, broker_url: str | None = None
 ) -> tuple[int, Exception | None]:
     done: list[str] = []
     error: Exception | None = None
-    for chunk_id, queue in chunks:
+    for chunk_id, queue in to_publish:
         try:
             publish_chunk(chunk_id, queue, broker_url=broker_url)
         except Exception as exc:
@@ -86,13 +86,13 @@ def _publish(
         done.append(chunk_id)
     if done:
         for i in range(0, len(done), 500):
-            with factory.begin() as s:
-                qstore.mark_published(s, done[i : i + 500], epoch)
+            with session_factory.begin() as s:
+                chunks.mark_published(s, done[i : i + 500], epoch)
     return len(done), error
 
 
 def submit_file(
-    factory: sessionmaker[Session],
+    session_factory: sessionmaker[Session],
     path: str | Path,
     *,
     target: str,
@@ -115,23 +115,23 @@ def submit_file(
     epoch = check_broker(broker_url)
 
     job_id, report = create_job_from_file(
-        factory, path, target=target, drafter=drafter, batch_size=batch_size, baseline_sample=baseline_sample,
+        session_factory, path, target=target, drafter=drafter, batch_size=batch_size, baseline_sample=baseline_sample,
         sampling_defaults=sampling_defaults, metadata=metadata, queue=queue, chunk_size=chunk_size,
     )
-    with factory.begin() as s:
+    with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         result = SubmitResult(job_id, job.status, queue, job.n_requests, job.n_invalid, parse_report=report)
         if job.status != JOB_IN_PROGRESS:
             return result  # no valid line: the job failed; nothing to enqueue
         ids = queries.open_request_ids(s, job_id)
-        chunks = qstore.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
-        pending = [(c.id, c.queue) for c in chunks]
+        new = chunks.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
+        pending = [(c.id, c.queue) for c in new]
     result.n_chunks = len(pending)
-    published, error = _publish(pending, factory, epoch, broker_url)
+    published, error = _publish(pending, session_factory, epoch, broker_url)
     result.published = published
     if error is None:
         return result
-    if published == 0 and _delete_unpublished_job(factory, job_id):
+    if published == 0 and _delete_unpublished_job(session_factory, job_id):
         raise BrokerUnavailableError(
             f"the broker went away while enqueueing ({error.__class__.__name__}: {error}); "
             f"no job was created: submit the file again once Redis is back"
@@ -144,11 +144,11 @@ def submit_file(
     ) from error
 
 
-def _delete_unpublished_job(factory: sessionmaker[Session], job_id: str) -> bool:
+def _delete_unpublished_job(session_factory: sessionmaker[Session], job_id: str) -> bool:
     """Deletes a job none of whose chunks was ever published or started."""
     try:
-        with factory.begin() as s:
-            return qstore.delete_unpublished_job(s, job_id)
+        with session_factory.begin() as s:
+            return chunks.delete_unpublished_job(s, job_id)
     except Exception as exc:  # pragma: no cover - the database went away too
         log.warning("could not delete the unpublished job %s: %s", job_id, exc)
         return False
@@ -163,7 +163,7 @@ class EnqueueReport:
 
 
 def enqueue_job(
-    factory: sessionmaker[Session],
+    session_factory: sessionmaker[Session],
     job_id: str,
     *,
     chunk_size: int | None = None,
@@ -176,26 +176,26 @@ def enqueue_job(
     settings = get_settings()
     broker_url = broker_url or settings.broker_url
     epoch = check_broker(broker_url)
-    with factory.begin() as s:
+    with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         if job.status in JOB_TERMINAL:
             return EnqueueReport(job_id, job.status)
         queue = job.queue or queue_name(job.target, job.drafter)
         size = chunk_size or job.chunk_size or settings.chunk_size
-        qstore.set_job_queue(s, job_id, queue, size)
+        chunks.set_job_queue(s, job_id, queue, size)
         status = job.status
         if status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
-            queries.set_job_status(s, job_id, JOB_IN_PROGRESS)
+            lifecycle.start(s, job_id)
             status = JOB_IN_PROGRESS
         needs_baseline = (
-            job.baseline_sample > 0 and job.baseline_wall_s is None and not qstore.baseline_chunk_pending(s, job_id)
+            job.baseline_sample > 0 and job.baseline_wall_s is None and not chunks.baseline_chunk_pending(s, job_id)
         )
-        new = qstore.add_chunks(s, job_id, queue, qstore.orphan_request_ids(s, job_id), size,
+        new = chunks.add_chunks(s, job_id, queue, chunks.orphan_request_ids(s, job_id), size,
                                 measure_baseline=needs_baseline)
         new_ids = {c.id for c in new}
-        todo = [(c.id, c.queue) for c in qstore.job_chunks(s, job_id, [qstore.CHUNK_QUEUED])
+        todo = [(c.id, c.queue) for c in chunks.job_chunks(s, job_id, [chunks.CHUNK_QUEUED])
                 if republish_queued or c.id in new_ids]
-    published, error = _publish(todo, factory, epoch, broker_url)
+    published, error = _publish(todo, session_factory, epoch, broker_url)
     if error is not None:
         raise BrokerUnavailableError(
             f"job {job_id}: {published} of {len(todo)} chunks published before the broker failed "

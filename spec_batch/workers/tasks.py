@@ -2,7 +2,7 @@
 
 ``process_chunk(chunk_id)`` takes an id, re-reads everything from SQL and is idempotent:
 
-1. it claims the chunk (``queue_chunks``; see workers/lease.py) or does nothing: a chunk already done, or held
+1. it claims the chunk (``queue_chunks``; see workers/reaper.py) or does nothing: a chunk already done, or held
    by a live worker, or of a finished job, makes a duplicate message harmless;
 2. the chunk's lease (and its requests' leases) are renewed by this process's heartbeat thread;
 3. the job's models are loaded once per worker process, lazily, and stay loaded (spec_batch.loading's
@@ -22,65 +22,32 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from spec_batch.errors import SpecBatchError
-from spec_batch.jobs import measure_baseline
-from spec_batch.jobs.memory import JobMemories, uses_job_memory
-from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, finalize_job, run_requests
+from spec_batch.jobs import lease, lifecycle, measure_baseline
+from spec_batch.jobs.job_memory_store import JobMemories, uses_job_memory
+from spec_batch.jobs.lifecycle import finalize_job
+from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, run_requests
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
-from spec_batch.store import chunks as qstore
-from spec_batch.store import open_store, queries
-from spec_batch.store.models import JOB_CANCELLING, JOB_TERMINAL, REQ_FAILED
+from spec_batch.store import chunks, open_store, queries
+from spec_batch.store.models import JOB_CANCELLING, REQ_FAILED
 
-from . import lease, metrics
+from . import metrics, reaper
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
 from .publish import publish_chunk
+from .retries import MAX_RETRIES, is_transient, retry_delay
 
 log = logging.getLogger("spec_batch.workers")
 
-MAX_RETRIES = 10
-RETRY_BACKOFF_MAX_S = 60
 TAKEN_OVER = "taken over"  # a chunk stopped because another worker holds it now
-
-
-def retry_delay(retries: int) -> float:
-    """Exponential backoff with jitter: about 2**retries seconds (at most RETRY_BACKOFF_MAX_S), 50-100% of it."""
-    return min(RETRY_BACKOFF_MAX_S, 2**retries) * (0.5 + random.random() / 2)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A failure that may go away by itself: a lost database or broker connection, a locked SQLite file."""
-    try:
-        import sqlalchemy.exc as sa_exc
-    except ImportError:  # pragma: no cover
-        sa_exc = None
-    if sa_exc is not None:
-        if isinstance(exc, (sa_exc.DisconnectionError, sa_exc.TimeoutError)):
-            return True
-        if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
-            return True
-        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
-            text = str(exc).lower()
-            permanent = ("no such table", "no such column", "does not exist", "syntax error", "permission denied")
-            return not any(p in text for p in permanent)
-    try:
-        import kombu.exceptions
-        import redis.exceptions
-
-        if isinstance(exc, (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
-                            redis.exceptions.TimeoutError)):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return isinstance(exc, (ConnectionError, TimeoutError))
 
 
 # ---------------------------------------------------------------- per-process runtime
@@ -95,26 +62,34 @@ class Runtime:
         self.pid = os.getpid()
         self.settings = get_settings()
         logging.getLogger("alembic").setLevel(logging.WARNING)  # SQLite migrating itself on open: not news
-        self.factory = open_store(self.settings.database_url)
+        self.session_factory = open_store(self.settings.database_url)
         self.device = self.settings.device or _default_device()
         self._loaded: set[tuple[str, str]] = set()
         # the suffix drafter's memory of each job's outputs, kept across the job's chunks
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
         self._last_adopt = 0.0
         self.heartbeat = lease.Heartbeat(
-            self.factory, lease_seconds=self.settings.lease_seconds, reap_fn=self.reap
+            self.session_factory, lease_seconds=self.settings.lease_seconds, on_tick=self.reap_tick
         ).start()
 
     # The reaper publishes with this process's producer pool.
-    def publish(self, chunk: qstore.QueueChunk) -> None:
+    def publish(self, chunk: chunks.QueueChunk) -> None:
         publish_chunk(chunk.id, chunk.queue)
 
     def finalize(self, job_id: str) -> None:
-        finalize_job(self.factory, job_id)
+        finalize_job(self.session_factory, job_id)
 
-    def reap(self) -> lease.ReapReport:
-        rep = lease.reap(
-            self.factory,
+    def reap_tick(self) -> None:
+        """The heartbeat's extra duty in a worker: one reaper pass, logged when it did something."""
+        rep = self.reap()
+        if rep.any():
+            log.warning("reaper: %s", rep)
+        if rep.errors:
+            raise RuntimeError("reaper: " + "; ".join(rep.errors[:3]))
+
+    def reap(self) -> reaper.ReapReport:
+        rep = reaper.reap(
+            self.session_factory,
             broker_url=self.settings.broker_url,
             publish=self.publish,
             lease_seconds=self.settings.lease_seconds,
@@ -125,8 +100,8 @@ class Runtime:
         if not rep.errors and now - self._last_adopt >= self.settings.lease_seconds:
             self._last_adopt = now
             try:
-                epoch = lease.broker_epoch(self.settings.broker_url)
-                rep.requeued += lease.adopt_orphans(self.factory, grace_s=self.settings.lease_seconds,
+                epoch = reaper.broker_epoch(self.settings.broker_url)
+                rep.requeued += reaper.adopt_orphans(self.session_factory, grace_s=self.settings.lease_seconds,
                                                     publish=self.publish, epoch=epoch,
                                                     chunk_size=self.settings.chunk_size)
             except Exception as exc:
@@ -287,107 +262,138 @@ def _give_back(chunk_id: str, token: str) -> None:
         return
     rt.heartbeat.drop(token)
     try:
-        with rt.factory.begin() as s:
-            qstore.expire_chunk(s, chunk_id, token)
+        with rt.session_factory.begin() as s:
+            chunks.expire_chunk(s, chunk_id, token)
         rt.heartbeat.poke()
     except Exception as exc:
         log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id,
                     lease.brief(exc))
 
 
-def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
-    factory = rt.factory
-    out: dict[str, Any] = {"chunk": chunk_id, "worker": token}
-    with factory.begin() as s:
-        chunk = qstore.get_chunk(s, chunk_id)
+@dataclass
+class _ChunkWork:
+    """A chunk this attempt claimed, with what running it needs from its job."""
+
+    job_id: str
+    request_ids: list[int]
+    target: str
+    drafter: str
+    batch_size: int
+    measure: bool
+    cancelling: bool
+
+
+def _claim(rt: Runtime, chunk_id: str, token: str) -> _ChunkWork | str:
+    """Claims the chunk for `token` (taking it from a dead or expired holder, whose requests go back to pending);
+    or why not (a skip reason)."""
+    with rt.session_factory.begin() as s:
+        chunk = chunks.get_chunk(s, chunk_id)
         if chunk is None:
             log.warning("chunk %s is not in the database (a submit rolled back?); nothing to do", chunk_id)
-            return {**out, "skipped": "unknown chunk"}
-        if chunk.state in (qstore.CHUNK_DONE, qstore.CHUNK_SPLIT):
-            return {**out, "skipped": f"chunk {chunk.state}"}
+            return "unknown chunk"
+        if chunk.state in (chunks.CHUNK_DONE, chunks.CHUNK_SPLIT):
+            return f"chunk {chunk.state}"
         job = queries.get_job(s, chunk.job_id)
-        if job.status in JOB_TERMINAL:
-            qstore.finish_chunk(s, chunk.id, None)
+        if lifecycle.is_terminal(job.status):
+            chunks.finish_chunk(s, chunk.id, None)
             rt.memories.drop(job.id)
-            return {**out, "skipped": f"job {job.status}"}
-        previous = chunk.worker if chunk.state == qstore.CHUNK_RUNNING else None
+            return f"job {job.status}"
+        previous = chunk.worker if chunk.state == chunks.CHUNK_RUNNING else None
         take_from = previous if previous and lease.holder_is_dead(previous) else None
-        if not qstore.claim_chunk(s, chunk.id, token, rt.settings.lease_seconds, take_from=take_from):
-            return {**out, "skipped": f"held by {chunk.worker}"}
+        if not chunks.claim_chunk(s, chunk.id, token, rt.settings.lease_seconds, take_from=take_from):
+            return f"held by {chunk.worker}"
         if previous:  # its lease expired or it is known dead: its unfinished requests are claimable now
-            qstore.release_worker_requests(s, previous)
-        job_id, request_ids = chunk.job_id, list(chunk.request_ids)
-        target, drafter, batch_size = job.target, job.drafter, job.batch_size
-        measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
-        cancelling = job.status == JOB_CANCELLING
-    holding = rt.heartbeat.hold(token, chunk_id)
-    counted = metrics.ChunkMetrics(target=target, drafter=drafter, n=len(request_ids))
-    try:
-        if cancelling:
-            with factory.begin() as s:
-                queries.try_finish_cancel(s, job_id)
-                qstore.finish_chunk(s, chunk_id, token)
-            return {**out, "stopped": STOPPED_CANCELLED}
-
-        try:
-            decoder = rt.decoder(target, drafter)
-        except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
-            msg = f"the worker could not load target {target!r} with drafter {drafter!r}: {exc}"
-            with factory.begin() as s:
-                failed = sum(queries.save_failure(s, rid, "model_error", msg, worker=token)
-                             for rid in qstore.open_ids_of(s, request_ids))
-                qstore.finish_chunk(s, chunk_id, token)
-            for _ in range(failed):
-                counted.on_stored(REQ_FAILED, None)
-            finalize_job(factory, job_id)
-            return {**out, "failed": "model_error"}
-
-        if measure:
-            try:
-                measure_baseline(factory, job_id, decoder, worker=token, lease_seconds=rt.settings.lease_seconds,
-                                 on_stored=counted.on_stored)
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                log.warning("job %s: baseline measurement failed: %s", job_id, exc)
-
-        # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
-        # another worker took the chunk over; rows it did not finish go back to pending.
-        # a job already partly done (by others too) warms this worker's memory of it from SQL on first use
-        memory = rt.memories.get(factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
-        report = run_requests(
-            factory, job_id, decoder,
-            request_ids=request_ids, batch_size=batch_size, worker=token,
-            lease_seconds=rt.settings.lease_seconds, keep_alive=False,  # the heartbeat renews this token's leases
-            should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True, memory=memory,
+            chunks.release_worker_requests(s, previous)
+        return _ChunkWork(
+            chunk.job_id, list(chunk.request_ids), job.target, job.drafter, job.batch_size,
+            measure=chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None,
+            cancelling=job.status == JOB_CANCELLING,
         )
-        stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped
-        out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
-                   output_tokens=report.output_tokens, finalized=report.finalized)
 
-        with factory.begin() as s:
-            status = queries.get_job(s, job_id).status
-            open_ids = qstore.open_ids_of(s, request_ids)
-            if status == JOB_CANCELLING:
-                queries.try_finish_cancel(s, job_id)
-                qstore.finish_chunk(s, chunk_id, token)
-                stopped = STOPPED_CANCELLED
-            elif holding.lost:
-                pass  # another worker holds the chunk now
-            elif open_ids and status not in JOB_TERMINAL:
-                qstore.expire_chunk(s, chunk_id, token)  # someone else's claim, or released: re-queue
-                rt.heartbeat.poke()
-            else:
-                qstore.finish_chunk(s, chunk_id, token)
-        if not open_ids and status not in JOB_TERMINAL and status != JOB_CANCELLING:
-            out["finalized"] = finalize_job(factory, job_id) or out.get("finalized", False)
-        if out.get("finalized") or status in JOB_TERMINAL or stopped == STOPPED_CANCELLED:
-            rt.memories.drop(job_id)  # the job ended
-        out["stopped"] = stopped
-        return out
+
+def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"chunk": chunk_id, "worker": token}
+    work = _claim(rt, chunk_id, token)
+    if isinstance(work, str):
+        return {**out, "skipped": work}
+    holding = rt.heartbeat.hold(token, chunk_id)
+    counted = metrics.ChunkMetrics(target=work.target, drafter=work.drafter, n=len(work.request_ids))
+    try:
+        if work.cancelling:
+            with rt.session_factory.begin() as s:
+                lifecycle.settle_cancel(s, work.job_id)
+                chunks.finish_chunk(s, chunk_id, token)
+            return {**out, "stopped": STOPPED_CANCELLED}
+        try:
+            decoder = rt.decoder(work.target, work.drafter)
+        except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
+            _fail_unloadable(rt, work, chunk_id, token, exc, counted)
+            return {**out, "failed": "model_error"}
+        if work.measure:
+            _measure(rt, work, decoder, holding, counted)
+        return _run_chunk(rt, work, decoder, chunk_id, holding, counted, out)
     finally:
         counted.close()
         rt.heartbeat.drop(token)
 
 
-__all__ = ["process_chunk", "retry_delay", "runtime", "is_transient", "Runtime"]
+def _fail_unloadable(rt: Runtime, work: _ChunkWork, chunk_id: str, token: str, exc: Exception,
+                     counted: metrics.ChunkMetrics) -> None:
+    msg = f"the worker could not load target {work.target!r} with drafter {work.drafter!r}: {exc}"
+    with rt.session_factory.begin() as s:
+        failed = sum(queries.save_failure(s, rid, "model_error", msg, worker=token)
+                     for rid in chunks.open_ids_of(s, work.request_ids))
+        chunks.finish_chunk(s, chunk_id, token)
+    for _ in range(failed):
+        counted.on_stored(REQ_FAILED, None)
+    finalize_job(rt.session_factory, work.job_id)
+
+
+def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease,
+             counted: metrics.ChunkMetrics) -> None:
+    try:
+        measure_baseline(rt.session_factory, work.job_id, decoder, lease=holding, on_stored=counted.on_stored)
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        log.warning("job %s: baseline measurement failed: %s", work.job_id, exc)
+
+
+def _run_chunk(rt: Runtime, work: _ChunkWork, decoder: Any, chunk_id: str, holding: lease.Lease,
+               counted: metrics.ChunkMetrics, out: dict[str, Any]) -> dict[str, Any]:
+    # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
+    # another worker took the chunk over; rows it did not finish go back to pending.
+    # a job already partly done (by others too) warms this worker's memory of it from SQL on first use
+    session_factory, job_id = rt.session_factory, work.job_id
+    memory = rt.memories.get(session_factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
+    report = run_requests(
+        session_factory, job_id, decoder,
+        request_ids=work.request_ids, batch_size=work.batch_size, lease=holding,  # the heartbeat renews it
+        should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True, memory=memory,
+    )
+    stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped
+    out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
+               output_tokens=report.output_tokens, finalized=report.finalized)
+    with session_factory.begin() as s:
+        status = queries.get_job(s, job_id).status
+        open_ids = chunks.open_ids_of(s, work.request_ids)
+        if status == JOB_CANCELLING:
+            lifecycle.settle_cancel(s, job_id)
+            chunks.finish_chunk(s, chunk_id, holding.token)
+            stopped = STOPPED_CANCELLED
+        elif holding.lost:
+            pass  # another worker holds the chunk now
+        elif open_ids and not lifecycle.is_terminal(status):
+            chunks.expire_chunk(s, chunk_id, holding.token)  # someone else's claim, or released: re-queue
+            rt.heartbeat.poke()
+        else:
+            chunks.finish_chunk(s, chunk_id, holding.token)
+    if not open_ids and lifecycle.takes_new_work(status):
+        out["finalized"] = finalize_job(session_factory, job_id) or out.get("finalized", False)
+    if out.get("finalized") or lifecycle.is_terminal(status) or stopped == STOPPED_CANCELLED:
+        rt.memories.drop(job_id)  # the job ended
+    out["stopped"] = stopped
+    return out
+
+
+__all__ = ["process_chunk", "runtime", "Runtime"]

@@ -1,6 +1,6 @@
 """Publishing a chunk's message: one Celery task per chunk, task id = chunk id, on the chunk's queue.
 
-Used by submit and resume (workers/enqueue.py) and by the reaper (workers/lease.py, through the task module's
+Used by submit and resume (workers/enqueue.py) and by the reaper (workers/reaper.py, through the task module's
 runtime). The message names the task by its registered name, so publishing needs the app, not the task module.
 """
 from __future__ import annotations

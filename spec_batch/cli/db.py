@@ -1,0 +1,61 @@
+"""`spec-batch db upgrade | current | downgrade`: the job database's schema (Alembic migrations)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import SpecBatchError
+from ._group import main, mask_in_errors
+
+
+@main.group("db")
+def db_group() -> None:
+    """The job database's schema (Alembic migrations). URL: $SPEC_BATCH_DATABASE_URL."""
+
+
+def _engine(url: str | None, *, create: bool = True):
+    from ..store import make_engine
+
+    mask_in_errors(click.get_current_context(), url)
+    try:
+        return make_engine(url, create=create)
+    except SpecBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@db_group.command("upgrade")
+@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db).")
+def db_upgrade(url: str | None) -> None:
+    """Migrate the database to the newest schema (what `alembic upgrade head` does)."""
+    from ..settings import shown_url
+    from ..store import current_revision, migrate_to_head
+
+    engine = _engine(url)
+    shown = shown_url(engine.url.render_as_string(hide_password=False))
+    try:
+        before = current_revision(engine)
+        head = migrate_to_head(engine)
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(f"cannot migrate {shown}: {exc}") from exc
+    click.echo(f"{shown}: {before or '(empty)'} -> {head}" if before != head else f"{shown}: already at {head}")
+
+
+@db_group.command("current")
+@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL).")
+def db_current(url: str | None) -> None:
+    """Show the database's revision and the newest one."""
+    from ..store import current_revision, head_revision
+
+    engine = _engine(url, create=False)
+    click.echo(f"current: {current_revision(engine) or '(empty)'}  head: {head_revision()}")
+
+
+@db_group.command("downgrade")
+@click.argument("revision")
+@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL).")
+@click.confirmation_option(prompt="Downgrading drops tables and their data. Continue?")
+def db_downgrade(revision: str, url: str | None) -> None:
+    """Downgrade the schema to REVISION ("base" drops everything spec-batch created)."""
+    from ..store import downgrade
+
+    downgrade(_engine(url, create=False), revision)
+    click.echo(f"downgraded to {revision}")
