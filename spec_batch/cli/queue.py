@@ -62,8 +62,8 @@ def _check_model(spec: str, what: str) -> None:
 
 def _queue_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Checks queue names given by hand (--queue, --queues, comma-separated): the allowed characters and length
-    (workers.routing), or a usage error naming the option."""
-    from workers.routing import QueueNameError, check_queue_name
+    (spec_batch.workers.routing), or a usage error naming the option."""
+    from ..workers.routing import QueueNameError, check_queue_name
 
     given = [value] if isinstance(value, str) else [n.strip() for v in value or () for n in v.split(",") if n.strip()]
     for name in given:

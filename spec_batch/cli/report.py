@@ -42,13 +42,13 @@ def report_command(jobs: tuple[str, ...], history: bool, since: str | None, outp
     if since is not None and not history:
         raise click.UsageError("--since goes with --history")
     since_at = parse_since(since) if since is not None else None
-    factory = open_store_or_exit(must_exist=True)
-    ids = list(dict.fromkeys(resolve_job(factory, ref) for ref in jobs))  # each job once, in the order given
+    session_factory = open_store_or_exit(must_exist=True)
+    ids = list(dict.fromkeys(resolve_job(session_factory, ref) for ref in jobs))  # each job once, in the order given
     try:
-        _check_output(factory, output, ids, force)
+        _check_output(session_factory, output, ids, force)
     except OutputPathError as exc:
         raise click.ClickException(str(exc)) from exc
-    with factory() as s:
+    with session_factory() as s:
         html = history_report_html(s, since=since_at) if history else job_report_html(s, ids)
     try:
         write_text_atomically(output, html)
@@ -57,14 +57,14 @@ def report_command(jobs: tuple[str, ...], history: bool, since: str | None, outp
     click.echo(f"report -> {output} ({len(html.encode()) / 1024:.0f} KiB)")
 
 
-def _check_output(factory, output: Path, ids: list[str], force: bool) -> None:
+def _check_output(session_factory, output: Path, ids: list[str], force: bool) -> None:
     """The output guard of every writing command, before any chart is drawn: never a file of the jobs reported
     (with --history: of any job), never a device or a FIFO, an existing file only with --force."""
     from ..jobs.output_guard import check_folder, check_target, job_files
-    from ..store import queries
+    from ..store import summaries
 
     if not ids:  # --history: every job may be on the page
-        with factory() as s:
-            ids = [r["job_id"] for r in queries.list_job_summaries(s, limit=None)]
-    check_target(output, protected=job_files(factory, ids, outputs=True), force=force)
+        with session_factory() as s:
+            ids = [r["job_id"] for r in summaries.list_job_summaries(s, limit=None)]
+    check_target(output, protected=job_files(session_factory, ids, outputs=True), force=force)
     check_folder(output)

@@ -193,7 +193,8 @@ def run_job(
     """
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        status, k, has_baseline = job.status, job.baseline_sample, job.baseline_wall_s is not None
+        status, has_baseline = job.status, job.baseline_wall_s is not None
+        k = min(job.baseline_sample, job.n_requests - job.n_invalid)  # the sample is at most the valid requests
     lifecycle.check_runnable(job_id, status)
     with held_lease(session_factory, None, worker, lease_seconds) as lease:
         if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:

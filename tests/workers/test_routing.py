@@ -31,7 +31,7 @@ def test_parse_model_pair():
 
 
 def test_queue_names_given_by_hand():
-    from workers.routing import QueueNameError, check_queue_name
+    from spec_batch.workers.routing import QueueNameError, check_queue_name
 
     for good in ("spec-batch.default.ngram", "gpu:0", "A_b-1.2", "q" * 120):
         assert check_queue_name(good) == good
@@ -43,8 +43,8 @@ def test_queue_names_given_by_hand():
 
 
 def test_submit_file_refuses_a_bad_queue_name(tmp_path):
-    from workers.enqueue import submit_file
-    from workers.routing import QueueNameError
+    from spec_batch.workers.enqueue import submit_file
+    from spec_batch.workers.routing import QueueNameError
 
     with pytest.raises(QueueNameError):
         submit_file(None, tmp_path / "none.jsonl", target="t", drafter="d", queue="../x")

@@ -122,7 +122,7 @@ def listening_address(port: int, pid: int | str = "self") -> str | None:
 SERVE = textwrap.dedent(
     """
     import sys, time
-    from workers import metrics
+    from spec_batch.workers import metrics
 
     metrics.prepare()
     metrics.serve(int(sys.argv[1]))  # as the worker does: no address given
