@@ -133,9 +133,10 @@ class Runtime:
                 rep.errors.append(f"orphans: {lease.brief(exc)}")
         return rep
 
-    def decoder(self, target: str, drafter: str) -> Any:
-        """The process's decoder for the pair: loaded on first use (spec_batch.loading's one cache), then kept."""
-        key = (target, drafter)
+    def decoder(self, target: str, drafter: str, weights: str | None = None, dtype: str | None = None) -> Any:
+        """The process's decoder for the pair at the job's precision: loaded on first use (spec_batch.loading's one
+        cache), then kept."""
+        key = (target, drafter, weights, dtype)
         t0 = time.perf_counter()
         if key not in self._loaded:
             try:  # a progress bar per load, in every worker's log, says nothing
@@ -145,7 +146,8 @@ class Runtime:
             except Exception:  # pragma: no cover
                 pass
         dec = shared_decoder(target, drafter, device=self.device, cache_dir=self.settings.cache_dir,
-                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive)
+                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive,
+                             weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights)
         if key not in self._loaded:
             self._loaded.add(key)
             log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, self.device,
@@ -318,6 +320,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             qstore.release_worker_requests(s, previous)
         job_id, request_ids = chunk.job_id, list(chunk.request_ids)
         target, drafter, batch_size = job.target, job.drafter, job.batch_size
+        precision = (job.weights, job.dtype)
         measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
         cancelling = job.status == JOB_CANCELLING
     holding = rt.heartbeat.hold(token, chunk_id)
@@ -330,7 +333,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             return {**out, "stopped": STOPPED_CANCELLED}
 
         try:
-            decoder = rt.decoder(target, drafter)
+            decoder = rt.decoder(target, drafter, *precision)
         except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
             msg = f"the worker could not load target {target!r} with drafter {drafter!r}: {exc}"
             with factory.begin() as s:

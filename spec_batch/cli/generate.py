@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ._common import model_options
+from ._common import model_options, weights_options
 from ._group import main
 
 
@@ -48,7 +48,9 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
 @click.option("--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin).")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template (each prompt is one user message).")
 @model_options
-@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA).")
+@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; "
+              "int4/int8 weights: bf16).")
+@weights_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
@@ -71,6 +73,8 @@ def generate(
     draft: str | None,
     device: str | None,
     dtype: str | None,
+    weights: str | None,
+    draft_weights: str | None,
     max_new_tokens: int,
     temperature: float,
     top_p: float,
@@ -107,6 +111,8 @@ def generate(
             num_draft_tokens=num_draft_tokens,
             adaptive=not no_adaptive,
             cache_dir=str(settings.cache_dir),
+            weights=weights or settings.weights,
+            draft_weights=draft_weights or settings.draft_weights,
         )
         inputs = [dec.apply_chat_template([{"role": "user", "content": t}]) for t in texts] if chat else texts
         results = dec.generate(inputs, params, batch_size=batch_size)
@@ -116,6 +122,7 @@ def generate(
         if as_json:
             out = res.to_dict()
             out.pop("error")
+            out["stats"] = {**out.get("stats", {}), **dec.precision.to_dict()}  # the (weights, dtype) it ran at
             click.echo(json.dumps(out))
         else:
             click.echo(res.text)

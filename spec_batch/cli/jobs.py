@@ -33,6 +33,7 @@ from ._common import (
     open_store_or_exit,
     parse_metadata,
     resolve_job,
+    weights_options,
 )
 from ..errors import SpecBatchError
 from ._group import main, mask_in_errors
@@ -73,16 +74,19 @@ def _status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None):
+def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None, weights: str | None = None,
+                  draft_weights: str | None = None):
     from .. import SpecBatchError, load_decoder
     from ..settings import get_settings
 
-    device = device or get_settings().device or "cpu"
+    settings = get_settings()
+    device = device or settings.device or "cpu"
     console = _console(stderr=True)
     try:
         with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
             return load_decoder(
-                target=target, draft=draft, device=device, dtype=dtype, cache_dir=str(get_settings().cache_dir)
+                target=target, draft=draft, device=device, dtype=dtype, cache_dir=str(settings.cache_dir),
+                weights=weights or settings.weights, draft_weights=draft_weights or settings.draft_weights,
             )
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -252,6 +256,7 @@ def _print_line_errors(errors, console) -> None:
 @click.option("--force", is_flag=True, help="Replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 @model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the core's choice for the device).")
+@weights_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
@@ -267,6 +272,8 @@ def run_command(
     draft: str | None,
     device: str | None,
     dtype: str | None,
+    weights: str | None,
+    draft_weights: str | None,
     batch_size: int,
     baseline_sample: int,
     max_tokens: int,
@@ -302,10 +309,13 @@ def run_command(
     job_options = dict(output_file=output, batch_size=batch_size, baseline_sample=baseline_sample,
                        sampling_defaults=defaults, metadata=meta or None, report=parsed)
     if parsed.requests:
-        decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
+        # an unknown model fails before any job exists
+        decoder = _load_decoder(target, draft, device, dtype, weights, draft_weights)
+        precision = decoder.precision.target
         job_id, parsed = create_job_from_file(
             factory, file, target=decoder.target_name, drafter=decoder.draft_name,
-            max_context=decoder.max_context, vocab_size=decoder.vocab_size, **job_options,
+            max_context=decoder.max_context, vocab_size=decoder.vocab_size,
+            weights=precision.weights, dtype=precision.dtype_name, **job_options,
         )
     else:
         decoder = None
@@ -320,6 +330,15 @@ def run_command(
         write_results(factory, job_id, output)  # the errors file says why every line was refused
     _print_summary(factory, job_id)
     sys.exit(_exit_code(factory, job_id))
+
+
+def _job_precision(factory, job_id: str, dtype: str | None) -> tuple[str | None, str | None]:
+    """A job resumes at the precision it ran at (its stored weights and dtype); --dtype fills an older job's gap."""
+    from ..store import queries
+
+    with factory() as s:
+        job = queries.get_job(s, job_id)
+        return job.weights, job.dtype or dtype
 
 
 @main.command("resume")
@@ -340,6 +359,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(factory, job)
     console = _console(stderr=True)
+    weights, dtype = _job_precision(factory, job_id, dtype)
 
     said: list[str] = []
 
@@ -352,7 +372,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
         with _running(job_id) as display:
             outcome = resume(
                 factory, job_id,
-                decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype),
+                decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype, weights),
                 enqueue=enqueue_job, wait=wait_busy, on_wait=on_wait,
                 **display.hooks(),
             )
@@ -437,6 +457,7 @@ def show_command(job: str, n_errors: int) -> None:
     t.add_row("lines (invalid)", f"{j.n_requests} ({j.n_invalid})")
     t.add_row("requests by status", ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "—")
     t.add_row("batch size", str(j.batch_size))
+    t.add_row("weights / dtype", f"{j.weights or 'full'} / {j.dtype or 'the device default'}")
     t.add_row("sampling defaults", json.dumps(j.sampling_defaults))
     t.add_row("metadata", json.dumps(j.user_metadata) if j.user_metadata else "—")
     if j.queue:

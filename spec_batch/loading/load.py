@@ -19,7 +19,7 @@ from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
 from .gguf_cache import CacheEntry
 from .resolve import resolve_spec
-from .weights import QUANTIZED, Precision, quantize_model, resolve_precision
+from .weights import QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -106,6 +106,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str) -
     raise InvalidParameterError(
         f"dtype {dtype!r} is not supported; use 'auto', 'float32', 'bfloat16', 'float16' or a torch dtype"
     )
+
+
+def requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
+    """The (weights, dtype) names a queued job stores and is routed by, before any device is known: weights
+    resolved (auto -> its choice), dtype normalized, or None where the worker's device picks it (full weights).
+    Raises InvalidParameterError for an unknown name or a pair the kernels do not run (int4 with float32)."""
+    cpu = torch.device("cpu")
+    resolved = resolve_dtype(dtype, cpu)
+    precision = resolve_precision(weights, dtype, cpu, resolved)
+    if precision.weights == "full" and dtype_is_auto(dtype):
+        return "full", None
+    return precision.weights, precision.dtype_name
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

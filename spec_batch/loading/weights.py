@@ -57,7 +57,7 @@ def resolve_weights_name(weights: str | None) -> str:
     return key
 
 
-def _dtype_is_auto(dtype: str | torch.dtype | None) -> bool:
+def dtype_is_auto(dtype: str | torch.dtype | None) -> bool:
     return dtype is None or (isinstance(dtype, str) and dtype.strip().lower() == "auto")
 
 
@@ -70,7 +70,7 @@ def resolve_precision(weights: str | None, dtype: str | torch.dtype | None, devi
     if name == "auto":
         name = "full"
     if name in QUANTIZED:
-        if _dtype_is_auto(dtype):
+        if dtype_is_auto(dtype):
             return Precision(name, torch.bfloat16)
         if resolved_dtype != torch.bfloat16:
             raise InvalidParameterError(
