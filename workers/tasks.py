@@ -320,7 +320,8 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             qstore.release_worker_requests(s, previous)
         job_id, request_ids = chunk.job_id, list(chunk.request_ids)
         target, drafter, batch_size = job.target, job.drafter, job.batch_size
-        precision = (job.weights, job.dtype)
+        # the job's precision (none stored: an older job or full weights at the device's dtype)
+        precision = {k: v for k, v in (("weights", job.weights), ("dtype", job.dtype)) if v is not None}
         measure = chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None
         cancelling = job.status == JOB_CANCELLING
     holding = rt.heartbeat.hold(token, chunk_id)
@@ -333,7 +334,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
             return {**out, "stopped": STOPPED_CANCELLED}
 
         try:
-            decoder = rt.decoder(target, drafter, *precision)
+            decoder = rt.decoder(target, drafter, **precision)
         except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
             msg = f"the worker could not load target {target!r} with drafter {drafter!r}: {exc}"
             with factory.begin() as s:

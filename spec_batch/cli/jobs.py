@@ -311,11 +311,12 @@ def run_command(
     if parsed.requests:
         # an unknown model fails before any job exists
         decoder = _load_decoder(target, draft, device, dtype, weights, draft_weights)
-        precision = decoder.precision.target
+        precision = getattr(decoder, "precision", None)  # None: a decoder not built by load_decoder
         job_id, parsed = create_job_from_file(
             factory, file, target=decoder.target_name, drafter=decoder.draft_name,
             max_context=decoder.max_context, vocab_size=decoder.vocab_size,
-            weights=precision.weights, dtype=precision.dtype_name, **job_options,
+            weights=precision.target.weights if precision else None,
+            dtype=precision.target.dtype_name if precision else None, **job_options,
         )
     else:
         decoder = None
