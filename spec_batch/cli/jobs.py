@@ -311,13 +311,7 @@ def run_command(
     if parsed.requests:
         # an unknown model fails before any job exists
         decoder = _load_decoder(target, draft, device, dtype, weights, draft_weights)
-        precision = getattr(decoder, "precision", None)  # None: a decoder not built by load_decoder
-        job_id, parsed = create_job_from_file(
-            factory, file, target=decoder.target_name, drafter=decoder.draft_name,
-            max_context=decoder.max_context, vocab_size=decoder.vocab_size,
-            weights=precision.target.weights if precision else None,
-            dtype=precision.target.dtype_name if precision else None, **job_options,
-        )
+        job_id, parsed = create_job_from_file(factory, file, **_decoder_job_fields(decoder), **job_options)
     else:
         decoder = None
         job_id, parsed = create_job_from_file(factory, file, target=target, drafter=draft, **job_options)
@@ -331,6 +325,16 @@ def run_command(
         write_results(factory, job_id, output)  # the errors file says why every line was refused
     _print_summary(factory, job_id)
     sys.exit(_exit_code(factory, job_id))
+
+
+def _decoder_job_fields(decoder) -> dict:
+    """The job row's fields that come from the loaded decoder: its models, limits and precision."""
+    precision = getattr(decoder, "precision", None)  # None: a decoder not built by load_decoder
+    return dict(
+        target=decoder.target_name, drafter=decoder.draft_name, max_context=decoder.max_context,
+        vocab_size=decoder.vocab_size, weights=precision.target.weights if precision else None,
+        dtype=precision.target.dtype_name if precision else None,
+    )
 
 
 def _job_precision(factory, job_id: str, dtype: str | None) -> tuple[str | None, str | None]:

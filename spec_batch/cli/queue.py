@@ -111,12 +111,7 @@ def submit_command(
 
     meta = parse_metadata(metadata)
     settings = get_settings()
-    target = target or settings.default_target
-    draft = draft or settings.default_draft
-    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype)
-    if not no_model_check:
-        _check_model(target, "target")
-        _check_model(draft, "drafter")
+    target, draft, job_weights, job_dtype = _job_models(settings, target, draft, weights, dtype, check=not no_model_check)
     factory = open_store_or_exit()
     try:
         res = submit_file(
@@ -149,6 +144,17 @@ def submit_command(
         sys.exit(_wait(factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
     if res.status == JOB_FAILED:
         sys.exit(EXIT_FAILED)
+
+
+def _job_models(settings, target, draft, weights, dtype, *, check: bool) -> tuple[str, str, str, str | None]:
+    """The job's (target, drafter, weights, dtype) with the settings' defaults, checked here where asked."""
+    target = target or settings.default_target
+    draft = draft or settings.default_draft
+    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype)
+    if check:
+        _check_model(target, "target")
+        _check_model(draft, "drafter")
+    return target, draft, job_weights, job_dtype
 
 
 def _requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
