@@ -28,7 +28,8 @@ INT4_GROUP_SIZE = 32
 # compute a row the same bit for bit at every width (1..80 rows measured, tests pin it), so 1 suffices; a kernel
 # code path for 1-3 rows, whose rounding differs from the wider one's.
 MIN_ROWS = 1
-_CUDA_INNER_K_TILES = 8  # tinygemm's tiling: K must be a multiple of 16 * inner k tiles (gpt-fast uses 8)
+# tinygemm's tiling: K must be a multiple of 16 * inner k tiles; gpt-fast uses 8, the default model's 576 needs 2
+_CUDA_INNER_K_TILES = 8
 
 
 class _RowsLinear(nn.Module):
@@ -93,7 +94,10 @@ class Int4Linear(_RowsLinear):
         q32 = q.to(torch.int32)
         if self.cuda_kernel:
             nibbles = (q32[:, ::2] << 4 | q32[:, 1::2]).to(torch.uint8).to(device)
-            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack(nibbles, _CUDA_INNER_K_TILES))
+            tiles = next((t for t in (_CUDA_INNER_K_TILES, 4, 2) if self.in_features % (16 * t) == 0), None)
+            if tiles is None:
+                raise ValueError(f"int4 on CUDA: {self.in_features} input features are not a multiple of 32")
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack(nibbles, tiles))
         else:
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q32, 1))
         # [in / group_size, out, 2]: the kernel's layout of (scale, zero)
