@@ -5,7 +5,7 @@ plain and speculative at batch 1 and in a bulk job at batch 8, next to llama.cpp
 prompts one after another, at the same thread count -- and what do load time and resident memory cost?
 
     flock /tmp/specbatch-cpu.lock .venv/bin/python bench/bench_llamacpp.py [--rounds 2] [--threads 2]
-        [--set edits] [--n 8] [--max-tokens 96] [--configs full-fp32,full-bf16,int8,int4,llamacpp]
+        [--set edits] [--n 8] [--max-tokens 96] [--configs full-fp32,full-bf16,int8,int4,llamacpp] [--self-draft]
 
 Every configuration runs in a fresh process (its load time and resident memory are its own), one after
 another within a round, the rounds interleaved; tokens/s is output tokens over decode wall time, greedy.
@@ -61,13 +61,16 @@ def run_spec_batch(config: str, args) -> list[dict]:
     plain = load_decoder("default", "none", dtype=dtype, weights=weights)
     load_s = time.perf_counter() - t0
     spec = load_decoder("default", args.draft, dtype=dtype, weights=weights)
+    modes = [("plain b1", plain, 1), (f"{args.draft} b1", spec, 1), (f"{args.draft} b8", spec, 8)]
+    if args.self_draft:  # the target's own file at int4 as its draft (gpt-fast's pairing), beside args.draft
+        modes.append(("self:int4 b1", load_decoder("default", "self:int4", dtype=dtype, weights=weights), 1))
     prompts = [plain.apply_chat_template([{"role": "user", "content": p}]) for p in _prompts(args.set, args.n)]
     params = SamplingParams(max_new_tokens=args.max_tokens)
     base = {"config": config, "load_s": round(load_s, 2), "rss_mb": round(_rss_mb(), 1),
             "weights_mb": round(_weight_mb(plain.target), 1)}
     rows = []
     plain.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
-    for mode, dec, batch in (("plain b1", plain, 1), (f"{args.draft} b1", spec, 1), (f"{args.draft} b8", spec, 8)):
+    for mode, dec, batch in modes:
         t = time.perf_counter()
         results = dec.generate(prompts, params, batch_size=batch)
         wall = time.perf_counter() - t
@@ -99,6 +102,7 @@ def run_llamacpp(args) -> list[dict]:
 def _child(config: str, args) -> list[dict]:
     cmd = [sys.executable, __file__, "--child", config, "--threads", str(args.threads), "--set", args.set,
            "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--draft", args.draft]
+    cmd += ["--self-draft"] if args.self_draft else []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -115,6 +119,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--draft", default="suffix")
     parser.add_argument("--configs", default="full-fp32,full-bf16,int8,int4,llamacpp")
+    parser.add_argument("--self-draft", action="store_true", help="also time --draft self:int4 at batch 1")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
