@@ -19,7 +19,7 @@ from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
-from .weights import QUANTIZED, Precision, resolve_precision, resolve_weights_name
+from .weights import Precision, resolve_precision, resolve_weights_name
 
 __all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
 
@@ -196,9 +196,12 @@ def _draft_model(draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, d
         if self_weights is not None and not isinstance(spec, str):
             raise InvalidParameterError(f"draft {draft!r} needs a target named by string")
         weights = self_weights or draft_weights
-        # a quantized draft computes in bf16 whatever the target's dtype: it proposes, the target decides
-        draft_dtype = None if weights in QUANTIZED and resolve_dtype(dtype, options["device"]) != torch.bfloat16 else dtype
-        dloaded = shared_model(spec, dtype=draft_dtype, weights=weights, **options)
+        dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
+        if dloaded.model is loaded.model:
+            raise InvalidParameterError(
+                f"draft {draft!r} is the target itself (same file at the same weights): it would cost a target "
+                "forward per draft token; draft at other weights (e.g. the target at full, draft self:int4)"
+            )
         check_compatible(loaded, dloaded)
         return dloaded.model, (f"{SELF_DRAFT}:{weights}" if self_weights else dloaded.name), _precision_of(dloaded)
     draft.eval()

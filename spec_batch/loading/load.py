@@ -111,12 +111,12 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str) -
 def requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
     """The (weights, dtype) names a queued job stores and is routed by, before any device is known: weights
     resolved (auto -> its choice), dtype normalized, or None where the worker's device picks it (full weights).
-    Raises InvalidParameterError for an unknown name or a pair the kernels do not run (int4 with float32)."""
+    Raises InvalidParameterError for an unknown name or a pair the kernels do not run (int4 with float16)."""
     cpu = torch.device("cpu")
     resolved = resolve_dtype(dtype, cpu)
     precision = resolve_precision(weights, dtype, cpu, resolved)
-    if precision.weights == "full" and dtype_is_auto(dtype):
-        return "full", None
+    if dtype_is_auto(dtype):
+        return precision.weights, None
     return precision.weights, precision.dtype_name
 
 
@@ -207,7 +207,7 @@ def _load_dir(
     model.eval()
     model.requires_grad_(False)
     if precision.weights in QUANTIZED:
-        quantize_model(model, precision.weights, dtype, gguf_path, path if gguf_path is not None else None)
+        quantize_model(model, precision.weights, gguf_path=gguf_path, entry_dir=path if gguf_path is not None else None)
     else:  # CPU only: a verify step of several tokens then costs little more than one token
         pack_linear_weights(model)
     use_gqa_attention(model)

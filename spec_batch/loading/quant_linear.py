@@ -1,9 +1,10 @@
 """Weight-only quantized linear layers: int4 (group-wise, as GGUF Q4_0/Q4_1 ship) and int8 (per output channel).
 
 Both run torch's own kernels: int4 through `_weight_int4pack_mm_for_cpu` on the CPU and `_weight_int4pack_mm`
-(tinygemm, what gpt-fast uses) on CUDA; int8 through `_weight_int8pack_mm`. The activations stay in the model's
-dtype (the compute dtype): the int4 CPU kernel is fast with bf16 activations and falls back to a slow reference
-path with fp32 ones (docs/weights.md has the numbers).
+(tinygemm, what gpt-fast uses) on CUDA; int8 through `_weight_int8pack_mm`. The kernels run with `act_dtype`
+activations (bf16: the int4 CPU kernel falls back to a reference path 10-25x slower with fp32 ones, docs/weights.md);
+a layer takes and returns the model's own dtype, so a float32 model keeps its residual stream, norms and attention
+in float32 and only the matrix products round their inputs to bf16.
 
 int4 stores, per group of `group_size` input columns of one output row, a scale and a zero such that
 weight = (q - 8) * scale + zero, q in 0..15. GGUF Q4_1 (weight = d * q + m) maps onto it exactly with
@@ -57,13 +58,14 @@ class _RowsLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [n, in] in the model's dtype -> [n, out] in the same dtype (the kernel runs in act_dtype)."""
         n = rows.shape[0]
         if n < self.min_rows:
             rows = torch.cat([rows, rows.new_zeros(self.min_rows - n, rows.shape[1])])
         out = self._kernel(rows.contiguous())[:n]
         if self.bias is not None:
             out = out + self.bias
-        return out
+        return out.to(rows.dtype)
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -8,9 +8,11 @@
   scale per row (the kernel takes no group scales); everything else is quantized at load.
 - auto: what measured fastest here for the file (docs/weights.md): see `resolve_weights`.
 
-`dtype` stays the compute and activation dtype. torch's int4 and int8 CPU kernels are fast with bfloat16
-activations only (fp32 takes a reference path 10-25x slower, docs/weights.md), so int4/int8 need bfloat16:
-an explicit float32 is an error that says so; dtype None/'auto' picks bfloat16.
+`dtype` stays the compute dtype (residual stream, norms, attention, KV cache). torch's int4 and int8 CPU kernels are
+fast with bfloat16 activations only (fp32 takes a reference path 10-25x slower, docs/weights.md), so the quantized
+layers round their inputs to bfloat16 for the kernel and return the model's dtype. In float32 (the default) a
+token's logits then do not depend on its batch beyond fp32 rounding, as with full weights; in bfloat16 the
+attention's rounding differs between batch shapes (as for `full` bfloat16), which can flip near-ties.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 
 WEIGHT_CHOICES = ("full", "int8", "int4", "auto")
 QUANTIZED = ("int8", "int4")
+KERNEL_DTYPE = torch.bfloat16  # the activations of the int4/int8 kernels, whatever the model's dtype
+QUANTIZED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -69,17 +73,11 @@ def resolve_precision(weights: str | None, dtype: str | torch.dtype | None, devi
     name = resolve_weights_name(weights)
     if name == "auto":
         name = "full"
-    if name in QUANTIZED:
-        if dtype_is_auto(dtype):
-            return Precision(name, torch.bfloat16)
-        if resolved_dtype != torch.bfloat16:
-            raise InvalidParameterError(
-                f"weights={name!r} runs torch's {name} kernels, which need bfloat16 activations "
-                f"(dtype {str(resolved_dtype).removeprefix('torch.')} takes a reference path 10-25x slower on the CPU "
-                "and tinygemm on CUDA is bf16-only); pass dtype='bfloat16', or dtype='auto' to pick it"
-            )
-    if name not in QUANTIZED and device.type not in ("cpu", "cuda") and name != "full":
-        raise InvalidParameterError(f"weights={name!r} is supported on cpu and cuda, not {device.type}")
+    if name in QUANTIZED and resolved_dtype not in QUANTIZED_DTYPES:
+        raise InvalidParameterError(
+            f"weights={name!r} computes in float32 or bfloat16 (its kernels take bfloat16 activations), not "
+            f"{str(resolved_dtype).removeprefix('torch.')}; pass dtype='float32' (the default) or 'bfloat16'"
+        )
     return Precision(name, resolved_dtype)
 
 
@@ -129,7 +127,7 @@ def _from_weight(name: str, linear: nn.Linear, weights: str, act_dtype, device) 
     return Int8Linear.quantize(linear.weight, linear.bias, act_dtype, device=device), "int8"
 
 
-def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype, gguf_path: Path | None = None,
+def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype = KERNEL_DTYPE, gguf_path: Path | None = None,
                    entry_dir: Path | None = None) -> QuantReport:
     """Replaces every nn.Linear of a loaded model by its weight-only quantized form, in place (weights: int4 | int8).
     A tied input embedding reads the int8 LM head's rows instead of keeping its own copy."""
@@ -142,6 +140,7 @@ def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype, gguf_
 
         kept, others = cached_quantized_linears(Path(gguf_path), entry_dir, list(linears), model.config)
     embeddings = model.get_input_embeddings()
+    model_dtype = embeddings.weight.dtype if embeddings is not None else act_dtype
     head = model.get_output_embeddings()
     tied = head is not None and embeddings is not None and head.weight is embeddings.weight
     for name, (parent, attr, linear) in linears.items():
@@ -153,8 +152,7 @@ def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype, gguf_
         setattr(parent, attr, layer)
         report.add(kind)
     if tied and isinstance(model.get_output_embeddings(), Int8Linear):
-        model.set_input_embeddings(QuantEmbedding(model.get_output_embeddings(), act_dtype, embeddings.padding_idx))
-    _cast_rest(model, act_dtype)
+        model.set_input_embeddings(QuantEmbedding(model.get_output_embeddings(), model_dtype, embeddings.padding_idx))
     if others:
         types = sorted(set(others.values()))
         report.notices.append(
@@ -166,10 +164,3 @@ def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype, gguf_
     log.info("weights %s: %s", weights, report.counts)
     model.spec_batch_quant_report = report  # what each layer became (tests and `spec-batch models` read it)
     return report
-
-
-def _cast_rest(model: nn.Module, act_dtype: torch.dtype) -> None:
-    """Norms, rotary buffers and any remaining float weights in the activation dtype."""
-    for p in model.parameters():
-        if p.is_floating_point() and p.dtype != act_dtype:
-            p.data = p.data.to(act_dtype)

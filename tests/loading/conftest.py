@@ -24,7 +24,7 @@ TINY_VOCAB = 512
 
 def write_tiny_gguf(
     path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, seed: int = 0, qtype: str | None = None,
-    embd_qtype: str | None = None, ffn: int = 32, heads: int = 2, layers: int = 1,
+    embd_qtype: str | None = None, ffn: int = 32, heads: int = 2, layers: int = 1, embd_scale: float = 0.02,
 ) -> Path:
     """A valid llama GGUF file: the first n_vocab tokens of the default model's tokenizer (with the
     merges among them, its special tokens and chat template) and random weights: float32, or the block
@@ -77,7 +77,7 @@ def write_tiny_gguf(
         w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
 
     hd = hidden // heads
-    add("token_embd.weight", rand(n_vocab, hidden), embd_qtype)
+    add("token_embd.weight", rand(n_vocab, hidden) * (embd_scale / 0.02), embd_qtype)  # tied: scale sharpens logits
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     for layer in range(layers):
         for name, arr in {
