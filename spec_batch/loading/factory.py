@@ -197,7 +197,7 @@ def _draft_model(draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, d
             raise InvalidParameterError(f"draft {draft!r} needs a target named by string")
         weights = self_weights or draft_weights
         dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
-        if dloaded.model is loaded.model:
+        if self_weights is not None and dloaded.model is loaded.model:
             raise InvalidParameterError(
                 f"draft {draft!r} is the target itself (same file at the same weights): it would cost a target "
                 "forward per draft token; draft at other weights (e.g. the target at full, draft self:int4)"
