@@ -5,7 +5,7 @@ plain and speculative at batch 1 and in a bulk job at batch 8, next to llama.cpp
 prompts one after another, at the same thread count -- and what do load time and resident memory cost?
 
     flock /tmp/specbatch-cpu.lock .venv/bin/python bench/bench_llamacpp.py [--rounds 2] [--threads 2]
-        [--set edits] [--n 8] [--max-tokens 96] [--configs full-fp32,full-bf16,int8,int4,llamacpp] [--self-draft]
+        [--set edits] [--n 8] [--max-tokens 96] [--configs full-fp32,full-bf16,int8,int4,int4-bf16,llamacpp] [--self-draft]
 
 Every configuration runs in a fresh process (its load time and resident memory are its own), one after
 another within a round, the rounds interleaved; tokens/s is output tokens over decode wall time, greedy.
@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PRECISIONS = {"full-fp32": ("full", "float32"), "full-bf16": ("full", "bfloat16"), "int8": ("int8", "bfloat16"),
-              "int4": ("int4", "bfloat16")}
+PRECISIONS = {"full-fp32": ("full", "float32"), "full-bf16": ("full", "bfloat16"), "int8": ("int8", "float32"),
+              "int8-bf16": ("int8", "bfloat16"), "int4-bf16": ("int4", "bfloat16"),
+              "int4": ("int4", "float32")}  # int4/int8 compute dtype float32 (bf16 inside the kernels) by default
 
 
 def _rss_mb() -> float:
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--draft", default="suffix")
-    parser.add_argument("--configs", default="full-fp32,full-bf16,int8,int4,llamacpp")
+    parser.add_argument("--configs", default="full-fp32,full-bf16,int8,int4,int4-bf16,llamacpp")
     parser.add_argument("--self-draft", action="store_true", help="also time --draft self:int4 at batch 1")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -22,8 +22,9 @@ from spec_batch.loading import load_decoder
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import SETS  # noqa: E402  (bench/prompts.py)
 
-PRECISIONS = {"full-fp32": ("full", "float32"), "full-bf16": ("full", "bfloat16"), "int8": ("int8", "bfloat16"),
-              "int4": ("int4", "bfloat16")}
+PRECISIONS = {"full-fp32": ("full", "float32"), "full-bf16": ("full", "bfloat16"), "int8": ("int8", "float32"),
+              "int8-bf16": ("int8", "bfloat16"), "int4-bf16": ("int4", "bfloat16"),
+              "int4": ("int4", "float32")}  # int4/int8 compute dtype float32 (bf16 inside the kernels) by default
 
 
 def _mean_logprob(model, prompt: list[int], output: list[int]) -> float:
