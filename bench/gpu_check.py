@@ -11,7 +11,11 @@ same step costs; and an exact oracle:
    (TF32 off) and in the device's default dtype (bfloat16 on CUDA, where batch shapes may flip near-ties: info);
 2. step costs at batch 8 (bench_step_costs.py's T, P, J): pass them to bench_replay.py --padding-costs to see
    what a stored job would gain on this device;
-3. none against suffix at batch 8 on these prompts, wall clock, medians of --rounds.
+3. none against suffix at batch 8 on these prompts, wall clock, medians of --rounds;
+4. int4 weights (issue 26; `--int4`, on by default): the model's linear layers as spec_batch.loading.quant_linear
+   Int4Linear (tinygemm `_weight_int4pack_mm` on CUDA, bf16 activations), checked against its own dequantized
+   weights, then greedy `none` vs `suffix` at batch 1 and 8 on the int4 model (speculation must not change a
+   token), and none vs suffix at batch 8, wall clock. Not yet run on a GPU: the CUDA kernel's layout is gpt-fast's.
 
     python -m bench.gpu_check --device cuda --out DIR      # prints a report, writes DIR/gpu_check.json
 
@@ -130,6 +134,26 @@ def speed(model, device: torch.device, ps: list[list[int]], max_new: int, rounds
     return {"seconds": med, "suffix vs none": med["none"] / med["suffix"]}
 
 
+def check_int4(model, device: torch.device, ps: list[list[int]], max_new: int, rounds: int) -> dict:
+    """The int4 copy of the model: its layers against their dequantized weights, speculation exact against plain
+    decoding with the same int4 kernels, and its speed."""
+    import copy
+
+    from spec_batch.loading.quant_linear import Int4Linear
+    from spec_batch.loading.weights import quantize_model
+
+    qmodel = copy.deepcopy(model).to(torch.bfloat16)
+    quantize_model(qmodel, "int4", torch.bfloat16)
+    layer = next(m for m in qmodel.modules() if isinstance(m, Int4Linear))
+    x = torch.randn(8, layer.in_features, device=device, dtype=torch.bfloat16)
+    want = x.float() @ layer.dequantized().t()
+    err = float((layer(x).float() - want).abs().max() / want.abs().max().clamp_min(1e-6))
+    exact = {k: v for k, v in check_exactness(qmodel, device, ps, max_new).items()}
+    ok = all(v["same as none at this batch"] == v["prompts"] for v in exact.values())
+    return {"layer relative error": err, "exactness": exact, "exact": ok,
+            "speed b8": speed(qmodel, device, ps, max_new, rounds)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -139,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sharpen", type=float, default=12.0, help="lm_head scale of the random model")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="folder for gpu_check.json")
+    ap.add_argument("--no-int4", dest="int4", action="store_false", help="skip the int4 weights check")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -160,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         result[f"step costs b8 {dtype}"] = {"plain step ms": base * 1000, "padding-costs": f"{t:.4f},{p:.4f},{j:.4f}"}
         result[f"speed b8 {dtype}"] = speed(model, device, ps, args.max_new_tokens, args.rounds)
         print(json.dumps({k: v for k, v in result.items() if str(dtype) in k}, indent=1), flush=True)
+    if args.int4:
+        result["int4"] = check_int4(random_model(device, torch.float32, args.seed, args.sharpen), device, ps,
+                                    args.max_new_tokens, args.rounds)
+        exact_ok = exact_ok and result["int4"]["exact"]
+        print(json.dumps({"int4": result["int4"]}, indent=1), flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(json.dumps(result, indent=1))

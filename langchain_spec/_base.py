@@ -1,7 +1,7 @@
 """The fields and helpers SpeculativeLLM and ChatSpeculative share."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -12,7 +12,7 @@ from ._core import CallOptions, check_decoder, check_limits, resolve_options
 
 LS_PROVIDER = "spec_batch"
 
-_LOAD_FIELDS = ("target", "draft", "device", "dtype", "num_draft_tokens")
+_LOAD_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights", "num_draft_tokens")
 
 
 class SpeculativeParams(BaseModel):
@@ -27,6 +27,11 @@ class SpeculativeParams(BaseModel):
     device: str = "cpu"
     dtype: str | None = None
     """torch dtype name ("float32", "bfloat16", ...); None lets the core choose."""
+    weights: Literal["full", "int8", "int4", "auto"] = "full"
+    """The target's weight storage (docs/weights.md): full, or int8 / int4 weight-only (GGUF Q4/Q8 tensors as they
+    ship; they compute in bfloat16)."""
+    draft_weights: Literal["full", "int8", "int4", "auto"] = "full"
+    """A draft model's weight storage, as `weights` (draft="self:int4" drafts with the target's file at int4)."""
     num_draft_tokens: int | None = Field(default=None, ge=1)
     """Most tokens drafted per step; None keeps the core's default."""
     decoder: Any = Field(default=None, exclude=True)
@@ -93,7 +98,8 @@ class SpeculativeParams(BaseModel):
             return self.decoder
         # None keeps shared_decoder's default, so it shares that decoder with callers that leave it out.
         more = {} if self.num_draft_tokens is None else {"num_draft_tokens": self.num_draft_tokens}
-        return shared_decoder(self.target, self.draft, device=self.device, dtype=self.dtype, **more)
+        return shared_decoder(self.target, self.draft, device=self.device, dtype=self.dtype, weights=self.weights,
+                              draft_weights=self.draft_weights, **more)
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:
         return resolve_options(self, stop, kwargs)

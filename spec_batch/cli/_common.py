@@ -59,6 +59,24 @@ def device_option(f: F) -> F:
     )(f)
 
 
+WEIGHT_CHOICES = ("full", "int8", "int4", "auto")  # spec_batch.loading.weights.WEIGHT_CHOICES (not imported: fast --help)
+
+
+def weights_options(f: F) -> F:
+    """--weights and --draft-weights: the weight storage of the target and of a draft model."""
+    choice = click.Choice(WEIGHT_CHOICES, case_sensitive=False)
+    f = click.option(
+        "--draft-weights", type=choice, default=None,
+        help="A draft model's weights, as --weights (default: $SPEC_BATCH_DRAFT_WEIGHTS or full). "
+             "--draft self:int4 drafts with the target's own file at int4.",
+    )(f)
+    return click.option(
+        "--weights", type=choice, default=None,
+        help="Target weights: full (dtype, as today) | int8 | int4 (weight-only; GGUF Q4/Q8 tensors as they ship; "
+             "need bfloat16) | auto (default: $SPEC_BATCH_WEIGHTS or full). docs/weights.md.",
+    )(f)
+
+
 def max_tokens_option(f: F) -> F:
     return click.option(
         "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,

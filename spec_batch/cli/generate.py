@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..limits import SEED, TEMPERATURE, TOP_P
-from ._common import limit_type, model_options
+from ._common import limit_type, model_options, weights_options
 from ._group import main
 
 
@@ -59,7 +59,9 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
 @click.option("--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin).")
 @click.option("--chat", is_flag=True, help="Apply the target's chat template (each prompt is one user message).")
 @model_options
-@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA).")
+@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; "
+              "int4/int8 weights: bf16).")
+@weights_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=limit_type(TEMPERATURE), default=0.0, show_default=True,
               help="0 = greedy; at most 2 (OpenAI's range).")
@@ -84,6 +86,8 @@ def generate(
     draft: str | None,
     device: str | None,
     dtype: str | None,
+    weights: str | None,
+    draft_weights: str | None,
     max_new_tokens: int,
     temperature: float,
     top_p: float,
@@ -120,6 +124,8 @@ def generate(
             num_draft_tokens=num_draft_tokens,
             adaptive=not no_adaptive,
             cache_dir=str(settings.cache_dir),
+            weights=weights or settings.weights,
+            draft_weights=draft_weights or settings.draft_weights,
         )
         inputs = [dec.apply_chat_template([{"role": "user", "content": t}]) for t in texts] if chat else texts
         results = dec.generate(inputs, params, batch_size=batch_size)
@@ -133,6 +139,7 @@ def _print_results(results, as_json: bool) -> None:
         if as_json:
             out = res.to_dict()
             out.pop("error")
+            out["stats"] = {**out.get("stats", {}), **dec.precision.to_dict()}  # the (weights, dtype) it ran at
             click.echo(json.dumps(out))
         else:
             click.echo(res.text)

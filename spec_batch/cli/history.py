@@ -74,6 +74,7 @@ def show_command(job: str, n_errors: int) -> None:
     t.add_row("lines (invalid)", f"{j.n_requests} ({j.n_invalid})")
     t.add_row("requests by status", ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "—")
     t.add_row("batch size", str(j.batch_size))
+    t.add_row("weights / dtype", f"{j.weights or 'full'} / {j.dtype or 'the device default'}")
     t.add_row("sampling defaults", json.dumps(j.sampling_defaults))
     t.add_row("metadata", json.dumps(j.user_metadata) if j.user_metadata else "—")
     if j.queue:

@@ -24,21 +24,25 @@ from ._common import (
     parse_metadata,
     resolve_job,
     temperature_option,
+    weights_options,
 )
 from ._group import main
 from ._job_display import _console, _fmt, _print_summary
 
 
-def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None):
+def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None, weights: str | None = None,
+                  draft_weights: str | None = None):
     from .. import SpecBatchError, load_decoder
     from ..settings import get_settings
 
-    device = device or get_settings().device or "cpu"
+    settings = get_settings()
+    device = device or settings.device or "cpu"
     console = _console(stderr=True)
     try:
         with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
             return load_decoder(
-                target=target, draft=draft, device=device, dtype=dtype, cache_dir=str(get_settings().cache_dir)
+                target=target, draft=draft, device=device, dtype=dtype, cache_dir=str(settings.cache_dir),
+                weights=weights or settings.weights, draft_weights=draft_weights or settings.draft_weights,
             )
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -177,6 +181,7 @@ def _default_output(file: Path) -> Path:
 @click.option("--force", is_flag=True, help="Replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 @model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the core's choice for the device).")
+@weights_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
@@ -191,6 +196,8 @@ def run_command(
     draft: str | None,
     device: str | None,
     dtype: str | None,
+    weights: str | None,
+    draft_weights: str | None,
     batch_size: int,
     baseline_sample: int,
     max_tokens: int,
@@ -224,11 +231,9 @@ def run_command(
     job_options = dict(output_file=output, batch_size=batch_size, baseline_sample=baseline_sample,
                        sampling_defaults=defaults, metadata=meta or None, report=parsed)
     if parsed.requests:
-        decoder = _load_decoder(target, draft, device, dtype)  # an unknown model fails before any job exists
-        job_id, parsed = create_job_from_file(
-            session_factory, file, target=decoder.target_name, drafter=decoder.draft_name,
-            max_context=decoder.max_context, vocab_size=decoder.vocab_size, **job_options,
-        )
+        # an unknown model fails before any job exists
+        decoder = _load_decoder(target, draft, device, dtype, weights, draft_weights)
+        job_id, parsed = create_job_from_file(session_factory, file, **_decoder_job_fields(decoder), **job_options)
     else:
         decoder = None
         job_id, parsed = create_job_from_file(session_factory, file, target=target, drafter=draft, **job_options)
@@ -242,6 +247,25 @@ def run_command(
         write_results(session_factory, job_id, output)  # the errors file says why every line was refused
     _print_summary(session_factory, job_id)
     sys.exit(_exit_code(session_factory, job_id))
+
+
+def _decoder_job_fields(decoder) -> dict:
+    """The job row's fields that come from the loaded decoder: its models, limits and precision."""
+    precision = getattr(decoder, "precision", None)  # None: a decoder not built by load_decoder
+    return dict(
+        target=decoder.target_name, drafter=decoder.draft_name, max_context=decoder.max_context,
+        vocab_size=decoder.vocab_size, weights=precision.target.weights if precision else None,
+        dtype=precision.target.dtype_name if precision else None,
+    )
+
+
+def _job_precision(session_factory, job_id: str, dtype: str | None) -> tuple[str | None, str | None]:
+    """A job resumes at the precision it ran at (its stored weights and dtype); --dtype fills an older job's gap."""
+    from ..store import queries
+
+    with session_factory() as s:
+        job = queries.get_job(s, job_id)
+        return job.weights, job.dtype or dtype
 
 
 @main.command("resume")
@@ -262,6 +286,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     session_factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(session_factory, job)
     console = _console(stderr=True)
+    weights, dtype = _job_precision(session_factory, job_id, dtype)
 
     said: list[str] = []
 
@@ -274,7 +299,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
         with _running(job_id) as display:
             outcome = resume(
                 session_factory, job_id,
-                decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype),
+                decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype, weights),
                 enqueue=enqueue_job, wait=wait_busy, on_wait=on_wait,
                 **display.hooks(),
             )

@@ -42,44 +42,54 @@ def models_command(cache_dir: Path | None, as_json: bool) -> None:
     root = cache_root(cache_dir)
     entries = list_cache(cache_dir)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "aliases": [
-                        {
-                            "name": a.name,
-                            "description": a.description,
-                            "package": a.distribution,
-                            "path": str(a.path) if a.path else None,
-                            "installed": a.installed,
-                            "install_command": a.install_command,
-                        }
-                        for a in aliases
-                    ],
-                    "cache_dir": str(root),
-                    "cache": [
-                        {
-                            "key": e.key,
-                            "path": str(e.path),
-                            "source": e.source,
-                            "size_bytes": e.size_bytes,
-                            "valid": e.valid,
-                            "problem": e.problem,
-                            "created": e.created,
-                        }
-                        for e in entries
-                    ],
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(_as_json(aliases, root, entries), indent=2))
         return
 
     from rich.console import Console
-    from rich.table import Table
 
     # On a terminal, fit its width; piped or captured, do not fold paths (tables are only as wide as their text).
     console = Console(width=None if sys.stdout.isatty() else 250)
+    console.print(_alias_table(aliases))
+    if entries:
+        console.print(_cache_table(root, entries))
+        total = sum(e.size_bytes for e in entries)
+        console.print(f"{len(entries)} cache entr{'y' if len(entries) == 1 else 'ies'}, {_human(total)} in all")
+    else:
+        console.print(f"Converted GGUF cache: {root}: empty (a GGUF model is converted on first load)")
+
+
+def _as_json(aliases, root: Path, entries) -> dict:
+    return {
+        "aliases": [
+            {
+                "name": a.name,
+                "description": a.description,
+                "package": a.distribution,
+                "path": str(a.path) if a.path else None,
+                "installed": a.installed,
+                "install_command": a.install_command,
+            }
+            for a in aliases
+        ],
+        "cache_dir": str(root),
+        "cache": [
+            {
+                "key": e.key,
+                "path": str(e.path),
+                "source": e.source,
+                "size_bytes": e.size_bytes,
+                "valid": e.valid,
+                "problem": e.problem,
+                "created": e.created,
+            }
+            for e in entries
+        ],
+    }
+
+
+def _alias_table(aliases):
+    from rich.table import Table
+
     table = Table(title="Built-in models", title_justify="left")
     for col in ("alias", "model", "package", "installed", "file"):
         table.add_column(col, overflow="fold")
@@ -91,21 +101,17 @@ def models_command(cache_dir: Path | None, as_json: bool) -> None:
             "yes" if a.installed else "no",
             str(a.path) if a.path else f"not installed: {a.install_command}",
         )
-    console.print(table)
+    return table
+
+
+def _cache_table(root: Path, entries):
+    from rich.table import Table
 
     table = Table(title=f"Converted GGUF cache: {root}", title_justify="left")
     for col in ("entry", "size", "status", "converted from", "created"):
         table.add_column(col, overflow="fold")
-    total = 0
     for e in entries:
-        total += e.size_bytes
-        created = (
-            _dt.datetime.fromtimestamp(e.created).strftime("%Y-%m-%d %H:%M") if e.created else "-"
-        )
+        created = _dt.datetime.fromtimestamp(e.created).strftime("%Y-%m-%d %H:%M") if e.created else "-"
         status = "ok" if e.valid else f"incomplete, rebuilt on next load ({e.problem})"
         table.add_row(e.key, _human(e.size_bytes), status, e.source or "-", created)
-    if entries:
-        console.print(table)
-        console.print(f"{len(entries)} cache entr{'y' if len(entries) == 1 else 'ies'}, {_human(total)} in all")
-    else:
-        console.print(f"Converted GGUF cache: {root}: empty (a GGUF model is converted on first load)")
+    return table

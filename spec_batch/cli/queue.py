@@ -33,6 +33,7 @@ from ._common import (
     open_store_or_exit,
     parse_metadata,
     resolve_job,
+    WEIGHT_CHOICES,
     target_option,
     temperature_option,
 )
@@ -49,8 +50,8 @@ def _check_model(spec: str, what: str) -> None:
     from ..errors import SpecBatchError
     from ..loading import resolve_spec
 
-    if what == "drafter" and spec in ("suffix", "ngram", "none"):
-        return
+    if what == "drafter" and (spec in ("suffix", "ngram", "none") or spec.split(":")[0] == "self"):
+        return  # no model of its own ("self:int4" is the target's file)
     try:
         resolve_spec(spec)
     except SpecBatchError as exc:
@@ -94,6 +95,10 @@ def _queue_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
               help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).")
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
 @click.option("--no-model-check", is_flag=True, help="Do not check that the models exist on this machine.")
+@click.option("--weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
+              help="The job's target weights (default: $SPEC_BATCH_WEIGHTS or full); with --dtype, part of the queue "
+                   "name: workers started with the same --weights/--dtype serve it.")
+@click.option("--dtype", default=None, help="The job's compute dtype (default: the worker device's; int4/int8: bfloat16).")
 @click.option("--wait", "wait_after", is_flag=True, help="Then wait for the job (as `spec-batch wait`).")
 def submit_command(
     file: Path,
@@ -107,6 +112,8 @@ def submit_command(
     queue: str | None,
     metadata: tuple[str, ...],
     no_model_check: bool,
+    weights: str | None,
+    dtype: str | None,
     wait_after: bool,
 ) -> None:
     """Validate FILE.jsonl, store it as a job and enqueue its chunks for the workers. Prints the job id.
@@ -119,17 +126,13 @@ def submit_command(
 
     meta = parse_metadata(metadata)
     settings = get_settings()
-    target = target or settings.default_target
-    draft = draft or settings.default_draft
-    if not no_model_check:
-        _check_model(target, "target")
-        _check_model(draft, "drafter")
+    target, draft, job_weights, job_dtype = _job_models(settings, target, draft, weights, dtype, check=not no_model_check)
     session_factory = open_store_or_exit()
     try:
         res = submit_file(
             session_factory, file, target=target, drafter=draft, batch_size=batch_size, baseline_sample=baseline_sample,
             chunk_size=chunk_size, sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
-            metadata=meta or None, queue=queue,
+            metadata=meta or None, queue=queue, weights=job_weights, dtype=job_dtype,
         )
     except BrokerUnavailableError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -162,6 +165,27 @@ def _print_submitted(res: Any, file: Path) -> None:
         _err(f"job {res.job_id} failed: no valid request")
 
 
+def _job_models(settings, target, draft, weights, dtype, *, check: bool) -> tuple[str, str, str, str | None]:
+    """The job's (target, drafter, weights, dtype) with the settings' defaults, checked here where asked."""
+    target = target or settings.default_target
+    draft = draft or settings.default_draft
+    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype)
+    if check:
+        _check_model(target, "target")
+        _check_model(draft, "drafter")
+    return target, draft, job_weights, job_dtype
+
+
+def _requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
+    from ..errors import InvalidParameterError
+    from ..loading.load import requested_precision
+
+    try:
+        return requested_precision(weights, dtype)
+    except InvalidParameterError as exc:
+        raise click.BadParameter(str(exc), param_hint="--weights/--dtype") from exc
+
+
 # ---------------------------------------------------------------- worker
 
 
@@ -174,6 +198,11 @@ def _print_submitted(res: Any, file: Path) -> None:
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.")
 @device_option
+@click.option("--weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
+              help="Serve the queues of jobs at these weights (default: $SPEC_BATCH_WEIGHTS or full).")
+@click.option("--dtype", default=None, help="... and this dtype (default: the queues of jobs that leave it to the device).")
+@click.option("--draft-weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
+              help="Draft models' weights (SPEC_BATCH_DRAFT_WEIGHTS; drafts change speed, never outputs).")
 @click.option("--torch-threads", type=click.IntRange(min=1), envvar="SPEC_BATCH_TORCH_THREADS", default=None,
               help="torch threads per worker process (default: all cores, or cores / concurrency).")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default="prefork", show_default=True)
@@ -185,6 +214,9 @@ def worker_command(
     queues: tuple[str, ...],
     concurrency: int,
     device: str | None,
+    weights: str | None,
+    dtype: str | None,
+    draft_weights: str | None,
     torch_threads: int | None,
     pool: str,
     hostname: str | None,
@@ -210,7 +242,10 @@ def worker_command(
             raise click.BadParameter(str(exc), param_hint="--model") from exc
     if not pairs and not names:
         pairs = [(settings.default_target, settings.default_draft)]
-    names += [queue_name(t, d) for t, d in pairs]
+    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype)
+    names += [queue_name(t, d, job_weights, job_dtype) for t, d in pairs]
+    if draft_weights:
+        os.environ["SPEC_BATCH_DRAFT_WEIGHTS"] = draft_weights
     names = list(dict.fromkeys(names))
     if device:
         os.environ["SPEC_BATCH_DEVICE"] = device

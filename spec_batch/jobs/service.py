@@ -109,6 +109,8 @@ def create_job_from_file(
     report: ParseReport | None = None,
     max_context: int | None = None,
     vocab_size: int | None = None,
+    weights: str | None = None,
+    dtype: str | None = None,
 ) -> tuple[str, ParseReport]:
     """Validates the file and stores the job with one request row per non-blank line (invalid lines are
     failed rows with their line number and reason). Status in_progress, or failed when no line is valid.
@@ -139,6 +141,8 @@ def create_job_from_file(
             baseline_sample=baseline_sample,
             chunk_size=chunk_size,
             queue=queue,
+            weights=weights,
+            dtype=dtype,
             n_requests=report.n_lines,
             n_invalid=len(report.errors),
             created_at=now,

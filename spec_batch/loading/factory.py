@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -18,10 +19,12 @@ from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
+from .weights import Precision, resolve_precision, resolve_weights_name
 
 __all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
 
 DRAFTERS_WITHOUT_MODEL = ("suffix", "ngram", "none")
+SELF_DRAFT = "self"  # draft "self:int4": the target's own file at other weights
 
 
 def default_draft_tokens(draft: Any) -> int:
@@ -105,43 +108,22 @@ def load_decoder(
     drafter_options: Mapping[str, Any] | None = None,
     cache_dir: str | None = None,
     trust_remote_code: bool = False,
+    weights: str | None = None,
+    draft_weights: str | None = None,
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
-    draft: "suffix" | "ngram" | "none" | a model spec like target | a loaded HF model (it shares the target's tokenizer
-    unless draft_tokenizer= is given). Models named by string are loaded once per process and shared
-    (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form."""
+    draft: "suffix" | "ngram" | "none" | "self[:WEIGHTS]" (the target's own file at other weights, int4 when
+    none is named: gpt-fast's pairing) | a model spec like target | a loaded HF model (it shares the target's
+    tokenizer unless draft_tokenizer= is given). weights / draft_weights: full | int8 | int4 | auto
+    (loading/weights.py; None: full); dtype stays the compute dtype. Models named by string are loaded once per
+    process and shared (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form.
+    The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model."""
     device = torch.device(device)
-    if isinstance(target, os.PathLike):
-        target = os.fspath(target)
-    if isinstance(draft, os.PathLike):
-        draft = os.fspath(draft)
-    if isinstance(target, str):
-        loaded = shared_model(target, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
-    else:
-        if tokenizer is None:
-            raise InvalidParameterError("a loaded target model needs tokenizer= as well")
-        target.eval()
-        loaded = LoadedModel(model=target, tokenizer=tokenizer, name=getattr(target.config, "_name_or_path", "") or "target", source="")
-    if tokenizer is not None:
-        loaded = LoadedModel(model=loaded.model, tokenizer=tokenizer, name=loaded.name, source=loaded.source)
-
-    draft_arg: Any = draft
-    draft_name = None
-    if isinstance(draft, str) and draft not in DRAFTERS_WITHOUT_MODEL:
-        dloaded = shared_model(draft, device=device, dtype=dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
-        check_compatible(loaded, dloaded)
-        draft_arg, draft_name = dloaded.model, dloaded.name
-    elif not isinstance(draft, str):
-        draft.eval()
-        dloaded = LoadedModel(
-            model=draft,
-            tokenizer=draft_tokenizer if draft_tokenizer is not None else loaded.tokenizer,
-            name=getattr(draft.config, "_name_or_path", "") or "draft-model",
-            source="",
-        )
-        check_compatible(loaded, dloaded)
-        draft_name = dloaded.name
-    return build_decoder(
+    target, draft = _fspath(target), _fspath(draft)
+    options = dict(device=device, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    loaded = _target_model(target, tokenizer, dtype, weights, options)
+    draft_arg, draft_name, draft_precision = _draft_model(draft, loaded, draft_tokenizer, dtype, draft_weights, options)
+    decoder = build_decoder(
         loaded.model,
         loaded.tokenizer,
         target_name=loaded.name,
@@ -154,6 +136,83 @@ def load_decoder(
         ngram_max=ngram_max,
         drafter_options=drafter_options,
     )
+    decoder.precision = DecoderPrecision(_precision_of(loaded), draft_precision)
+    return decoder
+
+
+@dataclass(frozen=True)
+class DecoderPrecision:
+    """The effective (weights, dtype) of a decoder's target, and of its draft model (None without one)."""
+
+    target: Precision
+    draft: Precision | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        d = self.draft
+        return {"weights": self.target.weights, "dtype": self.target.dtype_name,
+                "draft_weights": d.weights if d else None, "draft_dtype": d.dtype_name if d else None}
+
+
+def _fspath(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _precision_of(loaded: LoadedModel) -> Precision:
+    return loaded.precision or Precision("full", loaded.model.dtype)
+
+
+def _target_model(target: Any, tokenizer: Any, dtype, weights: str | None, options: dict) -> LoadedModel:
+    if isinstance(target, str):
+        loaded = shared_model(target, dtype=dtype, weights=weights, **options)
+    else:
+        if tokenizer is None:
+            raise InvalidParameterError("a loaded target model needs tokenizer= as well")
+        if weights not in (None, "full"):
+            raise InvalidParameterError(f"weights={weights!r} applies to models loaded by name; this target is loaded")
+        target.eval()
+        loaded = LoadedModel(model=target, tokenizer=tokenizer, name=getattr(target.config, "_name_or_path", "") or "target", source="")
+    if tokenizer is not None:
+        loaded = LoadedModel(model=loaded.model, tokenizer=tokenizer, name=loaded.name, source=loaded.source,
+                             precision=loaded.precision)
+    return loaded
+
+
+def self_draft_weights(draft: str) -> str | None:
+    """'self' -> 'int4', 'self:int8' -> 'int8'; None when draft does not name the target itself."""
+    head, _, tail = draft.partition(":")
+    if head != SELF_DRAFT:
+        return None
+    return resolve_weights_name(tail or "int4")
+
+
+def _draft_model(draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, draft_weights: str | None,
+                 options: dict) -> tuple[Any, str | None, Precision | None]:
+    """(the build_decoder draft argument, its name, its precision) for a drafter name or a draft model."""
+    if isinstance(draft, str) and draft in DRAFTERS_WITHOUT_MODEL:
+        return draft, None, None
+    if isinstance(draft, str):
+        self_weights = self_draft_weights(draft)
+        spec = loaded.name if self_weights is not None else draft
+        if self_weights is not None and not isinstance(spec, str):
+            raise InvalidParameterError(f"draft {draft!r} needs a target named by string")
+        weights = self_weights or draft_weights
+        dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
+        if self_weights is not None and dloaded.model is loaded.model:
+            raise InvalidParameterError(
+                f"draft {draft!r} is the target itself (same file at the same weights): it would cost a target "
+                "forward per draft token; draft at other weights (e.g. the target at full, draft self:int4)"
+            )
+        check_compatible(loaded, dloaded)
+        return dloaded.model, (f"{SELF_DRAFT}:{weights}" if self_weights else dloaded.name), _precision_of(dloaded)
+    draft.eval()
+    dloaded = LoadedModel(
+        model=draft,
+        tokenizer=draft_tokenizer if draft_tokenizer is not None else loaded.tokenizer,
+        name=getattr(draft.config, "_name_or_path", "") or "draft-model",
+        source="",
+    )
+    check_compatible(loaded, dloaded)
+    return draft, dloaded.name, _precision_of(dloaded)
 
 
 # ---------------------------------------------------------------- the per-process cache
@@ -206,14 +265,17 @@ def shared_model(
     dtype: str | torch.dtype | None = None,
     cache_dir: str | os.PathLike | None = None,
     trust_remote_code: bool = False,
+    weights: str | None = None,
 ) -> LoadedModel:
-    """`load_model`, once per process for the same (spec, device, dtype, cache_dir, trust_remote_code)."""
+    """`load_model`, once per process for the same (spec, device, effective weights and dtype, cache_dir,
+    trust_remote_code)."""
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    key = (os.fspath(spec), str(dev), torch_dtype, _cache_dir_key(cache_dir), bool(trust_remote_code))
+    precision = resolve_precision(weights, dtype, dev, resolve_dtype(dtype, dev))
+    key = (os.fspath(spec), str(dev), precision, _cache_dir_key(cache_dir), bool(trust_remote_code))
     return _models.get(
         key,
-        lambda: load_model(spec, device=dev, dtype=torch_dtype, cache_dir=cache_dir, trust_remote_code=trust_remote_code),
+        lambda: load_model(spec, device=dev, dtype=precision.dtype, cache_dir=cache_dir,
+                           trust_remote_code=trust_remote_code, weights=precision.weights),
     )
 
 
@@ -226,6 +288,8 @@ def shared_decoder(
     num_draft_tokens: int | None = None,
     adaptive: bool = True,
     cache_dir: str | os.PathLike | None = None,
+    weights: str | None = None,
+    draft_weights: str | None = None,
 ) -> Decoder:
     """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
 
@@ -243,8 +307,10 @@ def shared_decoder(
     torch_dtype = resolve_dtype(dtype, dev)
     if num_draft_tokens is None:  # the default and its value are one configuration
         num_draft_tokens = default_draft_tokens(os.fspath(draft))
+    precision = resolve_precision(weights, dtype, dev, torch_dtype)
     key = (
-        os.fspath(target), os.fspath(draft), str(dev), torch_dtype, num_draft_tokens, adaptive, _cache_dir_key(cache_dir)
+        os.fspath(target), os.fspath(draft), str(dev), precision, resolve_weights_name(draft_weights),
+        num_draft_tokens, adaptive, _cache_dir_key(cache_dir),
     )
     return _decoders.get(
         key,
@@ -252,10 +318,12 @@ def shared_decoder(
             os.fspath(target),
             os.fspath(draft),
             dev,
-            torch_dtype,
+            precision.dtype,
             num_draft_tokens=num_draft_tokens,
             adaptive=adaptive,
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            weights=precision.weights,
+            draft_weights=draft_weights,
         ),
     )
 

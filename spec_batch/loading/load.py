@@ -19,6 +19,7 @@ from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
 from .gguf_cache import CacheEntry
 from .resolve import resolve_spec
+from .weights import QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -56,6 +57,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str  # display name: "default" / hub id / path as given
     source: str  # resolved path actually loaded (the cache entry for a GGUF file)
+    precision: Precision | None = None  # the effective (weights, dtype); None for a model passed in loaded
 
     @property
     def device(self) -> torch.device:
@@ -106,6 +108,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str) -
     )
 
 
+def requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
+    """The (weights, dtype) names a queued job stores and is routed by, before any device is known: weights
+    resolved (auto -> its choice), dtype normalized, or None where the worker's device picks it (full weights).
+    Raises InvalidParameterError for an unknown name or a pair the kernels do not run (int4 with float16)."""
+    cpu = torch.device("cpu")
+    resolved = resolve_dtype(dtype, cpu)
+    precision = resolve_precision(weights, dtype, cpu, resolved)
+    if dtype_is_auto(dtype):
+        return precision.weights, None
+    return precision.weights, precision.dtype_name
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
@@ -135,32 +149,36 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     cache_dir: str | os.PathLike | None = None,
     trust_remote_code: bool = False,
+    weights: str | None = None,
 ) -> LoadedModel:
     """Loads a target or draft model and its tokenizer (see resolve.py for the names a model may have).
 
     Every call loads again; `factory.shared_model` is the cached form. GGUF files are converted into
-    ``cache_dir`` (settings' cache dir when None) once. Raises UnknownModelError, DefaultModelMissingError,
+    ``cache_dir`` (settings' cache dir when None) once. weights: full | int8 | int4 | auto (weights.py); a GGUF
+    file's Q4_0/Q4_1/Q8_0 tensors are then used as they ship. Raises UnknownModelError, DefaultModelMissingError,
     InvalidParameterError.
     """
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
+    precision = resolve_precision(weights, dtype, dev, resolve_dtype(dtype, dev))
     resolved = resolve_spec(spec)
     if resolved.kind == "gguf":
         entry = gguf_cache.ensure_converted(resolved.path, cache_dir)
         try:
-            return _load_dir(entry, resolved.name, dev, torch_dtype, trust_remote_code)
+            return _load_dir(entry, resolved.name, dev, precision, trust_remote_code, resolved.path)
         except UnknownModelError:
             # The entry passed its checks but does not load (e.g. corrupted bytes inside a tensor
             # header): move it aside and convert once more.
             gguf_cache.discard_entry(entry)
             entry = gguf_cache.ensure_converted(resolved.path, cache_dir)
-            return _load_dir(entry, resolved.name, dev, torch_dtype, trust_remote_code)
-    return _load_dir(resolved.path, resolved.name, dev, torch_dtype, trust_remote_code)
+            return _load_dir(entry, resolved.name, dev, precision, trust_remote_code, resolved.path)
+    return _load_dir(resolved.path, resolved.name, dev, precision, trust_remote_code)
 
 
 def _load_dir(
-    path: Path, name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+    path: Path, name: str, device: torch.device, precision: Precision, trust_remote_code: bool,
+    gguf_path: Path | None = None,
 ) -> LoadedModel:
+    dtype = precision.dtype
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
@@ -188,10 +206,12 @@ def _load_dir(
         model = model.to(device)
     model.eval()
     model.requires_grad_(False)
-    # CPU only: a verify step of several tokens then costs little more than one token
-    pack_linear_weights(model)
+    if precision.weights in QUANTIZED:
+        quantize_model(model, precision.weights, gguf_path=gguf_path, entry_dir=path if gguf_path is not None else None)
+    else:  # CPU only: a verify step of several tokens then costs little more than one token
+        pack_linear_weights(model)
     use_gqa_attention(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path))
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)
 
 
 # ---------------------------------------------------------------- compatibility

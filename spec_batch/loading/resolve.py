@@ -26,7 +26,7 @@ DEFAULT_VERSION = "0.1.2"
 
 # alias -> (distribution shipping the GGUF file, pinned version, description)
 ALIASES: dict[str, tuple[str, str, str]] = {
-    "default": (DEFAULT_DISTRIBUTION, DEFAULT_VERSION, "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"),
+    "default": (DEFAULT_DISTRIBUTION, DEFAULT_VERSION, "SmolLM2-135M-Instruct (Q4_1 GGUF: dequantized at full weights, as shipped at int4)"),
 }
 
 ACCEPTED_FORMS = (

@@ -129,6 +129,10 @@ class Job(Base):
     baseline_sample: Mapped[int] = mapped_column(Integer, default=8, server_default="8")  # 0: no baseline, speedup NULL
     chunk_size: Mapped[int | None] = mapped_column(Integer)  # queue: requests per task
     queue: Mapped[str | None] = mapped_column(String(128))  # queue: Celery queue name; NULL = in-process
+    # The precision the job runs at (loading/weights.py): full | int8 | int4, and the compute dtype. NULL: older
+    # jobs (full), or a queued job whose dtype is the worker device's default.
+    weights: Mapped[str | None] = mapped_column(String(16))
+    dtype: Mapped[str | None] = mapped_column(String(16))
     # Request counts fixed at creation: every non-blank line, and those that failed validation.
     n_requests: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     n_invalid: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -104,19 +104,23 @@ def submit_file(
     metadata: dict[str, Any] | None = None,
     queue: str | None = None,
     broker_url: str | None = None,
+    weights: str | None = None,
+    dtype: str | None = None,
 ) -> SubmitResult:
-    """Validates and stores the job, then publishes its chunks. See the module docstring."""
+    """Validates and stores the job, then publishes its chunks. See the module docstring. weights / dtype: the
+    job's precision (None: full weights at the worker device's default dtype); part of the queue's name."""
     settings = get_settings()
     chunk_size = chunk_size or settings.chunk_size
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    queue = check_queue_name(queue) if queue is not None else queue_name(target, drafter)
+    queue = check_queue_name(queue) if queue is not None else queue_name(target, drafter, weights, dtype)
     broker_url = broker_url or settings.broker_url
     epoch = check_broker(broker_url)
 
     job_id, report = create_job_from_file(
         session_factory, path, target=target, drafter=drafter, batch_size=batch_size, baseline_sample=baseline_sample,
         sampling_defaults=sampling_defaults, metadata=metadata, queue=queue, chunk_size=chunk_size,
+        weights=weights, dtype=dtype,
     )
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
@@ -180,7 +184,7 @@ def enqueue_job(
         job = queries.get_job(s, job_id)
         if job.status in JOB_TERMINAL:
             return EnqueueReport(job_id, job.status)
-        queue = job.queue or queue_name(job.target, job.drafter)
+        queue = job.queue or queue_name(job.target, job.drafter, job.weights, job.dtype)
         size = chunk_size or job.chunk_size or settings.chunk_size
         chunks.set_job_queue(s, job_id, queue, size)
         status = job.status

@@ -44,16 +44,29 @@ def _part(value: str) -> str:
     return _UNSAFE.sub("_", value.strip().lower()).strip("_") or "_"
 
 
-def queue_name(target: str, drafter: str) -> str:
-    """The queue of jobs whose target is `target` and whose drafter is `drafter` (as stored on the job)."""
+def precision_part(weights: str | None, dtype: str | None) -> str | None:
+    """The queue name's precision part: None for full weights at the worker's default dtype (today's names),
+    else e.g. "int4-bfloat16" or "full-float32", so chunks of one job never run at mixed precisions."""
+    if (weights or "full") == "full" and not dtype:
+        return None
+    return f"{weights or 'full'}-{dtype or 'default'}"
+
+
+def queue_name(target: str, drafter: str, weights: str | None = None, dtype: str | None = None) -> str:
+    """The queue of jobs whose target is `target` and whose drafter is `drafter` (as stored on the job), at the
+    job's precision (weights, dtype; None, None: full weights at the worker's default dtype)."""
     if not target or not drafter:
         raise ValueError(f"queue_name needs a target and a drafter, got {target!r}, {drafter!r}")
     t, d = _part(target), _part(drafter)
     name = f"{QUEUE_PREFIX}.{t}.{d}"
+    precision = precision_part(weights, dtype)
+    if precision is not None:
+        name = f"{name}.{_part(precision)}"
     lossless = t == target and d == drafter
     if lossless and len(name) <= MAX_QUEUE_NAME:
         return name
-    digest = hashlib.sha256(f"{target}\0{drafter}".encode()).hexdigest()[:8]
+    exact = f"{target}\0{drafter}" + (f"\0{precision}" if precision is not None else "")  # today's digests kept
+    digest = hashlib.sha256(exact.encode()).hexdigest()[:8]
     room = MAX_QUEUE_NAME - len(digest) - 1
     return f"{name[:room]}-{digest}"
 
@@ -62,6 +75,9 @@ def parse_model_pair(value: str, default_drafter: str = "suffix") -> tuple[str, 
     """``TARGET[:DRAFTER]`` as given to ``spec-batch worker --model``: the last ':' splits
     (``default:ngram``, ``./models/big:HuggingFaceTB/SmolLM2-135M``); no ':' means the default drafter."""
     value = value.strip()
+    self_draft = re.match(r"^(.+):(self(?::[A-Za-z0-9]+)?)$", value)  # default:self:int4: the target at int4
+    if self_draft:
+        return self_draft.group(1).strip(), self_draft.group(2)
     head, sep, tail = value.rpartition(":")
     if not sep:
         head, tail = value, default_drafter
@@ -70,4 +86,4 @@ def parse_model_pair(value: str, default_drafter: str = "suffix") -> tuple[str, 
     return head.strip(), tail.strip()
 
 
-__all__ = ["QUEUE_PREFIX", "QueueNameError", "check_queue_name", "queue_name", "parse_model_pair"]
+__all__ = ["QUEUE_PREFIX", "QueueNameError", "check_queue_name", "precision_part", "queue_name", "parse_model_pair"]

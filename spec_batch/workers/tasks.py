@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -108,9 +108,10 @@ class Runtime:
                 rep.errors.append(f"orphans: {lease.brief(exc)}")
         return rep
 
-    def decoder(self, target: str, drafter: str) -> Any:
-        """The process's decoder for the pair: loaded on first use (spec_batch.loading's one cache), then kept."""
-        key = (target, drafter)
+    def decoder(self, target: str, drafter: str, weights: str | None = None, dtype: str | None = None) -> Any:
+        """The process's decoder for the pair at the job's precision: loaded on first use (spec_batch.loading's one
+        cache), then kept."""
+        key = (target, drafter, weights, dtype)
         t0 = time.perf_counter()
         if key not in self._loaded:
             try:  # a progress bar per load, in every worker's log, says nothing
@@ -120,7 +121,8 @@ class Runtime:
             except Exception:  # pragma: no cover
                 pass
         dec = shared_decoder(target, drafter, device=self.device, cache_dir=self.settings.cache_dir,
-                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive)
+                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive,
+                             weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights)
         if key not in self._loaded:
             self._loaded.add(key)
             log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, self.device,
@@ -281,6 +283,8 @@ class _ChunkWork:
     batch_size: int
     measure: bool
     cancelling: bool
+    # the job's precision (none stored: an older job, or full weights at the device's dtype)
+    precision: dict[str, str] = field(default_factory=dict)
 
 
 def _claim(rt: Runtime, chunk_id: str, token: str) -> _ChunkWork | str:
@@ -308,6 +312,7 @@ def _claim(rt: Runtime, chunk_id: str, token: str) -> _ChunkWork | str:
             chunk.job_id, list(chunk.request_ids), job.target, job.drafter, job.batch_size,
             measure=chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None,
             cancelling=job.status == JOB_CANCELLING,
+            precision={k: v for k, v in (("weights", job.weights), ("dtype", job.dtype)) if v is not None},
         )
 
 
@@ -325,7 +330,7 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
                 chunks.finish_chunk(s, chunk_id, token)
             return {**out, "stopped": STOPPED_CANCELLED}
         try:
-            decoder = rt.decoder(work.target, work.drafter)
+            decoder = rt.decoder(work.target, work.drafter, **work.precision)
         except SpecBatchError as exc:  # bad input (unknown model...): these requests fail, no retry
             _fail_unloadable(rt, work, chunk_id, token, exc, counted)
             return {**out, "failed": "model_error"}

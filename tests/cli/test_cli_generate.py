@@ -134,3 +134,20 @@ def test_generate_with_a_response_format_from_a_file(runner, tmp_path, default_d
     inline = runner.invoke(main, ["generate", prompt, "--chat", "--json", "--max-new-tokens", "30",
                                   "--response-format", json.dumps(fmt), *MODEL])
     assert _json_lines(inline.stdout)[0]["token_ids"] == out["token_ids"]
+
+
+def test_weights_flags_are_checked_before_any_model_loads(runner):
+    result = runner.invoke(main, ["generate", "hello", "--weights", "int3"])
+    assert result.exit_code == 2 and "--weights" in result.output
+    result = runner.invoke(main, ["generate", "hello", "--weights", "int4", "--dtype", "float16", *MODEL])
+    assert result.exit_code == 1 and "float32 or bfloat16" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_generate_json_states_the_precision_it_ran_at(runner):
+    args = ["generate", "The capital of France is", "--json", "--max-new-tokens", "6", "--weights", "int4", *MODEL]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    [out] = _json_lines(result.stdout)
+    assert (out["stats"]["weights"], out["stats"]["dtype"]) == ("int4", "float32")
+    assert out["stats"]["draft_weights"] is None  # ngram has no model

@@ -31,7 +31,7 @@ def loads(monkeypatch, fake_decoder_cls):
 
     calls = Loads()
 
-    def load(target, draft, device, dtype):
+    def load(target, draft, device, dtype, *precision):  # precision: --weights, --draft-weights (issue 26)
         calls.append((target, draft))
         return calls.decoder
 

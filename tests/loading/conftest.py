@@ -22,9 +22,14 @@ from spec_batch.loading.resolve import default_gguf_path
 TINY_VOCAB = 512
 
 
-def write_tiny_gguf(path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, seed: int = 0) -> Path:
+def write_tiny_gguf(
+    path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, seed: int = 0, qtype: str | None = None,
+    embd_qtype: str | None = None, ffn: int = 32, heads: int = 2, layers: int = 1, embd_scale: float = 0.02,
+) -> Path:
     """A valid llama GGUF file: the first n_vocab tokens of the default model's tokenizer (with the
-    merges among them, its special tokens and chat template) and random float32 weights."""
+    merges among them, its special tokens and chat template) and random weights: float32, or the block
+    matrices quantized by gguf's own quantizer to `qtype` (e.g. "Q4_1"), the token embeddings to `embd_qtype`
+    (quantized types need hidden and ffn multiples of 32)."""
     import gguf
 
     reader = gguf.GGUFReader(default_gguf_path())
@@ -41,12 +46,12 @@ def write_tiny_gguf(path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, 
         "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.token_type": fields["tokenizer.ggml.token_type"].contents()[:n_vocab],
     }
-    heads, kv_heads, ffn = 2, 1, 32
+    kv_heads = 1
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny")
     w.add_context_length(256)
     w.add_embedding_length(hidden)
-    w.add_block_count(1)
+    w.add_block_count(layers)
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
@@ -64,21 +69,29 @@ def write_tiny_gguf(path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, 
     def rand(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
+    def add(name: str, arr: np.ndarray, kind: str | None) -> None:
+        if kind is None:
+            w.add_tensor(name, arr)
+            return
+        qt = gguf.GGMLQuantizationType[kind]
+        w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+
     hd = hidden // heads
-    w.add_tensor("token_embd.weight", rand(n_vocab, hidden))
+    add("token_embd.weight", rand(n_vocab, hidden) * (embd_scale / 0.02), embd_qtype)  # tied: scale sharpens logits
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    for name, arr in {
-        "attn_norm": np.ones(hidden, np.float32),
-        "ffn_norm": np.ones(hidden, np.float32),
-        "attn_q": rand(hidden, hidden),
-        "attn_k": rand(kv_heads * hd, hidden),
-        "attn_v": rand(kv_heads * hd, hidden),
-        "attn_output": rand(hidden, hidden),
-        "ffn_gate": rand(ffn, hidden),
-        "ffn_up": rand(ffn, hidden),
-        "ffn_down": rand(hidden, ffn),
-    }.items():
-        w.add_tensor(f"blk.0.{name}.weight", arr)
+    for layer in range(layers):
+        for name, arr in {
+            "attn_norm": np.ones(hidden, np.float32),
+            "ffn_norm": np.ones(hidden, np.float32),
+            "attn_q": rand(hidden, hidden),
+            "attn_k": rand(kv_heads * hd, hidden),
+            "attn_v": rand(kv_heads * hd, hidden),
+            "attn_output": rand(hidden, hidden),
+            "ffn_gate": rand(ffn, hidden),
+            "ffn_up": rand(ffn, hidden),
+            "ffn_down": rand(hidden, ffn),
+        }.items():
+            add(f"blk.{layer}.{name}.weight", arr, None if arr.ndim == 1 else qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -147,3 +160,9 @@ def conversions(monkeypatch) -> list[Path]:
 def default_model() -> LoadedModel:
     """The real default model, through the process cache (so load_decoder("default", ...) shares it)."""
     return shared_model("default")
+
+
+@pytest.fixture(scope="session")
+def gguf_writer():
+    """write_tiny_gguf, for tests that write GGUF files of their own (quantized tensors, other sizes)."""
+    return write_tiny_gguf

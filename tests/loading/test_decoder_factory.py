@@ -97,7 +97,7 @@ def test_shared_decoder_loads_once_under_concurrency_and_does_not_cache_failures
     assert len(calls) == 1 and all(r is results[0] for r in results)
     assert calls[0] == (
         ("some-model", "ngram", torch.device("cpu"), torch.float32),
-        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None},
+        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None, "weights": "full", "draft_weights": None},
     )
     for _ in range(2):
         with pytest.raises(RuntimeError, match="no such model"):

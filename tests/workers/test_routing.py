@@ -48,3 +48,20 @@ def test_submit_file_refuses_a_bad_queue_name(tmp_path):
 
     with pytest.raises(QueueNameError):
         submit_file(None, tmp_path / "none.jsonl", target="t", drafter="d", queue="../x")
+
+
+def test_the_precision_is_part_of_the_queue_name_and_full_at_the_default_dtype_keeps_todays_names():
+    assert queue_name("default", "suffix", None, None) == queue_name("default", "suffix", "full", None)
+    assert queue_name("default", "suffix", "full", None) == "spec-batch.default.suffix"
+    assert queue_name("default", "suffix", "int4", "bfloat16") == "spec-batch.default.suffix.int4-bfloat16"
+    names = {queue_name("default", "suffix", w, d) for w, d in
+             [(None, None), ("int4", "bfloat16"), ("int8", "bfloat16"), ("full", "bfloat16"), ("full", "float32")]}
+    assert len(names) == 5  # chunks of one job never reach a worker of another precision
+    hub = "HuggingFaceTB/SmolLM2-360M"
+    assert queue_name(hub, "none", "full", None) == queue_name(hub, "none")  # today's digest kept
+    assert queue_name(hub, "none", "int4", "bfloat16") != queue_name(hub, "none")
+
+
+def test_parse_model_pair_keeps_a_self_draft_whole():
+    assert parse_model_pair("default:self:int4") == ("default", "self:int4")
+    assert parse_model_pair("./m/x.gguf:self") == ("./m/x.gguf", "self")
