@@ -25,6 +25,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 # (and of 128k-token models), plus tool and JSON schemas; a line over it cannot run, so reading it whole (the
 # 20 MB line of issue 23 took 4.3 GB and 38 s) buys nothing.
 DEFAULT_MAX_LINE_BYTES = 1 << 20
+DEFAULT_API_PORT = 8000
+API_RUNNERS = ("local", "queue")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class Settings:
     suffix_memory_tokens: int = 50_000
     suffix_memory_jobs: int = 4
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread (issue 23)
+    # The OpenAI-compatible server (spec-batch serve, docs/server.md).
+    api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)
+    api_port: int = DEFAULT_API_PORT
+    api_runner: str = "local"  # where batches run: local (in the server process) | queue (Celery workers)
+    api_keys: tuple[str, ...] = ()  # bearer keys; empty: no auth (only sensible on 127.0.0.1)
 
 
 def _int_env(name: str, default: int) -> int:
@@ -106,7 +113,32 @@ def get_settings() -> Settings:
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),
         suffix_memory_jobs=_int_env("SPEC_BATCH_SUFFIX_MEMORY_JOBS", 4),
         max_line_bytes=_int_env("SPEC_BATCH_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES),
+        api_host=(os.environ.get("SPEC_BATCH_API_HOST") or "").strip() or "127.0.0.1",
+        api_port=_int_env("SPEC_BATCH_API_PORT", DEFAULT_API_PORT),
+        api_runner=_api_runner(),
+        api_keys=_api_keys(),
     )
+
+
+def _api_runner() -> str:
+    runner = (os.environ.get("SPEC_BATCH_API_RUNNER") or "local").strip().lower()
+    if runner not in API_RUNNERS:
+        raise ValueError(f"SPEC_BATCH_API_RUNNER={runner!r} must be one of {', '.join(API_RUNNERS)}")
+    return runner
+
+
+def _api_keys() -> tuple[str, ...]:
+    """SPEC_BATCH_API_KEYS (comma-separated) and SPEC_BATCH_API_KEYS_FILE (one key a line; # comments), together.
+    The keys themselves are never part of any message."""
+    keys = [k.strip() for k in (os.environ.get("SPEC_BATCH_API_KEYS") or "").split(",")]
+    path = (os.environ.get("SPEC_BATCH_API_KEYS_FILE") or "").strip()
+    if path:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"SPEC_BATCH_API_KEYS_FILE={path!r} cannot be read: {type(exc).__name__}") from None
+        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
+    return tuple(dict.fromkeys(k for k in keys if k))
 
 
 # Query parameters whose value is a secret (libpq's password=, redis' ?password=, tokens): masked when shown.

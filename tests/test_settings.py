@@ -51,3 +51,21 @@ def test_cli_errors_never_print_a_secret(args, env, tmp_path, monkeypatch):
         ["--no-model-check"] if args[0] == "submit" else []), env=env)
     assert res.exit_code != 0
     assert "secret" not in res.output and "***" in res.output, res.output
+
+
+def test_api_keys_come_from_the_variable_and_the_file_together(monkeypatch, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# team a\nkey-one\n\nkey-two\n")
+    monkeypatch.setenv("SPEC_BATCH_API_KEYS", " key-zero, ,key-one")
+    monkeypatch.setenv("SPEC_BATCH_API_KEYS_FILE", str(keys))
+    assert get_settings().api_keys == ("key-zero", "key-one", "key-two")
+
+
+def test_an_unreadable_keys_file_or_unknown_runner_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEC_BATCH_API_KEYS_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="SPEC_BATCH_API_KEYS_FILE"):
+        get_settings()
+    monkeypatch.delenv("SPEC_BATCH_API_KEYS_FILE")
+    monkeypatch.setenv("SPEC_BATCH_API_RUNNER", "cluster")
+    with pytest.raises(ValueError, match="SPEC_BATCH_API_RUNNER='cluster'"):
+        get_settings()
