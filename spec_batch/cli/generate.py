@@ -131,15 +131,15 @@ def generate(
         results = dec.generate(inputs, params, batch_size=batch_size)
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
-    _print_results(results, as_json)
+    _print_results(results, as_json, dec.precision.to_dict())
 
 
-def _print_results(results, as_json: bool) -> None:
+def _print_results(results, as_json: bool, precision: dict[str, str]) -> None:
     for res in results:
         if as_json:
             out = res.to_dict()
             out.pop("error")
-            out["stats"] = {**out.get("stats", {}), **dec.precision.to_dict()}  # the (weights, dtype) it ran at
+            out["stats"] = {**out.get("stats", {}), **precision}  # the (weights, dtype) it ran at
             click.echo(json.dumps(out))
         else:
             click.echo(res.text)

@@ -26,7 +26,7 @@ def loads(monkeypatch, fake_decoder_cls):
     """The decoders `run` loaded (the fake one)."""
     calls: list[tuple[str, str]] = []
 
-    def load(target, draft, device, dtype):
+    def load(target, draft, device, dtype, *precision):  # precision: --weights, --draft-weights
         calls.append((target, draft))
         return fake_decoder_cls()
 

@@ -26,7 +26,7 @@ def env(tmp_path, monkeypatch):
 
 
 def _use_decoder(monkeypatch, decoder):
-    monkeypatch.setattr(cli_jobs, "_load_decoder", lambda target, draft, device, dtype: decoder)
+    monkeypatch.setattr(cli_jobs, "_load_decoder", lambda target, draft, device, dtype, *precision: decoder)
 
 
 @pytest.fixture

@@ -291,13 +291,14 @@ def test_mask_logits_leaves_unconstrained_rows_alone(engine, byte_tokenizer):
 @pytest.mark.slow
 def test_forced_tokens_on_the_real_tokenizer_are_its_own_tokenization(default_decoder):
     tok = default_decoder.tokenizer
-    engine = grammar_engine(tok, [tok.eos_token_id])
+    engine = grammar_engine(tok, [tok.eos_token_id])  # shared per tokenizer: other tests may have compiled FORMS[1]
+    compiled_before = engine.compiles
     state = engine.state(FORMS[1])
     chain = state.forced(limit=100)
     assert tok.decode(chain) == '{"name":'
     assert chain == tok.encode('{"name": "Bob"')[: len(chain)]
     assert chain == engine.state(FORMS[1]).matcher.compute_ff_tokens()  # the engine's forced-token API agrees
-    assert engine.compiles == 1
+    assert engine.compiles - compiled_before <= 1  # the second state came from the cache
 
 
 # ---------------------------------------------------------------- grammars that match nothing
