@@ -3,30 +3,16 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..store.models import (
-    JOB_CANCELLED,
-    JOB_CANCELLING,
-    JOB_COMPLETED,
-    JOB_FAILED,
-    JOB_TERMINAL,
-    REQ_CANCELLED,
-    REQ_COMPLETED,
-    REQ_FAILED,
-    REQ_PENDING,
-    REQ_RUNNING,
-    REQUEST_DONE,
-)
+from ..store.models import JOB_CANCELLING, JOB_FAILED
 from ._common import (
     EXIT_CANCELLED,
     EXIT_COMPLETED,
     EXIT_FAILED,
-    EXIT_TIMEOUT,
     device_option,
     draft_option,
     max_tokens_option,
@@ -38,12 +24,8 @@ from ._common import (
     temperature_option,
 )
 from ._group import main
+from .wait import err, wait_for_job
 
-JOB_EXIT_CODES = {JOB_COMPLETED: EXIT_COMPLETED, JOB_FAILED: EXIT_FAILED, JOB_CANCELLED: EXIT_CANCELLED}
-
-
-def _err(msg: str) -> None:
-    click.echo(msg, err=True)
 
 
 def _check_model(spec: str, what: str) -> None:
@@ -138,14 +120,14 @@ def submit_command(
         raise click.ClickException(str(exc)) from exc
     except PartialEnqueueError as exc:
         click.echo(exc.job_id)
-        _err(f"warning: {exc}")
+        err(f"warning: {exc}")
         sys.exit(1)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_submitted(res, file)
     click.echo(res.job_id)
     if wait_after and res.status != JOB_FAILED:
-        sys.exit(_wait(session_factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
+        sys.exit(wait_for_job(session_factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
     if res.status == JOB_FAILED:
         sys.exit(EXIT_FAILED)
 
@@ -153,16 +135,16 @@ def submit_command(
 def _print_submitted(res: Any, file: Path) -> None:
     """On stderr: what was stored and enqueued, the first invalid lines, and a job that failed outright."""
     errors = list(getattr(res.parse_report, "errors", []) or [])
-    _err(
+    err(
         f"job {res.job_id}: {res.n_requests} request(s) from {file}, {res.n_invalid} invalid; "
         f"{res.n_chunks} chunk(s) on queue {res.queue}"
     )
     for e in errors[:5]:
-        _err(f"  {e.message}")  # the message names its line
+        err(f"  {e.message}")  # the message names its line
     if len(errors) > 5:
-        _err(f"  ... and {len(errors) - 5} more (`spec-batch show {res.job_id}`)")
+        err(f"  ... and {len(errors) - 5} more (`spec-batch show {res.job_id}`)")
     if res.status == JOB_FAILED:
-        _err(f"job {res.job_id} failed: no valid request")
+        err(f"job {res.job_id} failed: no valid request")
 
 
 def _job_models(settings, target, draft, weights, dtype, *, check: bool) -> tuple[str, str, str, str | None]:
@@ -252,7 +234,7 @@ def worker_command(
     if torch_threads:
         os.environ["SPEC_BATCH_TORCH_THREADS"] = str(torch_threads)
     _check_database()
-    _err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
+    err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
          f"lease {settings.lease_seconds}s; broker {shown_url(settings.broker_url)}")
     from ..workers.celery_app import app
 
@@ -274,7 +256,7 @@ def _check_database() -> None:
     except DatabaseNotMigratedError as exc:
         raise click.ClickException(redact(str(exc), url)) from exc
     except Exception as exc:  # noqa: BLE001
-        _err(f"warning: cannot open the database {shown_url(url)} now ({redact(str(exc), url)}); "
+        err(f"warning: cannot open the database {shown_url(url)} now ({redact(str(exc), url)}); "
              f"starting anyway, chunks are retried until it is back")
         return
     session_factory.kw["bind"].dispose()
@@ -300,114 +282,9 @@ def cancel_command(job: str, wait_after: bool) -> None:
         outcome = cancel_job(session_factory, job_id)
     except JobStateError as exc:
         raise click.ClickException(str(exc)) from exc
-    _err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next "
+    err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next "
          f"decoding step)" if outcome.status == JOB_CANCELLING else f"job {job_id}: {outcome.status}")
     click.echo(outcome.status)
     if wait_after and outcome.status == JOB_CANCELLING:
-        code = _wait(session_factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
+        code = wait_for_job(session_factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
         sys.exit(EXIT_COMPLETED if code == EXIT_CANCELLED else code)
-
-
-# ---------------------------------------------------------------- wait
-
-
-def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int, rate: float | None) -> str:
-    done = sum(counts[s] for s in REQUEST_DONE)
-    parts = [f"job {job_id} {status}: {done}/{total} done", f"{counts[REQ_COMPLETED]} completed"]
-    if counts[REQ_FAILED]:
-        parts.append(f"{counts[REQ_FAILED]} failed")
-    if counts[REQ_CANCELLED]:
-        parts.append(f"{counts[REQ_CANCELLED]} cancelled")
-    parts.append(f"{counts[REQ_RUNNING]} running, {counts[REQ_PENDING]} pending")
-    if rate:
-        parts.append(f"{rate:.2f} req/s")
-    return ", ".join(parts)
-
-
-def _wait(session_factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
-          quiet: bool) -> int:
-    from ..store import queries, summaries
-
-    t0 = time.monotonic()
-    last_line = None
-    first_done = None
-    tty = sys.stderr.isatty()
-    while True:
-        with session_factory() as s:
-            job = queries.get_job(s, job_id)
-            status, total = job.status, job.n_requests
-            counts = queries.job_counts(s, job_id)
-        done = sum(counts[s] for s in REQUEST_DONE)
-        elapsed = time.monotonic() - t0
-        if first_done is None:
-            first_done = done
-        rate = (done - first_done) / elapsed if elapsed > 1 and done > first_done else None
-        line = _progress_line(job_id, status, counts, total, rate)
-        if not quiet and line != last_line:
-            if tty:
-                click.echo("\r\033[K" + line, err=True, nl=False)
-            else:
-                _err(line)
-            last_line = line
-        if status in JOB_TERMINAL:
-            break
-        if timeout is not None and elapsed > timeout:
-            if tty and not quiet:
-                _err("")
-            _err(f"timed out after {timeout:.0f}s; job {job_id} is {status}")
-            return EXIT_TIMEOUT
-        time.sleep(interval)
-    if tty and not quiet:
-        _err("")
-    with session_factory() as s:
-        row = summaries.job_summary_row(s, job_id) or {}
-        error = queries.get_job(s, job_id).error
-    if not quiet:
-        stats = []
-        for key, label, fmt in (("tokens_per_s", "tokens/s", ".1f"), ("acceptance_rate", "acceptance", ".3f"),
-                                ("tokens_per_step", "tokens/step", ".2f"), ("speedup", "speedup", ".2f")):
-            if row.get(key) is not None:
-                stats.append(f"{label} {row[key]:{fmt}}")
-        if stats:
-            _err("  " + ", ".join(stats))
-        if error:
-            _err(f"  error: {error}")
-    if output is not None and status != JOB_FAILED:
-        from ..jobs import write_results
-
-        try:
-            rep = write_results(session_factory, job_id, output)
-        except OSError as exc:
-            raise click.ClickException(f"cannot write {output}: {exc}") from exc
-        _err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
-             + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
-    click.echo(status)
-    return JOB_EXIT_CODES.get(status, EXIT_FAILED)
-
-
-@main.command("wait")
-@click.argument("job")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="Seconds between progress checks.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up after this many seconds (exit 3).")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.")
-@click.option("--force", is_flag=True, help="With -o: replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final status on stdout.")
-def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, force: bool,
-                 quiet: bool) -> None:
-    """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
-    3 timed out."""
-    from ..jobs import job_info
-    from ..jobs.output_guard import OutputPathError, check_output_path, job_files
-
-    session_factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(session_factory, job)
-    if output is not None:  # checked now, not after a long wait
-        try:
-            check_output_path(output, input_path=job_info(session_factory, job_id).input_file,
-                              protected=job_files(session_factory, [job_id]), force=force)
-        except OutputPathError as exc:
-            raise click.ClickException(str(exc)) from exc
-    sys.exit(_wait(session_factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
-

@@ -206,20 +206,7 @@ def ensure_converted(
     """
     if converter is None:
         converter = convert_gguf
-    src = Path(gguf_path).expanduser()
-    try:
-        if not src.is_file():
-            raise UnknownModelError(f"GGUF file {str(gguf_path)!r} does not exist or is not a file")
-        if not is_gguf_file(src):
-            raise UnknownModelError(
-                f"{str(gguf_path)!r} is not a GGUF file (it does not start with the GGUF magic bytes)"
-            )
-        root = cache_root(cache_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        key = entry_key(src, root / DIGESTS)
-    except OSError as exc:
-        raise UnknownModelError(f"GGUF file {str(gguf_path)!r} cannot be read: {exc}") from exc
-
+    src, root, key = _source_entry(gguf_path, cache_dir)
     final = root / key
     if entry_problem(final) is None:
         return final
@@ -232,33 +219,55 @@ def ensure_converted(
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         try:
-            try:
-                converter(src.resolve(), tmp)
-            except UnknownModelError:
-                raise
-            except Exception as exc:  # transformers raises ValueError/KeyError/... for unsupported files
-                raise UnknownModelError(
-                    f"GGUF file {str(gguf_path)!r} could not be converted: {type(exc).__name__}: {exc}. "
-                    "Only architectures that transformers' GGUF loader supports can be used."
-                ) from exc
-            files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-            meta = {
-                "format": CACHE_FORMAT,
-                "source": str(src.resolve()),
-                "source_size": src.stat().st_size,
-                "source_mtime_ns": src.stat().st_mtime_ns,
-                "created": time.time(),
-                "files": files,
-            }
-            _write_marker(tmp, meta)
-            problem = entry_problem(tmp)
-            if problem:
-                raise UnknownModelError(f"converting {str(gguf_path)!r} produced a bad cache entry: {problem}")
+            _convert_into(tmp, src, str(gguf_path), converter)
             _swap_into_place(tmp, final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _source_entry(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None) -> tuple[Path, Path, str]:
+    """The checked source file, the cache root (created) and the file's cache key."""
+    src = Path(gguf_path).expanduser()
+    try:
+        if not src.is_file():
+            raise UnknownModelError(f"GGUF file {str(gguf_path)!r} does not exist or is not a file")
+        if not is_gguf_file(src):
+            raise UnknownModelError(
+                f"{str(gguf_path)!r} is not a GGUF file (it does not start with the GGUF magic bytes)"
+            )
+        root = cache_root(cache_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        return src, root, entry_key(src, root / DIGESTS)
+    except OSError as exc:
+        raise UnknownModelError(f"GGUF file {str(gguf_path)!r} cannot be read: {exc}") from exc
+
+
+def _convert_into(tmp: Path, src: Path, shown: str, converter: Callable[[Path, Path], None]) -> None:
+    """Converts src into the fresh directory tmp and writes its marker; raises UnknownModelError for a file the
+    converter cannot handle or a result that is not a complete entry."""
+    try:
+        converter(src.resolve(), tmp)
+    except UnknownModelError:
+        raise
+    except Exception as exc:  # transformers raises ValueError/KeyError/... for unsupported files
+        raise UnknownModelError(
+            f"GGUF file {shown!r} could not be converted: {type(exc).__name__}: {exc}. "
+            "Only architectures that transformers' GGUF loader supports can be used."
+        ) from exc
+    meta = {
+        "format": CACHE_FORMAT,
+        "source": str(src.resolve()),
+        "source_size": src.stat().st_size,
+        "source_mtime_ns": src.stat().st_mtime_ns,
+        "created": time.time(),
+        "files": {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()},
+    }
+    _write_marker(tmp, meta)
+    problem = entry_problem(tmp)
+    if problem:
+        raise UnknownModelError(f"converting {shown!r} produced a bad cache entry: {problem}")
 
 
 def _write_marker(directory: Path, meta: dict) -> None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,141 +30,21 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import lease, lifecycle, measure_baseline
-from spec_batch.jobs.job_memory_store import JobMemories, uses_job_memory
+from spec_batch.jobs.job_memory_store import uses_job_memory
 from spec_batch.jobs.lifecycle import finalize_job
 from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, run_requests
-from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
-from spec_batch.store import chunks, open_store, queries
+from spec_batch.store import chunks, queries
 from spec_batch.store.models import JOB_CANCELLING, REQ_FAILED
 
-from . import metrics, reaper
+from . import metrics
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
-from .publish import publish_chunk
+from .runtime import Runtime, apply_torch_threads, runtime, runtime_of_this_process, stop_in_this_process
 from .retries import MAX_RETRIES, is_transient, retry_delay
 
 log = logging.getLogger("spec_batch.workers")
 
 TAKEN_OVER = "taken over"  # a chunk stopped because another worker holds it now
-
-
-# ---------------------------------------------------------------- per-process runtime
-
-
-class Runtime:
-    """What a worker process keeps: its database engine (never shared across a fork), loaded decoders, the
-    heartbeat thread. Created lazily in the process that runs tasks (a pool child; the main process for the
-    solo and threads pools)."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.settings = get_settings()
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # SQLite migrating itself on open: not news
-        self.session_factory = open_store(self.settings.database_url)
-        self.device = self.settings.device or _default_device()
-        self._loaded: set[tuple[str, str]] = set()
-        # the suffix drafter's memory of each job's outputs, kept across the job's chunks
-        self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
-        self._last_adopt = 0.0
-        self.heartbeat = lease.Heartbeat(
-            self.session_factory, lease_seconds=self.settings.lease_seconds, on_tick=self.reap_tick
-        ).start()
-
-    # The reaper publishes with this process's producer pool.
-    def publish(self, chunk: chunks.QueueChunk) -> None:
-        publish_chunk(chunk.id, chunk.queue)
-
-    def finalize(self, job_id: str) -> None:
-        finalize_job(self.session_factory, job_id)
-
-    def reap_tick(self) -> None:
-        """The heartbeat's extra duty in a worker: one reaper pass, logged when it did something."""
-        rep = self.reap()
-        if rep.any():
-            log.warning("reaper: %s", rep)
-        if rep.errors:
-            raise RuntimeError("reaper: " + "; ".join(rep.errors[:3]))
-
-    def reap(self) -> reaper.ReapReport:
-        rep = reaper.reap(
-            self.session_factory,
-            broker_url=self.settings.broker_url,
-            publish=self.publish,
-            lease_seconds=self.settings.lease_seconds,
-            max_attempts=self.settings.max_attempts,
-            finalize=self.finalize,
-        )
-        now = time.monotonic()
-        if not rep.errors and now - self._last_adopt >= self.settings.lease_seconds:
-            self._last_adopt = now
-            try:
-                epoch = reaper.broker_epoch(self.settings.broker_url)
-                rep.requeued += reaper.adopt_orphans(self.session_factory, grace_s=self.settings.lease_seconds,
-                                                    publish=self.publish, epoch=epoch,
-                                                    chunk_size=self.settings.chunk_size)
-            except Exception as exc:
-                rep.errors.append(f"orphans: {lease.brief(exc)}")
-        return rep
-
-    def decoder(self, target: str, drafter: str, weights: str | None = None, dtype: str | None = None) -> Any:
-        """The process's decoder for the pair at the job's precision: loaded on first use (spec_batch.loading's one
-        cache), then kept."""
-        key = (target, drafter, weights, dtype)
-        t0 = time.perf_counter()
-        if key not in self._loaded:
-            try:  # a progress bar per load, in every worker's log, says nothing
-                from transformers.utils import logging as hf_logging
-
-                hf_logging.disable_progress_bar()
-            except Exception:  # pragma: no cover
-                pass
-        dec = shared_decoder(target, drafter, device=self.device, cache_dir=self.settings.cache_dir,
-                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive,
-                             weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights)
-        if key not in self._loaded:
-            self._loaded.add(key)
-            log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, self.device,
-                        time.perf_counter() - t0, os.getpid())
-        return dec
-
-
-def _default_device() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return "cuda"
-    except Exception:  # pragma: no cover
-        pass
-    return "cpu"
-
-
-_runtime: Runtime | None = None
-_runtime_lock = threading.Lock()
-
-
-def runtime() -> Runtime:
-    global _runtime
-    with _runtime_lock:
-        if _runtime is None or _runtime.pid != os.getpid():
-            _runtime = Runtime()
-        return _runtime
-
-
-def _apply_torch_threads() -> None:
-    threads = get_settings().torch_threads
-    if not threads:
-        return
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:
-            pass
-    except Exception as exc:  # pragma: no cover
-        log.warning("could not set torch threads to %s: %s", threads, exc)
 
 
 @worker_init.connect
@@ -187,7 +65,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 @worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
     """A new pool child: its own engine, heartbeat and reaper (an idle worker still recovers lost chunks)."""
-    _apply_torch_threads()
+    apply_torch_threads()
     try:
         runtime()
     except Exception as exc:  # the database may be down now; the first task retries
@@ -204,7 +82,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     pool = getattr(getattr(sender, "controller", None), "pool_cls", None) or app.conf.worker_pool
     name = f"{getattr(pool, '__module__', '')}.{getattr(pool, '__name__', pool)}".lower()
     if "solo" in name or "thread" in name:  # never prefork: its main process must own no engine to fork
-        _apply_torch_threads()
+        apply_torch_threads()
         try:
             runtime()
         except Exception as exc:
@@ -213,8 +91,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 @worker_process_shutdown.connect
 def _on_process_shutdown(**_: Any) -> None:
-    if _runtime is not None and _runtime.pid == os.getpid():
-        _runtime.heartbeat.stop()
+    stop_in_this_process()
     metrics.process_exited()
 
 
@@ -258,7 +135,7 @@ def _give_back(chunk_id: str, token: str) -> None:
     """Ends this attempt without finishing the chunk: its lease ends now, so a reaper re-queues the rest at
     once (attempt counting included). When even that fails (database down), the lease runs out by itself, and
     this process may take the chunk back at once (it knows the attempt was abandoned)."""
-    rt = _runtime if _runtime is not None and _runtime.pid == os.getpid() else None
+    rt = runtime_of_this_process()
     lease.abandon(token)
     if rt is None:
         return

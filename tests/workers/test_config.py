@@ -8,6 +8,7 @@ import sys
 
 from spec_batch.settings import get_settings
 from spec_batch.workers import retries, tasks
+from spec_batch.workers import runtime as worker_runtime
 from spec_batch.workers.celery_app import celery_config
 
 from queue_testlib import REPO
@@ -64,7 +65,7 @@ def test_transient_errors_are_told_apart():
 def test_worker_module_does_not_touch_the_database_at_import():
     """Importing the app (as the main worker process does before forking) opens no connection."""
     code = ("import os; os.environ['SPEC_BATCH_DATABASE_URL']='postgresql://nobody@127.0.0.1:1/none';"
-            "import workers.celery_app, spec_batch.workers.tasks; from spec_batch.workers.tasks import _runtime; assert _runtime is None")
+            "import workers.celery_app, spec_batch.workers.tasks; from spec_batch.workers.runtime import runtime_of_this_process; assert runtime_of_this_process() is None")
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=120,
                           env={**os.environ})
     assert proc.returncode == 0, proc.stderr
@@ -88,7 +89,7 @@ def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
     threads = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
     monkeypatch.setattr(torch, "set_num_interop_threads", lambda n: None)
-    tasks._apply_torch_threads()
+    worker_runtime.apply_torch_threads()
     assert threads == [2]
 
     class NoHeartbeat:
@@ -99,9 +100,9 @@ def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
             return self
 
     loads = []
-    monkeypatch.setattr(tasks.lease, "Heartbeat", NoHeartbeat)
-    monkeypatch.setattr(tasks, "shared_decoder", lambda target, draft, **kw: loads.append((target, draft, kw)) or "dec")
-    rt = tasks.Runtime()
+    monkeypatch.setattr(worker_runtime.lease, "Heartbeat", NoHeartbeat)
+    monkeypatch.setattr(worker_runtime, "shared_decoder", lambda target, draft, **kw: loads.append((target, draft, kw)) or "dec")
+    rt = worker_runtime.Runtime()
     assert rt.decoder("default", "ngram") == "dec" and rt.decoder("default", "ngram") == "dec"
     assert [(t, d, kw["device"]) for t, d, kw in loads] == [("default", "ngram", "cuda:3")] * 2  # one cache: loading's
     rt.session_factory.kw["bind"].dispose()

@@ -1,0 +1,131 @@
+"""`spec-batch wait`: a job's progress until it ends, then its status (and, with -o, its results)."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..store.models import (
+    JOB_CANCELLED,
+    JOB_COMPLETED,
+    JOB_FAILED,
+    JOB_TERMINAL,
+    REQ_CANCELLED,
+    REQ_COMPLETED,
+    REQ_FAILED,
+    REQ_PENDING,
+    REQ_RUNNING,
+    REQUEST_DONE,
+)
+from ._common import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_TIMEOUT, open_store_or_exit, resolve_job
+from ._group import main
+
+JOB_EXIT_CODES = {JOB_COMPLETED: EXIT_COMPLETED, JOB_FAILED: EXIT_FAILED, JOB_CANCELLED: EXIT_CANCELLED}
+
+
+def err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int, rate: float | None) -> str:
+    done = sum(counts[s] for s in REQUEST_DONE)
+    parts = [f"job {job_id} {status}: {done}/{total} done", f"{counts[REQ_COMPLETED]} completed"]
+    if counts[REQ_FAILED]:
+        parts.append(f"{counts[REQ_FAILED]} failed")
+    if counts[REQ_CANCELLED]:
+        parts.append(f"{counts[REQ_CANCELLED]} cancelled")
+    parts.append(f"{counts[REQ_RUNNING]} running, {counts[REQ_PENDING]} pending")
+    if rate:
+        parts.append(f"{rate:.2f} req/s")
+    return ", ".join(parts)
+
+
+def wait_for_job(session_factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
+          quiet: bool) -> int:
+    from ..store import queries, summaries
+
+    t0 = time.monotonic()
+    last_line = None
+    first_done = None
+    tty = sys.stderr.isatty()
+    while True:
+        with session_factory() as s:
+            job = queries.get_job(s, job_id)
+            status, total = job.status, job.n_requests
+            counts = queries.job_counts(s, job_id)
+        done = sum(counts[s] for s in REQUEST_DONE)
+        elapsed = time.monotonic() - t0
+        if first_done is None:
+            first_done = done
+        rate = (done - first_done) / elapsed if elapsed > 1 and done > first_done else None
+        line = _progress_line(job_id, status, counts, total, rate)
+        if not quiet and line != last_line:
+            if tty:
+                click.echo("\r\033[K" + line, err=True, nl=False)
+            else:
+                err(line)
+            last_line = line
+        if status in JOB_TERMINAL:
+            break
+        if timeout is not None and elapsed > timeout:
+            if tty and not quiet:
+                err("")
+            err(f"timed out after {timeout:.0f}s; job {job_id} is {status}")
+            return EXIT_TIMEOUT
+        time.sleep(interval)
+    if tty and not quiet:
+        err("")
+    with session_factory() as s:
+        row = summaries.job_summary_row(s, job_id) or {}
+        error = queries.get_job(s, job_id).error
+    if not quiet:
+        stats = []
+        for key, label, fmt in (("tokens_per_s", "tokens/s", ".1f"), ("acceptance_rate", "acceptance", ".3f"),
+                                ("tokens_per_step", "tokens/step", ".2f"), ("speedup", "speedup", ".2f")):
+            if row.get(key) is not None:
+                stats.append(f"{label} {row[key]:{fmt}}")
+        if stats:
+            err("  " + ", ".join(stats))
+        if error:
+            err(f"  error: {error}")
+    if output is not None and status != JOB_FAILED:
+        from ..jobs import write_results
+
+        try:
+            rep = write_results(session_factory, job_id, output)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc}") from exc
+        err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
+             + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
+    click.echo(status)
+    return JOB_EXIT_CODES.get(status, EXIT_FAILED)
+
+
+@main.command("wait")
+@click.argument("job")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between progress checks.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up after this many seconds (exit 3).")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.")
+@click.option("--force", is_flag=True, help="With -o: replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final status on stdout.")
+def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, force: bool,
+                 quiet: bool) -> None:
+    """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
+    3 timed out."""
+    from ..jobs import job_info
+    from ..jobs.output_guard import OutputPathError, check_output_path, job_files
+
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
+    if output is not None:  # checked now, not after a long wait
+        try:
+            check_output_path(output, input_path=job_info(session_factory, job_id).input_file,
+                              protected=job_files(session_factory, [job_id]), force=force)
+        except OutputPathError as exc:
+            raise click.ClickException(str(exc)) from exc
+    sys.exit(wait_for_job(session_factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
+
