@@ -186,3 +186,23 @@ def test_commands_that_only_read_or_queue_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60  # from `def` to its last line
+
+
+def test_no_module_or_function_is_too_long():
+    """Issue 22: a module over 400 lines or a function over 60 is split along its jobs (tests, bench and migrations
+    are outside these packages)."""
+    too_long = []
+    for module, path in project_modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{module}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{module}.{node.name}: {length} lines")
+    assert too_long == []
