@@ -26,10 +26,18 @@ def _requests(factory, job_id):
         return s.scalars(select(Request).where(Request.job_id == job_id)).all()
 
 
+def _as_from_a_terminal() -> None:
+    """The child gets SIGINT's default action, as a command started from a terminal does. A test run started in the
+    background by a non-interactive shell (CI's, `cmd &`) has SIGINT ignored, the child would inherit that, and
+    Python then leaves Ctrl-C ignored: the run would finish instead of stopping."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_during_the_baseline(args, env, cwd, factory_for, job_id=None) -> str:
     """Starts `args`, waits until its baseline sample is claimed (running in SQL, no baseline stored yet), sends
     SIGINT and waits for the exit. Returns the job id."""
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_from_a_terminal)
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and proc.poll() is None:
