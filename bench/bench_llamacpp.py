@@ -4,7 +4,7 @@ Question: with the default model's own Q4_1 file, how fast is spec-batch at full
 plain and speculative at batch 1 and in a bulk job at batch 8, next to llama.cpp's plain decoding of the same
 prompts one after another, at the same thread count -- and what do load time and resident memory cost?
 
-    flock /tmp/specbatch-cpu.lock .venv/bin/python bench/bench_llamacpp.py [--rounds 2] [--threads 2]
+    flock /tmp/specbatch-cpu.lock .venv/bin/python -m bench.bench_llamacpp [--rounds 2] [--threads 2]
         [--set edits] [--n 8] [--max-tokens 96] [--configs full-fp32,full-bf16,int8,int4,int4-bf16,llamacpp] [--self-draft]
 
 Every configuration runs in a fresh process (its load time and resident memory are its own), one after
@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-PRECISIONS = {"full-fp32": ("full", "float32"), "full-bf16": ("full", "bfloat16"), "int8": ("int8", "float32"),
-              "int8-bf16": ("int8", "bfloat16"), "int4-bf16": ("int4", "bfloat16"),
-              "int4": ("int4", "float32")}  # int4/int8 compute dtype float32 (bf16 inside the kernels) by default
+from bench.precisions import PRECISIONS
+from bench.prompts import SETS
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _rss_mb() -> float:
@@ -38,9 +38,6 @@ def _rss_mb() -> float:
 
 
 def _prompts(name: str, n: int) -> list[str]:
-    sys.path.insert(0, str(HERE))
-    from prompts import SETS  # bench/prompts.py
-
     return SETS[name][:n]
 
 
@@ -101,11 +98,11 @@ def run_llamacpp(args) -> list[dict]:
 
 
 def _child(config: str, args) -> list[dict]:
-    cmd = [sys.executable, __file__, "--child", config, "--threads", str(args.threads), "--set", args.set,
+    cmd = [sys.executable, "-m", "bench.bench_llamacpp", "--child", config, "--threads", str(args.threads), "--set", args.set,
            "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--draft", args.draft]
     cmd += ["--self-draft"] if args.self_draft else []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode != 0:
         return [{"config": config, "error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

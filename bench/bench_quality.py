@@ -5,26 +5,20 @@ with the full fp32 model: the share of outputs identical token for token, and th
 prefix over the fp32 output's length; (2) the mean log-likelihood per token of the fp32 model's greedy outputs
 under the precision's own model (teacher-forced; fp32's own value is the reference).
 
-    flock -s /tmp/specbatch-cpu.lock .venv/bin/python bench/bench_quality.py [--sets edits,free] [--n 8] [--max-tokens 64]
+    flock -s /tmp/specbatch-cpu.lock .venv/bin/python -m bench.bench_quality [--sets edits,free] [--n 8] [--max-tokens 64]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
 from spec_batch import SamplingParams
 from spec_batch.loading import load_decoder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prompts import SETS  # noqa: E402  (bench/prompts.py)
-
-PRECISIONS = {"full-fp32": ("full", "float32"), "full-bf16": ("full", "bfloat16"), "int8": ("int8", "float32"),
-              "int8-bf16": ("int8", "bfloat16"), "int4-bf16": ("int4", "bfloat16"),
-              "int4": ("int4", "float32")}  # int4/int8 compute dtype float32 (bf16 inside the kernels) by default
+from bench.precisions import PRECISIONS
+from bench.prompts import SETS
 
 
 def _mean_logprob(model, prompt: list[int], output: list[int]) -> float:

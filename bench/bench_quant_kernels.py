@@ -5,7 +5,7 @@ fp32 and bf16 packed for oneDNN (loading/cpu_linear.PackedLinear, today's path),
 `_weight_int4pack_mm_for_cpu`, group 32, as Q4_0/Q4_1 ship) with bf16 and fp32 activations, and int8
 (`_weight_int8pack_mm`, per-channel scales) with fp32 and bf16 activations -- and how many bytes does each keep?
 
-    flock /tmp/specbatch-cpu.lock .venv/bin/python bench/bench_quant_kernels.py [--threads 1] [--rows 1,4,8,16,72]
+    flock /tmp/specbatch-cpu.lock .venv/bin/python -m bench.bench_quant_kernels [--threads 1] [--rows 1,4,8,16,72]
 
 Prints one line per (shape, kernel, rows): microseconds per call (median of repeats) and weight bytes.
 """
