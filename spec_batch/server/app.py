@@ -1,0 +1,82 @@
+"""The ASGI app of `spec-batch serve`: one :class:`ServerContext` (settings, the store, the served model, the
+services that run in the background), the routers of each API, OpenAI's error bodies and bearer-key auth.
+
+The parts plug in here and nowhere else:
+- a router module exposes ``router: APIRouter`` and is listed in :func:`default_routers`;
+- a background service (the online engine, the batch runner) is a :class:`Service` in ``ServerContext.services``:
+  started in order when the app starts, stopped in reverse when it shuts down (``stop`` returns once in-flight
+  work is finished or handed back to the queue).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from spec_batch.server.auth import KeyRing
+from spec_batch.server.errors import install_error_handlers
+from spec_batch.settings import Settings
+
+
+class Service(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class ServerContext:
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    model_id: str  # the served model's name; a request may also say "default"
+    services: list[Service] = field(default_factory=list)
+    parts: dict[str, Any] = field(default_factory=dict)  # named parts the routers look up ("engine", "batches")
+
+    def part(self, name: str) -> Any:
+        return self.parts[name]
+
+
+def context_of(request: Request) -> ServerContext:
+    ctx: ServerContext = request.app.state.ctx
+    return ctx
+
+
+Context = Annotated[ServerContext, Depends(context_of)]
+
+health = APIRouter()
+
+
+@health.get("/health", include_in_schema=False)
+def _health(ctx: Context) -> dict[str, str]:
+    return {"status": "ok", "model": ctx.model_id}
+
+
+def default_routers() -> list[APIRouter]:
+    return [health]
+
+
+def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        started: list[Service] = []
+        try:
+            for service in ctx.services:
+                await asyncio.to_thread(service.start)
+                started.append(service)
+            yield
+        finally:
+            for service in reversed(started):
+                await asyncio.to_thread(service.stop)
+
+    app = FastAPI(title="spec-batch", lifespan=lifespan)
+    app.state.ctx = ctx
+    app.state.keys = KeyRing(ctx.settings.api_keys)
+    install_error_handlers(app)
+    for router in default_routers() if routers is None else routers:
+        app.include_router(router)
+    return app
