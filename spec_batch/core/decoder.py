@@ -20,6 +20,7 @@ from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongErro
 from .drafters import Drafter, NoDrafter
 from .grammar import GrammarState
 from .grammar_step import GrammarStep, row_grammar
+from .hidden import capture_hidden, wants_hidden
 from .inputs import Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded, supports_model
@@ -222,8 +223,10 @@ class Decoder:
                 return
             if waiting and len(active) < batch_size:
                 group = [self._new_row(waiting.popleft(), drafter) for _ in range(min(batch_size - len(active), len(waiting)))]
-                self._prefill(kv, group)
+                states = self._prefill(kv, group, wants_hidden(drafter))
                 drafter.admit(group)
+                if states is not None:  # a head drafter reads the prompts' hidden states
+                    drafter.observe_hidden(len(active), states)  # type: ignore[attr-defined]
                 active.extend(group)
             events = self._step(kv, drafter, active)
             yield from events
@@ -237,12 +240,16 @@ class Decoder:
                     kv = KVBatch(self.target, self.device, 0)
                     drafter = self._new_drafter(memory)
 
-    def _prefill(self, kv: KVBatch, rows: list[Row]) -> None:
-        """Caches every prompt token but the last, which the first step reads together with the first draft."""
+    def _prefill(self, kv: KVBatch, rows: list[Row], hidden: bool = False) -> list[torch.Tensor] | None:
+        """Caches every prompt token but the last, which the first step reads together with the first draft.
+        hidden: also returns each row's last hidden states [n_b, H] of those tokens (for a head drafter)."""
         group = KVBatch(self.target, self.device, len(rows))
         ids, valid = left_padded([row.tokens[:-1] for row in rows], self.placeholder_id, self.device)
-        group.forward(ids, valid, logits_to_keep=1)
+        with capture_hidden(self.target, hidden) as states:
+            group.forward(ids, valid, logits_to_keep=1)
         kv.extend(group)
+        width = ids.shape[1]
+        return [states[-1][b, width - len(row.tokens) + 1 :] for b, row in enumerate(rows)] if hidden else None
 
     def _step(self, kv: KVBatch, drafter: Drafter, rows: list[Row]) -> list[_Event]:
         t0 = time.perf_counter()
@@ -251,10 +258,13 @@ class Decoder:
         draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
         # bias and penalties at each position from the tokens before it, then the grammar's mask
-        logits = grammar.mask(shape_logits(kv.forward(ids, valid), rows, draft.tokens))  # [B, 1 + k, V]
+        with capture_hidden(self.target, wants_hidden(drafter)) as hidden:  # [B, 1 + k, H] for a head drafter
+            logits = grammar.mask(shape_logits(kv.forward(ids, valid), rows, draft.tokens))  # [B, 1 + k, V]
         accepted, next_tokens = verify(rows, draft.tokens, draft.probs, logits, self.placeholder_id)
         logprobs = step_logprobs(rows, logits, draft.tokens, accepted, next_tokens)
         drafter.feedback(grammar.views, grammar.drafted(draft.tokens), grammar.drafter_accepted(accepted))
+        if hidden:  # only the accepted positions' states (the step's input token and accepted drafts) are valid
+            drafter.observe_hidden(0, [hidden[-1][b, : a + 1] for b, a in enumerate(accepted)])  # type: ignore[attr-defined]
         grammar.settle(accepted, next_tokens)
         kv.rollback(torch.tensor([len(d) - a for d, a in zip(draft.tokens, accepted)], device=self.device))
         kv.maybe_compact()

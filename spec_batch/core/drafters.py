@@ -14,12 +14,10 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .grammar import mask_next
+from .chain_draft import chain_draft
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
-from .logits_processing import shape_next
 from .params import SamplingParams
-from .sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
 
 class DraftRow(Protocol):
@@ -66,6 +64,12 @@ class Drafter(Protocol):
 
     def use_memory(self, memory: JobMemory) -> None:
         """The job's memory of its requests' outputs, for drafts; drafters with no use for it ignore it."""
+
+    # Optional (read with getattr, so drafters written before it need no change): `wants_hidden = True` makes the
+    # decoder capture the target's last hidden states in the forwards it runs anyway (prefill, verify) and call
+    # `observe_hidden(first_row, states)`: states[i] [n_i, H] are row first_row + i's newly accepted positions
+    # (after a step: the step's input token and its accepted drafts; after admit: the prompt but its last
+    # token). A learned head (core/head_drafter.py) drafts from them; the other drafters ignore them.
 
 
 DEFAULT_DRAFT_TOKENS = 8  # num_draft_tokens of drafters without a default of their own (`default_draft_tokens`)
@@ -196,55 +200,19 @@ class ModelDrafter:
 
     def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
         batch = len(rows)
-        k_max = max(k, default=0)
-        tokens: list[list[int]] = [[] for _ in rows]
-        if k_max == 0:
-            return Draft(tokens=tokens)
-        active = [b for b in range(batch) if k[b] > 0]
-        k = list(k)  # under a grammar a row's draft ends at an EOS
-        grammars = [getattr(r, "grammar", None) for r in rows]  # structured output: draft only what is allowed
         # first forward: every token of the row the draft has not read yet (ragged; left placeholders)
         unseen = [rows[b].tokens[self.seen[b] :] if k[b] > 0 else [] for b in range(batch)]
-        ids, valid = left_padded(unseen, self.placeholder_id, self.device)
-        shaping = sampling_tensors([r.params for r in rows], self.device)
-        greedy = [r.params.greedy for r in rows]
-        probs_steps: list[torch.Tensor] = []
-        forwards = 0
-        for j in range(k_max):
+        first = left_padded(unseen, self.placeholder_id, self.device)
+
+        def next_logits(j: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
             logits = self.kv.forward(self._feedable(ids), valid, logits_to_keep=1)[:, -1]  # [B, Vd]
-            logits = _to_vocab(logits, self.vocab_size)  # [B, V]
-            logits = shape_next(logits, rows, tokens)  # the target's bias and penalties at this position
-            logits = mask_next(logits, [g if j < kb else None for g, kb in zip(grammars, k)])
-            forwards += 1
-            probs = logits_to_probs(logits.unsqueeze(1), *shaping)[:, 0]  # [B, V]
-            probs_steps.append(probs)
-            greedy_pick = logits.argmax(dim=-1).tolist()
-            next_ids = torch.full((batch, 1), self.placeholder_id, dtype=torch.long)
-            next_valid = torch.zeros((batch, 1), dtype=torch.bool)
-            for b in active:
-                if j >= k[b]:
-                    continue
-                if greedy[b]:
-                    tok = greedy_pick[b]
-                else:
-                    row = rows[b]
-                    noise = exponential_noise(row.seed, row.n_generated + j, STREAM_DRAFT, probs.shape[-1], self.device)
-                    tok = int(sample_from(probs[b], noise))
-                tokens[b].append(tok)
-                if grammars[b] is not None:
-                    grammars[b].push(tok)  # allowed: drafted from the masked distribution
-                    if grammars[b].ended:
-                        k[b] = j + 1  # nothing follows an EOS
-                if j + 1 < k[b]:  # the last draft token is fed only if accepted (next step, with the bonus)
-                    next_ids[b, 0] = tok
-                    next_valid[b, 0] = True
-            if j + 1 == k_max or not bool(next_valid.any()):
-                break
-            ids, valid = next_ids, next_valid.to(self.device)
-        for b in active:
-            self.seen[b] = len(rows[b].tokens) + k[b] - 1
-        probs_all = torch.stack(probs_steps, dim=1)  # [B, k_max, V]
-        return Draft(tokens=tokens, probs=probs_all, forwards=forwards)
+            return _to_vocab(logits, self.vocab_size)  # [B, V]
+
+        chain, k = chain_draft(rows, k, first, next_logits, self.placeholder_id, self.device)
+        for b in range(batch):
+            if k[b] > 0:
+                self.seen[b] = len(rows[b].tokens) + k[b] - 1
+        return Draft(tokens=chain.tokens, probs=chain.probs, forwards=chain.forwards)
 
     def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
         # the cache holds row.tokens + the first k-1 drafts; keep only the accepted ones

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -86,6 +87,14 @@ class SlabLayer(DynamicLayer):
             self.length += n
             self._refresh()
 
+    def add_rows(self, n: int) -> None:
+        """n new rows below ours, holding nothing (masked columns)."""
+        if self.is_initialized:
+            for name in ("_kbuf", "_vbuf"):
+                old = getattr(self, name)[:, :, : self.length]
+                setattr(self, name, torch.cat([old, old.new_zeros((n, *old.shape[1:]))], dim=0))
+            self._refresh()
+
     def concat_rows(self, other: "SlabLayer") -> None:
         """Appends other's rows (same cache length) below ours."""
         self._kbuf = torch.cat([self._kbuf[:, :, : self.length], other._kbuf[:, :, : other.length]], dim=0)
@@ -138,6 +147,11 @@ class KVBatch:
 
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
         """Appends input_ids [B, n] (valid [B, n] bool marks real tokens) and returns logits [B, n or keep, V]."""
+        return self.forward_output(input_ids, valid, logits_to_keep).logits
+
+    def forward_output(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0,
+                       **model_kwargs: Any) -> Any:
+        """`forward`, returning the model's whole output; model_kwargs go to the model (a draft head's features)."""
         valid_l = valid.long()
         positions = (self.next_pos.unsqueeze(1) + valid_l.cumsum(dim=1) - 1).clamp_min(0)
         mask = torch.cat([self.mask, valid_l], dim=1)
@@ -150,10 +164,11 @@ class KVBatch:
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
+                **model_kwargs,
             )
         self.mask = mask
         self.next_pos = self.next_pos + valid_l.sum(dim=1)
-        return out.logits
+        return out
 
     def rollback(self, drop: torch.Tensor) -> None:
         """Forgets each row's last drop[b] tokens. drop [B] long."""
@@ -193,6 +208,13 @@ class KVBatch:
         for layer in self.cache.layers:
             layer.gather_columns(columns)
         self.mask = new_mask
+
+    def add_empty_rows(self, n: int) -> None:
+        """n new rows below ours that hold no tokens yet (a drafter whose rows' first entries come later)."""
+        for layer in self.cache.layers:
+            layer.add_rows(n)
+        self.mask = torch.cat([self.mask, self.mask.new_zeros(n, self.length)], dim=0)
+        self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(n)], dim=0)
 
     def extend(self, other: "KVBatch") -> None:
         """Appends other's rows (a freshly prefilled group) below ours, aligning cache lengths on the left."""

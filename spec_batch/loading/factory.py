@@ -15,9 +15,11 @@ import torch
 
 from ..core.decoder import Decoder
 from ..core.drafters import DEFAULT_DRAFT_TOKENS, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..core.head import EagleHead
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
+from .heads import head_factory
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
@@ -71,9 +73,10 @@ def build_decoder(
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
         factory = lambda: NgramDrafter(ngram_min, ngram_max)  # noqa: E731
         name = "ngram"
+    elif isinstance(draft, EagleHead):
+        factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder)
     else:
-        draft_model = draft
-        name = draft_name or getattr(draft_model.config, "_name_or_path", None) or "draft-model"
+        draft_model, name = draft, draft_name or getattr(draft.config, "_name_or_path", None) or "draft-model"
         max_context = min(max_context, context_length(draft_model))
         vocab = target_model.get_output_embeddings().weight.shape[0]
         factory = lambda: ModelDrafter(draft_model, name, device, placeholder, vocab)  # noqa: E731

@@ -1,0 +1,218 @@
+"""An EAGLE-style draft head: one decoder layer over [embedding(token) ; target hidden state], predicting the
+target's next hidden state ("feature"), with a reduced-vocabulary LM head (FR-Spec) over it.
+
+EAGLE (arXiv 2401.15077): at position t the head reads the target's last hidden state f_t and the embedding of
+token t+1, fuses them with one linear layer (`fc`), runs one decoder layer and outputs f^_{t+1}; the LM head on
+f^_{t+1} gives the distribution of token t+2. Drafting feeds its own f^ back with the token it drafted.
+The layer is Llama-shaped (RMSNorm, RoPE, grouped-query attention, SwiGLU) with Llama's key names, so its
+weights read like published EAGLE heads'. The embedding is the target's own (shared, never stored: on a 135M
+model it is a fifth of the model); the LM head covers `draft_vocab_size` tokens, mapped to the target's ids by
+`d2t` (draft id -> target id).
+
+The module is called like a Hugging Face causal LM by core/kv_batch.KVBatch (input_ids, attention_mask,
+position_ids, past_key_values, logits_to_keep), plus `features`, so it keeps its KV cache in the same
+per-row-masked cache as the models, with the same rollback, row selection and compaction.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+HEAD_FORMAT = "spec-batch-head"
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int  # the target's (output rows)
+    draft_vocab_size: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    target: str = ""  # the target it was trained for (as the decoder names it)
+    input_norm: bool = True  # EAGLE-1's published heads skip the first layer's input norm
+    final_norm: bool = False  # EAGLE-3 normalizes the feature before its LM head
+    meta: dict[str, Any] = field(default_factory=dict)  # training facts (tokens, held-out accepted length, ...)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": HEAD_FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "HeadConfig":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def for_target(cls, target_config: Any, draft_vocab_size: int, target: str) -> "HeadConfig":
+        """A head shaped like one layer of the target (its attention geometry, RoPE base and norm epsilon)."""
+        c = target_config
+        heads = c.num_attention_heads
+        return cls(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
+                   num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads, vocab_size=c.vocab_size,
+                   draft_vocab_size=draft_vocab_size, head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                   rope_theta=_rope_theta(c), rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5), target=target)
+
+
+def _rope_theta(config: Any) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:  # transformers 5 keeps it in rope_parameters
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return float(theta)
+
+
+@dataclass
+class HeadOutput:
+    logits: torch.Tensor  # [B, n or keep, draft_vocab]
+    features: torch.Tensor  # [B, n, H] the predicted next hidden states
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
+                cache: Any | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, n, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [B, h, n, d]
+        k = self.k_proj(x).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)  # [B, h_kv, past + n, d]
+        groups = c.num_attention_heads // c.num_key_value_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))  # mask [B, n, past + n]
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_norm = c.input_norm
+
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, cache: Any | None) -> torch.Tensor:
+        h = self.input_layernorm(x) if self.input_norm else x
+        x = x + self.self_attn(h, rope, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: HeadConfig, embed_tokens: nn.Module | None = None):
+        super().__init__()
+        self.config = config
+        c = config
+        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
+        self.layers = nn.ModuleList([DecoderLayer(c)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.final_norm else None
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.arange(c.draft_vocab_size, dtype=torch.long))
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+        # the target's embedding, shared and frozen: kept out of the module tree so it is neither saved nor trained
+        self.__dict__["embed_tokens"] = embed_tokens
+
+    def attach(self, embed_tokens: nn.Module) -> "EagleHead":
+        self.__dict__["embed_tokens"] = embed_tokens
+        return self
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Any | None = None,
+                logits_to_keep: int = 0, **_: Any) -> HeadOutput:
+        """input_ids [B, n] (token t+1), features [B, n, H] (hidden state at t); attention_mask [B, past + n]
+        (1 = the row's token), position_ids [B, n]. Without a cache: one causal pass over the n positions."""
+        b, n = input_ids.shape
+        device = input_ids.device
+        if attention_mask is None:
+            attention_mask = torch.ones(b, n, dtype=torch.long, device=device)
+        if position_ids is None:
+            position_ids = torch.arange(n, device=device).expand(b, n)
+        emb = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
+        x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
+        rope = _rope(position_ids, self.inv_freq, x.dtype)
+        x = self.layers[0](x, rope, _mask(attention_mask, n), past_key_values)
+        kept = x[:, -logits_to_keep:] if logits_to_keep else x
+        logits = self.lm_head(self.norm(kept) if self.norm is not None else kept)
+        return HeadOutput(logits=logits, features=x)
+
+
+def _mask(attention_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, n, total] bool: query i (column past + i) sees the row's columns up to itself; every query sees
+    itself, so a padded query (whose output nobody reads) never has an empty row (NaN)."""
+    total = attention_mask.shape[1]
+    past = total - n
+    cols = torch.arange(total, device=attention_mask.device)
+    query_cols = past + torch.arange(n, device=attention_mask.device)
+    causal = cols.unsqueeze(0) <= query_cols.unsqueeze(1)  # [n, total]
+    allowed = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)
+    return allowed | (cols.unsqueeze(0) == query_cols.unsqueeze(1)).unsqueeze(0)
+
+
+def _rope(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [B, n, d/2]
+    emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B, 1, n, d]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def param_count(head: EagleHead) -> int:
+    return sum(p.numel() for p in head.parameters())
+
+
+def init_from_target(head: EagleHead, target: Any, d2t: torch.Tensor) -> None:
+    """Starts the LM head as the target's rows for the draft vocabulary (the head regresses onto the target's
+    hidden states, so the target's LM head reads them), and fc's feature half near the identity (a residual
+    start: an untrained head already passes the target's state through)."""
+    with torch.no_grad():
+        head.d2t.copy_(d2t)
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[d2t].to(head.lm_head.weight.dtype))
+        h = head.config.hidden_size
+        head.fc.weight[:, h:] += torch.eye(h, dtype=head.fc.weight.dtype)
+        head.fc.bias.zero_()

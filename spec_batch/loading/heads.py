@@ -1,0 +1,83 @@
+"""Draft heads (core/head.py) from a directory (config.json + model.safetensors), checked against the target they
+are to draft for. The loading layer reads files only: a head named in SQL is resolved to a directory by the jobs
+or CLI layer (spec_batch/jobs/heads.py) before it gets here."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.drafters import Drafter
+from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig
+from ..core.head_drafter import HeadDrafter
+from ..errors import IncompatibleModelsError, InvalidParameterError
+
+HEAD_PREFIX = "head:"
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+def head_path(draft: Any) -> str | None:
+    """The directory of a `head:/path/dir` draft, else None."""
+    if isinstance(draft, str) and draft.startswith(HEAD_PREFIX):
+        return draft[len(HEAD_PREFIX):]
+    return None
+
+
+def save_head(head: EagleHead, directory: str | Path) -> Path:
+    """Writes config.json and model.safetensors (the embedding is the target's and is not saved)."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(head.config.to_json(), indent=2, sort_keys=True))
+    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_FILE))
+    return out
+
+
+def load_head(directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> EagleHead:
+    """A head saved by `save_head` (or a published layout, spec_batch/loading/head_layouts.py)."""
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise InvalidParameterError(f"draft head {str(path)!r}: no {CONFIG_FILE} there (a head directory holds "
+                                    f"{CONFIG_FILE} and {WEIGHTS_FILE}; train one with `spec-batch drafters train`)")
+    data = json.loads(config_file.read_text())
+    if data.get("format") != HEAD_FORMAT:
+        from .head_layouts import load_published
+
+        return load_published(path, data, device, dtype)
+    head = EagleHead(HeadConfig.from_json(data))
+    head.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
+    return head.to(device=device, dtype=dtype or torch.float32).eval()
+
+
+def check_head(head: EagleHead, target: Any, target_name: str, aliases: tuple[str, ...] = ()) -> None:
+    """Refuses a head made for another target: hidden size, vocabulary, or the recorded target's name."""
+    c = head.config
+    t = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") else target.config
+    vocab = target.get_output_embeddings().weight.shape[0]
+    where = f"draft head for {c.target or 'an unnamed target'!r} cannot draft for target {target_name!r}"
+    if c.hidden_size != t.hidden_size:
+        raise IncompatibleModelsError(f"{where}: hidden size {c.hidden_size}, the target's is {t.hidden_size}")
+    if c.vocab_size != vocab or int(head.d2t.max()) >= vocab:
+        raise IncompatibleModelsError(f"{where}: vocabulary of {c.vocab_size} tokens, the target's has {vocab}")
+    if c.target and c.target not in (target_name, *aliases):
+        raise IncompatibleModelsError(f"{where}: it was trained on another target's hidden states; train one for "
+                                      f"{target_name!r} with `spec-batch drafters train`")
+
+
+def head_factory(head: EagleHead, target: Any, target_name: str, draft_name: str | None, device: torch.device,
+                 placeholder: int) -> tuple[Callable[[], Drafter], str]:
+    """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding)."""
+    check_head(head, target, target_name, aliases=(getattr(target.config, "_name_or_path", "") or "",))
+    head.attach(target.get_input_embeddings())
+    head.to(device).eval()
+    vocab = target.get_output_embeddings().weight.shape[0]
+    name = draft_name or f"head:{head.config.target or 'head'}"
+    return (lambda: HeadDrafter(head, name, device, placeholder, vocab)), name

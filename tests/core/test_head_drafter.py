@@ -1,0 +1,169 @@
+"""The learned head drafter (core/head.py, core/head_drafter.py) on tiny random models: its outputs are exactly the
+target's (greedy token for token against `none` and Hugging Face at batch 1 and 8, sampling by chi-square with the
+head's own reduced-vocabulary distributions, under a grammar too), its cache rolls back with the target's, and
+a head made for another target is refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec_batch import SamplingParams
+from spec_batch.core.head import EagleHead, HeadConfig, init_from_target
+from spec_batch.core.head_drafter import HeadDrafter
+from spec_batch.errors import IncompatibleModelsError
+from spec_batch.loading import build_decoder
+from spec_batch.loading.heads import load_head, save_head
+from test_decoder import N_NEW, PROMPTS, _chisquare, _exact_sequence_probs, check_stats
+
+CPU = torch.device("cpu")
+
+
+def random_head(target, draft_vocab: int, seed: int = 0, name: str = "tiny") -> EagleHead:
+    """A head for target over `draft_vocab` evenly spaced token ids (a reduced vocabulary that is not a prefix),
+    started from the target's LM head rows as training starts it."""
+    torch.manual_seed(seed)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    d2t = torch.arange(0, vocab, max(1, vocab // draft_vocab))[:draft_vocab]
+    head = EagleHead(HeadConfig.for_target(target.config, len(d2t), name))
+    init_from_target(head, target, d2t)
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def head_decoders(tiny_target, fake_tokenizer):
+    head = random_head(tiny_target, 48)
+
+    def make(**kw):
+        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU,
+                             num_draft_tokens=4, **kw)
+
+    return {"head": make(), "head-fixed": make(adaptive=False), "none": make().without_speculation()}
+
+
+@pytest.fixture(scope="module")
+def greedy_refs(tiny_target, hf_greedy):
+    return [hf_greedy(tiny_target, p, N_NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("name", ["head", "head-fixed"])
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_greedy_head_equals_none_and_hf(head_decoders, greedy_refs, name, batch_size):
+    params = SamplingParams(max_new_tokens=N_NEW)
+    results = head_decoders[name].generate(PROMPTS * 2, params, batch_size=batch_size)  # more rows than a batch
+    plain = head_decoders["none"].generate(PROMPTS * 2, params, batch_size=batch_size)
+    for prompt, ref, res, base in zip(PROMPTS * 2, greedy_refs * 2, results, plain):
+        assert res.token_ids == ref == base.token_ids
+        check_stats(res, len(prompt))
+    if name == "head-fixed":
+        assert sum(r.stats.draft_tokens for r in results) > 0 and sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_every_draft_reads_exactly_the_accepted_states(tiny_target, fake_tokenizer):
+    """Each step's first draft distribution equals that of one uncached head pass over the row's real pairs (the
+    target's hidden state at t from a plain forward over the row's tokens, token t+1): the cache holds every
+    accepted position's real state, and no predicted entry of a rejected (or accepted) draft survives a step.
+    Batch 3 with rows joining and leaving, a 1-token prompt (no state until its first step) among them."""
+    head = random_head(tiny_target, 32, seed=5)
+    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
+                        adaptive=False)
+    seen: list[tuple[list[int], torch.Tensor]] = []
+    real = HeadDrafter.propose
+
+    def spy(self, rows, k):
+        draft = real(self, rows, k)
+        seen.extend((list(r.tokens), draft.probs[b, 0]) for b, r in enumerate(rows) if k[b] > 0)
+        return draft
+
+    HeadDrafter.propose = spy
+    try:
+        dec.generate(PROMPTS, SamplingParams(max_new_tokens=10), batch_size=3)
+    finally:
+        HeadDrafter.propose = real
+    assert len(seen) > 10
+    with torch.inference_mode():
+        for tokens, probs in seen:
+            ids = torch.tensor([tokens])
+            states = tiny_target(input_ids=ids, output_hidden_states=True).hidden_states[-1]  # [1, L, H] post-norm
+            out = head(ids[:, 1:], states[:, :-1])  # pairs (state t, token t+1), one causal pass
+            want = torch.full((64,), float("-inf")).index_copy_(0, head.d2t, out.logits[0, -1]).softmax(-1)
+            torch.testing.assert_close(probs, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def sharp_target(tiny_llama):
+    return tiny_llama(11, vocab=8, layers=2, lm_head_scale=10.0)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=5, top_p=0.9)], ids=["t1", "t0.8"])
+def test_sampled_sequences_follow_the_target_distribution(sharp_target, fake_tokenizer, kw):
+    """Rejection sampling with the head's own distribution (6 of 8 tokens: q = 0 on the others, which only the
+    residual can produce) gives the target's sequence distribution."""
+    head = random_head(sharp_target, 6, seed=1, name="sharp")
+    with torch.no_grad():
+        head.lm_head.weight.mul_(3.0)  # a confident head: drafts that are often wrong
+    dec = build_decoder(sharp_target, fake_tokenizer, target_name="sharp", draft=head, device=CPU, num_draft_tokens=3,
+                        adaptive=False)
+    prompt, n, n_tokens = [1, 2, 3], 3000, 3
+    params = [SamplingParams(max_new_tokens=n_tokens, seed=20_000 + i, **kw) for i in range(n)]
+    results = dec.generate([prompt] * n, params, batch_size=256)
+    counts: dict[tuple[int, ...], int] = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    exact = _exact_sequence_probs(sharp_target, prompt, n_tokens, kw["temperature"], kw.get("top_k", 0), kw.get("top_p", 1.0))
+    assert not {s for s in counts if exact[s] == 0}
+    assert _chisquare(counts, exact, n).pvalue > 1e-3
+    drafted, accepted = sum(r.stats.draft_tokens for r in results), sum(r.stats.accepted_tokens for r in results)
+    assert 0 < accepted < drafted, "the test needs both accepted and rejected draft tokens"
+    outside = {t for s in counts for t in s if t not in set(head.d2t.tolist())}
+    assert outside, "tokens outside the draft vocabulary must still be produced (by the residual)"
+
+
+def test_save_load_round_trip_and_refusal(tiny_target, tiny_llama, tmp_path, fake_tokenizer):
+    head = random_head(tiny_target, 32, seed=2)
+    loaded = load_head(save_head(head, tmp_path / "h"))
+    assert loaded.config.target == "tiny" and torch.equal(loaded.d2t, head.d2t)
+    for key, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert not any("embed" in k for k in loaded.state_dict())  # the target's embedding is never stored
+    other_vocab = tiny_llama(1, vocab=80, layers=2)
+    with pytest.raises(IncompatibleModelsError, match="vocabulary"):
+        build_decoder(other_vocab, fake_tokenizer, target_name="tiny", draft=loaded, device=CPU)
+    with pytest.raises(IncompatibleModelsError, match="trained on another target"):
+        build_decoder(tiny_target, fake_tokenizer, target_name="other", draft=loaded, device=CPU)
+
+
+# ---------------------------------------------------------------- under a grammar
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_greedy_constrained_equals_hf_with_the_mask(tiny_target, byte_tokenizer, batch_size):
+    import test_grammar_decoding as g
+
+    dec = build_decoder(tiny_target, byte_tokenizer, target_name="tiny", draft=random_head(tiny_target, 40), device=CPU,
+                        num_draft_tokens=4, adaptive=False)
+    prompts = [p for _ in g.FORMATS for p in g.PROMPTS]
+    params = [SamplingParams(max_new_tokens=g.N_NEW, response_format=f) for f in g.FORMATS.values() for _ in g.PROMPTS]
+    results = dec.generate(prompts, params, batch_size=batch_size)
+    for res, p, prompt in zip(results, params, prompts):
+        assert res.token_ids == g.hf_constrained_greedy(tiny_target, byte_tokenizer, prompt, g.N_NEW, p.response_format)
+    assert sum(r.stats.draft_tokens - r.stats.forced_tokens for r in results) > 0
+
+
+def test_sampled_choices_follow_the_masked_distribution(tiny_llama, byte_tokenizer):
+    import test_grammar_decoding as g
+
+    target = tiny_llama(21, vocab=64, layers=2, lm_head_scale=4.0)
+    head = random_head(target, 48, seed=4)
+    dec = build_decoder(target, byte_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
+                        adaptive=False)
+    prompt, n = [45, 56, 46, 5], 2000
+    params = [SamplingParams(max_new_tokens=8, seed=70_000 + i, response_format=g.CHOICE, temperature=1.0) for i in range(n)]
+    results = dec.generate([prompt] * n, params, batch_size=128)
+    counts: dict[tuple[int, ...], int] = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    exact = g.exact_paths(target, byte_tokenizer, prompt, g.CHOICE, 1.0, 0, 1.0)
+    assert not set(counts) - set(exact)
+    assert _chisquare(counts, exact, n).pvalue > 1e-3
+    drafted, accepted = sum(r.stats.draft_tokens for r in results), sum(r.stats.accepted_tokens for r in results)
+    assert 0 < accepted < drafted
