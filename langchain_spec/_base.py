@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from spec_batch import InvalidParameterError, SamplingParams
+from spec_batch.jobs.heads import resolve_with_settings
 from spec_batch.loading import shared_decoder
 
 from ._core import CallOptions, check_decoder, check_limits, resolve_options
@@ -98,7 +99,7 @@ class SpeculativeParams(BaseModel):
             return self.decoder
         # None keeps shared_decoder's default, so it shares that decoder with callers that leave it out.
         more = {} if self.num_draft_tokens is None else {"num_draft_tokens": self.num_draft_tokens}
-        return shared_decoder(self.target, self.draft, device=self.device, dtype=self.dtype, weights=self.weights,
+        return shared_decoder(self.target, resolve_with_settings(self.draft), device=self.device, dtype=self.dtype, weights=self.weights,
                               draft_weights=self.draft_weights, **more)
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:

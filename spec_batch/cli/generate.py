@@ -102,6 +102,7 @@ def generate(
 ) -> None:
     """Generate text for PROMPT(s) with speculative decoding."""
     from .. import SamplingParams, SpecBatchError, load_decoder
+    from ..jobs.heads import resolve_with_settings
     from ..settings import get_settings
 
     texts = _read_prompts(prompts, file)
@@ -118,7 +119,7 @@ def generate(
         )
         dec = load_decoder(
             target=target or settings.default_target,
-            draft=draft or settings.default_draft,
+            draft=resolve_with_settings(draft or settings.default_draft, settings),
             device=device or settings.device or "cpu",
             dtype=dtype,
             num_draft_tokens=num_draft_tokens,

@@ -33,6 +33,7 @@ from ._job_display import _console, _fmt, _print_summary
 def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None, weights: str | None = None,
                   draft_weights: str | None = None):
     from .. import SpecBatchError, load_decoder
+    from ..jobs.heads import resolve_with_settings
     from ..settings import get_settings
 
     settings = get_settings()
@@ -41,7 +42,7 @@ def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None
     try:
         with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
             return load_decoder(
-                target=target, draft=draft, device=device, dtype=dtype, cache_dir=str(settings.cache_dir),
+                target=target, draft=resolve_with_settings(draft, settings), device=device, dtype=dtype, cache_dir=str(settings.cache_dir),
                 weights=weights or settings.weights, draft_weights=draft_weights or settings.draft_weights,
             )
     except SpecBatchError as exc:

@@ -32,8 +32,8 @@ def _check_model(spec: str, what: str) -> None:
     from ..errors import SpecBatchError
     from ..loading import resolve_spec
 
-    if what == "drafter" and (spec in ("suffix", "ngram", "none") or spec.split(":")[0] == "self"):
-        return  # no model of its own ("self:int4" is the target's file)
+    if what == "drafter" and (spec in ("suffix", "ngram", "none") or spec.split(":")[0] in ("self", "head", "hybrid")):
+        return  # no model of its own ("self:int4" is the target's file; a head is resolved by the worker)
     try:
         resolve_spec(spec)
     except SpecBatchError as exc:

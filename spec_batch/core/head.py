@@ -169,7 +169,8 @@ class EagleHead(nn.Module):
             attention_mask = torch.ones(b, n, dtype=torch.long, device=device)
         if position_ids is None:
             position_ids = torch.arange(n, device=device).expand(b, n)
-        emb = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
+        with torch.no_grad():  # the target's frozen embedding: no gradient (it would be vocab x H per step)
+            emb = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
         rope = _rope(position_ids, self.inv_freq, x.dtype)
         x = self.layers[0](x, rope, _mask(attention_mask, n), past_key_values)

@@ -19,7 +19,7 @@ from ..core.head import EagleHead
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
-from .heads import head_factory
+from .heads import HybridHead, head_factory, load_head_draft
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
@@ -73,7 +73,7 @@ def build_decoder(
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
         factory = lambda: NgramDrafter(ngram_min, ngram_max)  # noqa: E731
         name = "ngram"
-    elif isinstance(draft, EagleHead):
+    elif isinstance(draft, (EagleHead, HybridHead)):
         factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder)
     else:
         draft_model, name = draft, draft_name or getattr(draft.config, "_name_or_path", None) or "draft-model"
@@ -193,6 +193,9 @@ def _draft_model(draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, d
     """(the build_decoder draft argument, its name, its precision) for a drafter name or a draft model."""
     if isinstance(draft, str) and draft in DRAFTERS_WITHOUT_MODEL:
         return draft, None, None
+    head = load_head_draft(draft, loaded.model.device, loaded.model.dtype)  # head:/dir, hybrid:/dir
+    if head is not None:
+        return head[0], head[1], None
     if isinstance(draft, str):
         self_weights = self_draft_weights(draft)
         spec = loaded.name if self_weights is not None else draft

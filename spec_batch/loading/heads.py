@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +14,12 @@ import torch
 from ..core.drafters import Drafter
 from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig
 from ..core.head_drafter import HeadDrafter
+from ..core.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
+from ..core.suffix_drafter import SuffixDrafter
 from ..errors import IncompatibleModelsError, InvalidParameterError
 
-HEAD_PREFIX = "head:"
+HEAD_PREFIX, HYBRID_PREFIX = "head:", "hybrid:"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
-
-
-def head_path(draft: Any) -> str | None:
-    """The directory of a `head:/path/dir` draft, else None."""
-    if isinstance(draft, str) and draft.startswith(HEAD_PREFIX):
-        return draft[len(HEAD_PREFIX):]
-    return None
 
 
 def save_head(head: EagleHead, directory: str | Path) -> Path:
@@ -72,12 +68,38 @@ def check_head(head: EagleHead, target: Any, target_name: str, aliases: tuple[st
                                       f"{target_name!r} with `spec-batch drafters train`")
 
 
-def head_factory(head: EagleHead, target: Any, target_name: str, draft_name: str | None, device: torch.device,
-                 placeholder: int) -> tuple[Callable[[], Drafter], str]:
+@dataclass(frozen=True)
+class HybridHead:
+    """build_decoder's draft for `hybrid:`: suffix drafting where confident, this head elsewhere."""
+
+    head: EagleHead
+    threshold: float = DEFAULT_THRESHOLD
+
+
+def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, draft_name: str | None,
+                 device: torch.device, placeholder: int) -> tuple[Callable[[], Drafter], str]:
     """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding)."""
+    head = draft.head if isinstance(draft, HybridHead) else draft
     check_head(head, target, target_name, aliases=(getattr(target.config, "_name_or_path", "") or "",))
     head.attach(target.get_input_embeddings())
     head.to(device).eval()
     vocab = target.get_output_embeddings().weight.shape[0]
     name = draft_name or f"head:{head.config.target or 'head'}"
+    if isinstance(draft, HybridHead):
+        name = draft_name or f"hybrid:{head.config.target or 'head'}"
+        return (lambda: HybridDrafter(HeadDrafter(head, name, device, placeholder, vocab), SuffixDrafter(),
+                                      draft.threshold)), name
     return (lambda: HeadDrafter(head, name, device, placeholder, vocab)), name
+
+
+def load_head_draft(draft: Any, device: torch.device, dtype: torch.dtype | None) -> tuple[Any, str] | None:
+    """(build_decoder's draft, its name) for "head:/dir" or "hybrid:/dir"; None for any other draft."""
+    if not isinstance(draft, str):
+        return None
+    for prefix in (HEAD_PREFIX, HYBRID_PREFIX):
+        if draft.startswith(prefix):
+            path = Path(draft[len(prefix):]).expanduser()
+            head = load_head(path, device, dtype)
+            name = f"{prefix}{path.name}"
+            return (HybridHead(head) if prefix == HYBRID_PREFIX else head), name
+    return None

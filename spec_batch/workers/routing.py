@@ -72,13 +72,12 @@ def queue_name(target: str, drafter: str, weights: str | None = None, dtype: str
 
 
 def parse_model_pair(value: str, default_drafter: str = "suffix") -> tuple[str, str]:
-    """``TARGET[:DRAFTER]`` as given to ``spec-batch worker --model``: the last ':' splits
-    (``default:ngram``, ``./models/big:HuggingFaceTB/SmolLM2-135M``); no ':' means the default drafter."""
+    """``TARGET[:DRAFTER]`` as given to ``spec-batch worker --model``: the FIRST ':' splits, since drafter names
+    carry colons of their own (``default:self:int4``, ``default:head:notices``, ``default:hybrid:/heads/x``) and
+    a worker must listen where ``submit`` publishes for the same pair; ``./models/big:HuggingFaceTB/SmolLM2-135M``
+    splits the same way. No ':' means the default drafter."""
     value = value.strip()
-    self_draft = re.match(r"^(.+):(self(?::[A-Za-z0-9]+)?)$", value)  # default:self:int4: the target at int4
-    if self_draft:
-        return self_draft.group(1).strip(), self_draft.group(2)
-    head, sep, tail = value.rpartition(":")
+    head, sep, tail = value.partition(":")
     if not sep:
         head, tail = value, default_drafter
     if not head.strip() or not tail.strip():

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from spec_batch.jobs import lease
+from spec_batch.jobs.heads import resolve_with_settings
 from spec_batch.jobs.job_memory_store import JobMemories
 from spec_batch.jobs.lifecycle import finalize_job
 from spec_batch.loading import shared_decoder
@@ -88,7 +89,7 @@ class Runtime:
                 hf_logging.disable_progress_bar()
             except Exception:  # pragma: no cover
                 pass
-        dec = shared_decoder(target, drafter, device=self.device, cache_dir=self.settings.cache_dir,
+        dec = shared_decoder(target, resolve_with_settings(drafter, self.settings), device=self.device, cache_dir=self.settings.cache_dir,
                              num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive,
                              weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights)
         if key not in self._loaded:

@@ -65,3 +65,13 @@ def test_the_precision_is_part_of_the_queue_name_and_full_at_the_default_dtype_k
 def test_parse_model_pair_keeps_a_self_draft_whole():
     assert parse_model_pair("default:self:int4") == ("default", "self:int4")
     assert parse_model_pair("./m/x.gguf:self") == ("./m/x.gguf", "self")
+
+
+def test_a_worker_for_a_head_listens_where_submit_publishes():
+    """Drafter names carry colons (head:NAME, hybrid:/dir, self:int4): `worker --model` splits at the first one,
+    so its queue is the one `submit` derives from the job's (target, drafter)."""
+    for target, drafter in (("default", "head:notices"), ("default", "hybrid:notices"), ("default", "head:/heads/a:b"),
+                            ("default", "self:int4"), ("./m/big", "HuggingFaceTB/SmolLM2-135M")):
+        assert parse_model_pair(f"{target}:{drafter}") == (target, drafter)
+        assert queue_name(*parse_model_pair(f"{target}:{drafter}")) == queue_name(target, drafter)
+    assert queue_name("default", "head:notices") != queue_name("default:head", "notices")

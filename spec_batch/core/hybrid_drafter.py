@@ -1,0 +1,76 @@
+"""Suffix drafting where the match is confident, the learned head elsewhere: decided per row, per step.
+
+A templated or edited output copies long runs that the suffix index predicts for free and with high confidence;
+between them (new text) the head predicts from the target's hidden states. Each step a row drafts the suffix
+proposal when its first token's confidence reaches `threshold` (and it has one), else the head's chain. The head
+keeps reading every row's accepted hidden states either way, so it is ready when the copy ends.
+
+Exactness: suffix rows are one-hot drafts inside the head's probability tensor (q = 1 on the drafted token), for
+which rejection sampling is the one-hot rule the verifier uses for the n-gram and suffix drafters.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .drafters import Draft, DraftRow
+from .head_drafter import HeadDrafter
+from .job_memory import JobMemory
+from .suffix_drafter import SuffixDrafter
+
+DEFAULT_THRESHOLD = 0.5  # the suffix's calibrated-free confidence (count-based) of its first token
+
+
+class HybridDrafter:
+    has_probs = True
+    free = False
+    wants_hidden = True
+    initial_acceptance = (1.0, 2.0)
+
+    def __init__(self, head: HeadDrafter, suffix: SuffixDrafter, threshold: float = DEFAULT_THRESHOLD):
+        self.head, self.suffix, self.threshold = head, suffix, threshold
+        self.name = f"hybrid:{head.name.removeprefix('head:')}"
+        self.vocab_size = head.vocab_size
+        self.suffix_steps = self.head_steps = 0  # row-steps drafted by each (for benches and tests)
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        self.head.admit(rows)
+        self.suffix.admit(rows)
+
+    def observe_hidden(self, first_row: int, states: Sequence[torch.Tensor]) -> None:
+        self.head.observe_hidden(first_row, states)
+
+    def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
+        return [max(a, b) for a, b in zip(self.head.available(rows, k_max), self.suffix.available(rows, k_max))]
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        copy = self.suffix.propose(rows, k)
+        conf = copy.confidence or [[] for _ in rows]
+        use_copy = [bool(t) and kb > 0 and c[0] >= self.threshold for t, c, kb in zip(copy.tokens, conf, k)]
+        learned = self.head.propose(rows, [0 if u else kb for u, kb in zip(use_copy, k)])
+        tokens = [c if u else h for u, c, h in zip(use_copy, copy.tokens, learned.tokens)]
+        self.suffix_steps += sum(use_copy)
+        self.head_steps += sum(1 for u, kb in zip(use_copy, k) if kb > 0 and not u)
+        width = max((len(t) for t in tokens), default=0)
+        if width == 0:
+            return Draft(tokens=tokens, forwards=learned.forwards)
+        probs = torch.zeros(len(rows), width, self.vocab_size, device=self.head.device)
+        if learned.probs is not None:
+            probs[:, : learned.probs.shape[1]] = learned.probs[:, :width]
+        for b, u in enumerate(use_copy):
+            if u:
+                probs[b] = 0.0
+                probs[b, torch.arange(len(tokens[b])), torch.tensor(tokens[b])] = 1.0  # one-hot drafts
+        return Draft(tokens=tokens, probs=probs, forwards=learned.forwards)
+
+    def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
+        self.head.feedback(rows, k, accepted)
+        self.suffix.feedback(rows, k, accepted)
+
+    def keep_rows(self, keep: list[int]) -> None:
+        self.head.keep_rows(keep)
+        self.suffix.keep_rows(keep)
+
+    def use_memory(self, memory: JobMemory) -> None:
+        self.suffix.use_memory(memory)
