@@ -47,8 +47,9 @@ def target_option(f: F) -> F:
 def draft_option(f: F) -> F:
     return click.option(
         "--draft", default=None,
-        help='Drafter: "suffix", "ngram", "none", or a draft model (hub id, dir, .gguf) (default: '
-             '$SPEC_BATCH_DEFAULT_DRAFT or "suffix").',
+        help='Drafter: "suffix", "ngram", "none", a draft model (hub id, dir, .gguf), "head:NAME" (a head trained by '
+             '`spec-batch drafters train`, or head:/path/dir) or "hybrid:NAME" (suffix where confident, the head '
+             'elsewhere) (default: $SPEC_BATCH_DEFAULT_DRAFT or "suffix").',
     )(f)
 
 

@@ -124,7 +124,7 @@ def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Exam
             opt.step()
             sched.step()
             steps, tokens = steps + 1, tokens + int(batch[4].sum())
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if progress is not None:
                 progress(steps, losses[-1])
             if max_seconds is not None and time.monotonic() - start > max_seconds:

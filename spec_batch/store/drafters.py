@@ -68,3 +68,33 @@ def list_drafters(session: Session) -> list[DrafterInfo]:
 def drafter_info(r: DraftHead) -> DrafterInfo:
     return DrafterInfo(r.name, r.kind, r.target, list(r.source_jobs or []), r.tokens_trained,
                        r.heldout_accepted_length, len(r.weights or b""), r.sha256, r.created_at, dict(r.config or {}))
+
+
+@dataclass(frozen=True)
+class StoredOutput:
+    """A completed request of a job, as training reads it: its input and the target's output."""
+
+    job_id: str
+    endpoint: str
+    prompt: Any  # messages (chat) or prompt text
+    output: str
+    finish_reason: str | None
+
+
+def job_targets(session: Session, job_ids: list[str]) -> dict[str, str]:
+    """job id -> its target, for the jobs that exist."""
+    from .models import Job
+
+    return dict(session.execute(select(Job.id, Job.target).where(Job.id.in_(job_ids))).all())
+
+
+def completed_outputs(session: Session, job_ids: list[str]) -> list[StoredOutput]:
+    """Every completed request with an output of these jobs, in job then line order."""
+    from .models import REQ_COMPLETED, Request
+
+    rows = session.execute(
+        select(Request.job_id, Request.endpoint, Request.prompt, Request.output, Request.finish_reason)
+        .where(Request.job_id.in_(job_ids), Request.status == REQ_COMPLETED, Request.output.is_not(None))
+        .order_by(Request.job_id, Request.line_number, Request.id)
+    ).all()
+    return [StoredOutput(j, e or "/v1/chat/completions", p, o, f) for j, e, p, o, f in rows]
