@@ -167,3 +167,41 @@ def test_sampled_choices_follow_the_masked_distribution(tiny_llama, byte_tokeniz
     assert _chisquare(counts, exact, n).pvalue > 1e-3
     drafted, accepted = sum(r.stats.draft_tokens for r in results), sum(r.stats.accepted_tokens for r in results)
     assert 0 < accepted < drafted
+
+
+# ---------------------------------------------------------------- hybrid: suffix where confident, the head elsewhere
+
+
+def _hybrid(target, tokenizer, threshold: float = 0.5, **kw):
+    from spec_batch.loading.heads import HybridHead
+
+    return build_decoder(target, tokenizer, target_name="tiny", draft=HybridHead(random_head(target, 48), threshold),
+                         device=CPU, num_draft_tokens=4, adaptive=False, **kw)
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_hybrid_greedy_equals_hf(tiny_target, fake_tokenizer, greedy_refs, batch_size):
+    dec = _hybrid(tiny_target, fake_tokenizer)
+    drafters = []
+    real = dec._drafter_factory
+    dec._drafter_factory = lambda: drafters.append(real()) or drafters[-1]
+    results = dec.generate(PROMPTS * 2, SamplingParams(max_new_tokens=N_NEW), batch_size=batch_size)
+    assert [r.token_ids for r in results] == greedy_refs * 2
+    assert sum(d.suffix_steps for d in drafters) > 0 and sum(d.head_steps for d in drafters) > 0  # both drafted
+
+
+def test_hybrid_sampling_follows_the_target_distribution(sharp_target, fake_tokenizer):
+    """Rows switch between one-hot suffix drafts and the head's distributions; sampled sequences stay exact."""
+    from spec_batch.loading.heads import HybridHead
+
+    dec = build_decoder(sharp_target, fake_tokenizer, target_name="sharp", device=CPU, num_draft_tokens=3,
+                        draft=HybridHead(random_head(sharp_target, 6, seed=1, name="sharp"), 0.3), adaptive=False)
+    prompt, n = [1, 2, 3, 1, 2, 3, 1, 2], 3000
+    results = dec.generate([prompt] * n, [SamplingParams(max_new_tokens=3, seed=30_000 + i, temperature=1.0)
+                                          for i in range(n)], batch_size=256)
+    counts: dict[tuple[int, ...], int] = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    exact = _exact_sequence_probs(sharp_target, prompt, 3, 1.0, 0, 1.0)
+    assert _chisquare(counts, exact, n).pvalue > 1e-3
+    assert 0 < sum(r.stats.accepted_tokens for r in results) < sum(r.stats.draft_tokens for r in results)
