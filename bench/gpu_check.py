@@ -49,6 +49,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench.bench_step_costs import fit, mixes, time_mixes
+from spec_batch.core.head import head_for_target
 from spec_batch.core.params import SamplingParams
 from spec_batch.loading import build_decoder
 from spec_batch.loading.load import resolve_dtype
@@ -98,14 +99,24 @@ def hf_greedy(model, ids: list[int], max_new: int, device: torch.device) -> list
     return out[: out.index(EOS)] if EOS in out else out
 
 
+def _draft(model, draft: str):
+    """A drafter name, or for "head" an untrained draft head over a quarter of the vocabulary (its drafts are
+    mostly wrong: the check is that its outputs are exact, and the speed row what a head step costs)."""
+    if draft != "head":
+        return draft
+    torch.manual_seed(0)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return head_for_target(model, torch.arange(0, vocab, 4), "random").to(model.dtype)
+
+
 def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: int) -> dict:
     params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
     reference = [hf_greedy(model, p, max_new, device) for p in ps]
     report: dict = {}
     for batch in (1, 8):
         outputs = {}
-        for draft in ("none", "ngram", "suffix"):
-            dec = build_decoder(model, IdTokenizer(), target_name="random", draft=draft, device=device)
+        for draft in ("none", "ngram", "suffix", "head"):
+            dec = build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, draft), device=device)
             outputs[draft] = [list(r.token_ids) for r in dec.generate(ps, params, batch_size=batch)]
         for draft, outs in outputs.items():
             report[f"{draft} b{batch}"] = {
@@ -118,7 +129,8 @@ def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: i
 
 def speed(model, device: torch.device, ps: list[list[int]], max_new: int, rounds: int) -> dict:
     params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
-    decs = {d: build_decoder(model, IdTokenizer(), target_name="random", draft=d, device=device) for d in ("none", "suffix")}
+    decs = {d: build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, d), device=device,
+                             adaptive=d != "head") for d in ("none", "suffix", "head")}
     seconds: dict[str, list[float]] = {d: [] for d in decs}
     for r in range(rounds + 1):  # the first round warms kernels and the policy's step costs
         for name, dec in decs.items():
@@ -131,7 +143,7 @@ def speed(model, device: torch.device, ps: list[list[int]], max_new: int, rounds
             if r:
                 seconds[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(s) for name, s in seconds.items()}
-    return {"seconds": med, "suffix vs none": med["none"] / med["suffix"]}
+    return {"seconds": med, "suffix vs none": med["none"] / med["suffix"], "head (always drafting) vs none": med["none"] / med["head"]}
 
 
 def check_int4(model, device: torch.device, ps: list[list[int]], max_new: int, rounds: int) -> dict:

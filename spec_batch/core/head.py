@@ -207,13 +207,24 @@ def param_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
 
+def head_for_target(target: Any, d2t: torch.Tensor, target_name: str) -> EagleHead:
+    """A new head shaped for target (one of its layers), over the draft vocabulary d2t, started as training
+    starts it (`init_from_target`), sharing the target's embedding."""
+    head = EagleHead(HeadConfig.for_target(target.config, len(d2t), target_name), target.get_input_embeddings())
+    head.to(device=target.get_input_embeddings().weight.device)
+    init_from_target(head, target, d2t.to(head.fc.weight.device))
+    return head.eval()
+
+
 def init_from_target(head: EagleHead, target: Any, d2t: torch.Tensor) -> None:
     """Starts the LM head as the target's rows for the draft vocabulary (the head regresses onto the target's
     hidden states, so the target's LM head reads them), and fc's feature half near the identity (a residual
     start: an untrained head already passes the target's state through)."""
     with torch.no_grad():
         head.d2t.copy_(d2t)
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight[d2t].to(head.lm_head.weight.dtype))
+        lm = target.get_output_embeddings()
+        weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight  # int4/int8 targets: their values
+        head.lm_head.weight.copy_(weight[d2t.to(weight.device)].to(head.lm_head.weight))
         h = head.config.hidden_size
         head.fc.weight[:, h:] += torch.eye(h, dtype=head.fc.weight.dtype)
         head.fc.bias.zero_()

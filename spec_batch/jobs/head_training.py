@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core.head import EagleHead, HeadConfig, init_from_target
+from ..core.head import EagleHead, head_for_target
 from ..core.head_train import Example, TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
@@ -102,9 +102,7 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
     train, held = split(pairs, opts.seed)
     seqs = [p + o for p, o in train]
     d2t = choose_vocabulary(seqs, opts.draft_vocab, decoder.eos_ids, decoder.vocab_size)
-    head = EagleHead(HeadConfig.for_target(target.config, len(d2t), decoder.target_name),
-                     target.get_input_embeddings()).to(device)
-    init_from_target(head, target, d2t.to(device))
+    head = head_for_target(target, d2t, decoder.target_name)
     progress = bar(len(pairs), "target states") if bar else None
     examples = collect_states(target, [p + o for p, o in train + held], device, progress.update if progress else None)
     if progress:
