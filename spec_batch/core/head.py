@@ -39,6 +39,7 @@ class HeadConfig:
     target: str = ""  # the target it was trained for (as the decoder names it)
     input_norm: bool = True  # EAGLE-1's published heads skip the first layer's input norm
     final_norm: bool = False  # EAGLE-3 normalizes the feature before its LM head
+    shared_lm_head: bool = False  # EAGLE-1's published heads read the target's own LM head (full vocabulary)
     meta: dict[str, Any] = field(default_factory=dict)  # training facts (tokens, held-out accepted length, ...)
 
     def __post_init__(self) -> None:
@@ -147,16 +148,27 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
         self.layers = nn.ModuleList([DecoderLayer(c)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.final_norm else None
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # a shared LM head is the target's module, attached with the embedding (never stored)
+        self.lm_head = None if c.shared_lm_head else nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.arange(c.draft_vocab_size, dtype=torch.long))
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
         # the target's embedding, shared and frozen: kept out of the module tree so it is neither saved nor trained
         self.__dict__["embed_tokens"] = embed_tokens
 
-    def attach(self, embed_tokens: nn.Module) -> "EagleHead":
+    def attach(self, embed_tokens: nn.Module, lm_head: nn.Module | None = None) -> "EagleHead":
+        """The target's embedding (and LM head, for a head that shares it)."""
         self.__dict__["embed_tokens"] = embed_tokens
+        self.__dict__["target_lm_head"] = lm_head
         return self
+
+    def _lm_head(self) -> nn.Module:
+        if self.lm_head is not None:
+            return self.lm_head
+        lm = self.__dict__.get("target_lm_head")
+        if lm is None:
+            raise ValueError("this head drafts with the target's LM head: attach(embedding, lm_head) first")
+        return lm
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any | None = None,
@@ -175,7 +187,7 @@ class EagleHead(nn.Module):
         rope = _rope(position_ids, self.inv_freq, x.dtype)
         x = self.layers[0](x, rope, _mask(attention_mask, n), past_key_values)
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
-        logits = self.lm_head(self.norm(kept) if self.norm is not None else kept)
+        logits = self._lm_head()(self.norm(kept) if self.norm is not None else kept)
         return HeadOutput(logits=logits, features=x)
 
 

@@ -81,7 +81,7 @@ def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, d
     """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding)."""
     head = draft.head if isinstance(draft, HybridHead) else draft
     check_head(head, target, target_name, aliases=(getattr(target.config, "_name_or_path", "") or "",))
-    head.attach(target.get_input_embeddings())
+    head.attach(target.get_input_embeddings(), target.get_output_embeddings())
     head.to(device).eval()
     vocab = target.get_output_embeddings().weight.shape[0]
     name = draft_name or f"head:{head.config.target or 'head'}"

@@ -1,0 +1,186 @@
+"""Learned draft heads against `none`, `suffix` and Hugging Face prompt lookup, on requests the head never saw.
+
+For each generated set (bench/head_sets.py: templated notices and reports, free-text questions, edits): the
+target answers the first --train prompts (greedy: the job history a head is distilled from), a head is trained
+on them (the code `spec-batch drafters train` runs), and then every row decodes the other --test prompts, side by
+side, at each batch size: `none`, `suffix`, `head`, `hybrid` (suffix where confident, the head elsewhere), and
+Hugging Face prompt lookup at batch 1 on edits. Each row reports CPU seconds, the speedup over `none`,
+accepted tokens per step, and whether its outputs equal `none`'s. The draft cost of one head token is measured
+against one batch-1 target forward (the issue's bound: 10%).
+
+    python -m bench.bench_heads                                   # all sets, 200 train / 40 test, batch 1 and 8
+    python -m bench.bench_heads --sets edits --train 40 --test 8 --max-new-tokens 32 --epochs 2   # smoke
+
+Timings are noise on a shared machine: the lead runs this on a quiet one (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench.head_sets import MAKERS, generated_set
+from spec_batch import SamplingParams, load_decoder
+from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.kv_batch import KVBatch
+from spec_batch.jobs.head_training import TrainOptions, train_from_pairs
+from spec_batch.loading import build_decoder
+from spec_batch.loading.heads import HybridHead
+
+Run = Callable[[], list]
+
+
+def draft_cost(decoder, head, context: int = 200, reps: int = 20) -> dict[str, float]:
+    """Seconds of one head forward and one target forward for one token at batch 1, after `context` tokens."""
+    cpu_ids = torch.randint(0, 1000, (1, context))
+    dev = decoder.device
+    ids, valid, one = cpu_ids.to(dev), torch.ones(1, context, dtype=torch.bool, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev)
+    hidden = head.config.hidden_size
+    with torch.inference_mode():
+        target, drafts = KVBatch(decoder.target, dev, 1), KVBatch(head, dev, 1)
+        target.forward(ids, valid, 1)
+        drafts.forward_output(ids, valid, 1, features=torch.randn(1, context, hidden, device=dev, dtype=head.fc.weight.dtype))
+        tok = torch.tensor([[5]], device=dev)
+
+        def step_target() -> None:
+            target.forward(tok, one, 1)
+            target.rollback(torch.ones(1, dtype=torch.long, device=dev))
+
+        def step_head() -> None:
+            drafts.forward_output(tok, one, 1, features=torch.randn(1, 1, hidden, device=dev, dtype=head.fc.weight.dtype))
+            drafts.rollback(torch.ones(1, dtype=torch.long, device=dev))
+
+        out = {}
+        for name, fn in (("target_ms", step_target), ("head_ms", step_head)):
+            for _ in range(3):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            out[name] = (time.perf_counter() - t0) / reps * 1000
+    out["head_vs_target"] = out["head_ms"] / out["target_ms"]
+    return out
+
+
+def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int) -> dict[str, tuple[Run, list]]:
+    """row name -> (run, the per-run stats sink)."""
+    decoders = {"none": none, "suffix": load_decoder("default", "suffix"),
+                "head": build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=head, device=none.device),
+                "hybrid": build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=HybridHead(head),
+                                        device=none.device)}
+    rows: dict[str, tuple[Run, list]] = {}
+    for name, dec in decoders.items():
+        sink: list = []
+
+        def run(dec=dec, sink=sink) -> list:
+            memory = JobMemory()
+            results = ([dec.generate([p], params, batch_size=1, memory=memory)[0] for p in prompts] if batch == 1
+                       else dec.generate(prompts, params, batch_size=batch, memory=memory))
+            sink[:] = results
+            return [list(r.token_ids) for r in results]
+
+        rows[name] = (run, sink)
+    if batch == 1 and kind == "edits":
+        rows["HF prompt lookup 10"] = (_hf_prompt_lookup(none, prompts, params), [])
+    return rows
+
+
+def _hf_prompt_lookup(none, prompts: list, params: SamplingParams) -> Run:
+    eos = sorted(none.eos_ids)
+    pad = none.tokenizer.pad_token_id if none.tokenizer.pad_token_id is not None else eos[0]
+
+    def run() -> list:
+        outs = []
+        for p in prompts:
+            ids = torch.tensor([p], dtype=torch.long, device=none.device)
+            out = none.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                       max_new_tokens=params.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                                       prompt_lookup_num_tokens=10)
+            outs.append([t for t in out[0, len(p):].tolist() if t not in eos])
+        return outs
+
+    return run
+
+
+def measure(rows: dict[str, tuple[Run, list]], rounds: int) -> list[dict]:
+    for run, _ in rows.values():  # untimed: warms kernels and each policy's step costs
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in rows}
+    outputs: dict[str, list] = {}
+    for _ in range(rounds):
+        for name, (run, _) in rows.items():
+            t0 = time.process_time()
+            outputs[name] = run()
+            seconds[name].append(time.process_time() - t0)
+    base = statistics.median(seconds["none"])
+    table = []
+    for name, (_, sink) in rows.items():
+        s = statistics.median(seconds[name])
+        steps = sum(r.stats.target_forwards for r in sink)
+        table.append({"row": name, "seconds": s, "vs none": base / s,
+                      "accepted/step": (sum(r.stats.accepted_tokens for r in sink) / steps) if steps else None,
+                      "same as none": all(o[: len(n)] == n for o, n in zip(outputs[name], outputs["none"]))})
+    return table
+
+
+def bench_set(none, kind: str, args) -> dict:
+    texts = generated_set(kind, args.train + args.test, args.seed)
+    prompts = [none.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    t0 = time.perf_counter()
+    history = none.generate(prompts[: args.train], params, batch_size=8)
+    pairs = [(p, r.token_ids) for p, r in zip(prompts, history)]
+    t1 = time.perf_counter()
+    trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed))
+    t2 = time.perf_counter()
+    out = {"set": kind, "history_s": t1 - t0, "train_s": t2 - t1, "heldout_accepted": trained.heldout_accepted_length,
+           "heldout_top1": trained.report.top1, "draft_cost": draft_cost(none, trained.head), "batches": {}}
+    for batch in args.batch:
+        out["batches"][batch] = measure(rows_for(none, trained.head, kind, prompts[args.train:], params, batch), args.rounds)
+        _print(kind, batch, out)
+    return out
+
+
+def _print(kind: str, batch: int, out: dict) -> None:
+    cost = out["draft_cost"]
+    print(f"\n## {kind}, batch {batch} (head trained in {out['train_s']:.0f}s; held-out accepted/step "
+          f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target forward)")
+    print("| row | CPU s | vs none | accepted/step | output = none's |\n|---|---|---|---|---|")
+    for r in out["batches"][batch]:
+        acc = "—" if r["accepted/step"] is None else f"{r['accepted/step']:.2f}"
+        print(f"| {r['row']} | {r['seconds']:.2f} | {r['vs none']:.2f}x | {acc} | {'yes' if r['same as none'] else 'NO'} |")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default=",".join(MAKERS), help=f"comma-separated among {', '.join(MAKERS)}")
+    ap.add_argument("--train", type=int, default=200, help="requests the head learns from (per set)")
+    ap.add_argument("--test", type=int, default=40, help="unseen requests measured (per set)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--batch", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8])
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--max-minutes", type=float, default=10.0, help="training time limit per set")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write every number to this file")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    none = load_decoder("default", "none", device=args.device)
+    results = [bench_set(none, kind, args) for kind in args.sets.split(",") if kind.strip()]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 0 if all(r["same as none"] for res in results for rows in res["batches"].values() for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
