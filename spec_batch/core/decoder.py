@@ -20,7 +20,7 @@ from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongErro
 from .drafters import Drafter, NoDrafter
 from .grammar import GrammarState
 from .grammar_step import GrammarStep, row_grammar
-from .hidden import capture_hidden, wants_hidden
+from .hidden import capture_hidden, hidden_layers, wants_hidden
 from .inputs import Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded, supports_model
@@ -223,7 +223,7 @@ class Decoder:
                 return
             if waiting and len(active) < batch_size:
                 group = [self._new_row(waiting.popleft(), drafter) for _ in range(min(batch_size - len(active), len(waiting)))]
-                states = self._prefill(kv, group, wants_hidden(drafter))
+                states = self._prefill(kv, group, drafter)
                 drafter.admit(group)
                 if states is not None:  # a head drafter reads the prompts' hidden states
                     drafter.observe_hidden(len(active), states)  # type: ignore[attr-defined]
@@ -240,12 +240,13 @@ class Decoder:
                     kv = KVBatch(self.target, self.device, 0)
                     drafter = self._new_drafter(memory)
 
-    def _prefill(self, kv: KVBatch, rows: list[Row], hidden: bool = False) -> list[torch.Tensor] | None:
+    def _prefill(self, kv: KVBatch, rows: list[Row], drafter: Drafter | None = None) -> list[torch.Tensor] | None:
         """Caches every prompt token but the last, which the first step reads together with the first draft.
-        hidden: also returns each row's last hidden states [n_b, H] of those tokens (for a head drafter)."""
+        For a drafter that reads hidden states (a head), also returns each row's states [n_b, W] of those tokens."""
+        hidden = wants_hidden(drafter)
         group = KVBatch(self.target, self.device, len(rows))
         ids, valid = left_padded([row.tokens[:-1] for row in rows], self.placeholder_id, self.device)
-        with capture_hidden(self.target, hidden) as states:
+        with capture_hidden(self.target, hidden, hidden_layers(drafter)) as states:
             group.forward(ids, valid, logits_to_keep=1)
         kv.extend(group)
         width = ids.shape[1]
@@ -258,7 +259,7 @@ class Decoder:
         draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
         # bias and penalties at each position from the tokens before it, then the grammar's mask
-        with capture_hidden(self.target, wants_hidden(drafter)) as hidden:  # [B, 1 + k, H] for a head drafter
+        with capture_hidden(self.target, wants_hidden(drafter), hidden_layers(drafter)) as hidden:  # [B, 1 + k, H] for a head drafter
             logits = grammar.mask(shape_logits(kv.forward(ids, valid), rows, draft.tokens))  # [B, 1 + k, V]
         accepted, next_tokens = verify(rows, draft.tokens, draft.probs, logits, self.placeholder_id)
         logprobs = step_logprobs(rows, logits, draft.tokens, accepted, next_tokens)

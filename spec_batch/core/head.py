@@ -40,6 +40,10 @@ class HeadConfig:
     input_norm: bool = True  # EAGLE-1's published heads skip the first layer's input norm
     final_norm: bool = False  # EAGLE-3 normalizes the feature before its LM head
     shared_lm_head: bool = False  # EAGLE-1's published heads read the target's own LM head (full vocabulary)
+    layout: str = "eagle"  # "eagle": fc(embedding ; state) -> layer; "eagle3": core/head3.py
+    # the target's hidden states the head reads, as Hugging Face's hidden_states indices (the input of that layer);
+    # empty: the last hidden state (after the final norm). EAGLE-3 reads a low, a middle and a high one.
+    target_layers: list[int] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)  # training facts (tokens, held-out accepted length, ...)
 
     def __post_init__(self) -> None:
@@ -90,12 +94,13 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: HeadConfig):
+    def __init__(self, c: HeadConfig, in_features: int = 0):
         super().__init__()
         self.c = c
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        width = in_features or c.hidden_size  # EAGLE-3's attention reads [embedding ; state]: 2 x hidden
+        self.q_proj = nn.Linear(width, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
@@ -140,13 +145,35 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's layer (arXiv 2503.01840; vLLM's and SGLang's `LlamaForCausalLMEagle3`): attention reads
+    [norm(embedding) ; norm(state)] (2 x hidden), the residual stream is the state itself."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.self_attn = Attention(c, 2 * c.hidden_size)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, emb: torch.Tensor, state: torch.Tensor, rope, mask: torch.Tensor, cache: Any | None) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(state)], dim=-1)
+        residual = state + self.self_attn(x, rope, mask, cache)
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
 class EagleHead(nn.Module):
     def __init__(self, config: HeadConfig, embed_tokens: nn.Module | None = None):
         super().__init__()
         self.config = config
         c = config
-        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
-        self.layers = nn.ModuleList([DecoderLayer(c)])
+        if c.layout == "eagle3":  # fc fuses the target's low, middle and high states (no bias in the layout)
+            self.fc = nn.Linear(max(1, len(c.target_layers) or 3) * c.hidden_size, c.hidden_size, bias=False)
+            self.layers = nn.ModuleList([Eagle3Layer(c)])
+        else:
+            self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
+            self.layers = nn.ModuleList([DecoderLayer(c)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.final_norm else None
         # a shared LM head is the target's module, attached with the embedding (never stored)
         self.lm_head = None if c.shared_lm_head else nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
@@ -162,6 +189,11 @@ class EagleHead(nn.Module):
         self.__dict__["target_lm_head"] = lm_head
         return self
 
+    @property
+    def feature_width(self) -> int:
+        """Width of the target states the head reads (EAGLE-3: several layers side by side)."""
+        return self.fc.in_features if self.config.layout == "eagle3" else self.config.hidden_size
+
     def _lm_head(self) -> nn.Module:
         if self.lm_head is not None:
             return self.lm_head
@@ -172,9 +204,10 @@ class EagleHead(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any | None = None,
-                logits_to_keep: int = 0, **_: Any) -> HeadOutput:
-        """input_ids [B, n] (token t+1), features [B, n, H] (hidden state at t); attention_mask [B, past + n]
-        (1 = the row's token), position_ids [B, n]. Without a cache: one causal pass over the n positions."""
+                logits_to_keep: int = 0, raw: bool = True, **_: Any) -> HeadOutput:
+        """input_ids [B, n] (token t+1), features [B, n, W] (state at t: the target's, W = feature_width, when
+        raw; else the head's own predicted [B, n, H]); attention_mask [B, past + n] (1 = the row's token),
+        position_ids [B, n]. Without a cache: one causal pass over the n positions."""
         b, n = input_ids.shape
         device = input_ids.device
         if attention_mask is None:
@@ -183,9 +216,13 @@ class EagleHead(nn.Module):
             position_ids = torch.arange(n, device=device).expand(b, n)
         with torch.no_grad():  # the target's frozen embedding: no gradient (it would be vocab x H per step)
             emb = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
-        x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
-        rope = _rope(position_ids, self.inv_freq, x.dtype)
-        x = self.layers[0](x, rope, _mask(attention_mask, n), past_key_values)
+        rope = _rope(position_ids, self.inv_freq, emb.dtype)
+        mask = _mask(attention_mask, n)
+        if self.config.layout == "eagle3":  # the target's states are fused by fc; its own predictions are not
+            state = self.fc(features.to(emb.dtype)) if raw else features.to(emb.dtype)
+            x = self.layers[0](emb, state, rope, mask, past_key_values)
+        else:
+            x = self.layers[0](self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1)), rope, mask, past_key_values)
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         logits = self._lm_head()(self.norm(kept) if self.norm is not None else kept)
         return HeadOutput(logits=logits, features=x)

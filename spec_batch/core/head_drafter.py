@@ -30,6 +30,8 @@ class HeadDrafter:
 
     def __init__(self, head: EagleHead, name: str, device: torch.device, placeholder_id: int, vocab_size: int):
         self.head = head
+        # which target states the decoder captures: None, the last (after the final norm); else these layers
+        self.hidden_layers = tuple(head.config.target_layers) or None
         self.name = name
         self.device = device
         self.placeholder_id = placeholder_id
@@ -41,7 +43,7 @@ class HeadDrafter:
     def admit(self, rows: Sequence[DraftRow]) -> None:
         # empty cache rows; the new rows' prompt states come through observe_hidden and are read when drafting
         self.kv.add_empty_rows(len(rows))
-        hidden, dtype = self.head.config.hidden_size, self.head.fc.weight.dtype
+        hidden, dtype = self.head.feature_width, self.head.fc.weight.dtype
         self.pending.extend(torch.zeros(0, hidden, dtype=dtype, device=self.device) for _ in rows)
         self.fed.extend(0 for _ in rows)
 
@@ -61,7 +63,7 @@ class HeadDrafter:
 
         def next_logits(j: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
             features = first[2] if j == 0 else last_features[-1]
-            out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features)
+            out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=j == 0)
             last_features.append(out.features[:, -1:])  # [B, 1, H] f^ of the next position, fed with its token
             return self._to_vocab(out.logits[:, -1])
 
@@ -74,7 +76,7 @@ class HeadDrafter:
     def _pending_input(self, rows: Sequence[DraftRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row's unread pairs, right-aligned: ids [B, w] (token t+1), valid [B, w], features [B, w, H]."""
         width = max(1, max(len(p) for p in self.pending))
-        hidden = self.head.config.hidden_size
+        hidden = self.head.feature_width
         dtype = self.pending[0].dtype if self.pending else torch.float32
         ids = torch.full((len(rows), width), self.placeholder_id, dtype=torch.long)
         valid = torch.zeros((len(rows), width), dtype=torch.bool)

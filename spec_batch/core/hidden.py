@@ -7,7 +7,7 @@ that is tens of layers x rows x tokens of memory for nothing).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,20 +23,43 @@ def final_norm(model: Any) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def capture_hidden(model: Any, wanted: bool) -> Iterator[list[torch.Tensor]]:
-    """Within the block, the target's forward appends its last hidden states [B, n, H] to the yielded list
-    (nothing when not wanted)."""
+def capture_hidden(model: Any, wanted: bool, layers: Sequence[int] | None = None) -> Iterator[list[torch.Tensor]]:
+    """Within the block, each target forward appends its hidden states to the yielded list (nothing when not
+    wanted): the last hidden state [B, n, H], or with `layers` (Hugging Face hidden_states indices: the input of
+    layer i, 0 = the embeddings) those states side by side [B, n, H x len(layers)] (EAGLE-3)."""
     out: list[torch.Tensor] = []
     if not wanted:
         yield out
         return
-    handle = final_norm(model).register_forward_hook(lambda _m, _i, o: out.append(o[0] if isinstance(o, tuple) else o))
+    first = lambda o: o[0] if isinstance(o, tuple) else o  # noqa: E731  (a layer returns a tuple in older versions)
+    if not layers:
+        handles = [final_norm(model).register_forward_hook(lambda _m, _i, o: out.append(first(o)))]
+    else:
+        parts: dict[int, torch.Tensor] = {}
+
+        def keep(i: int):
+            def hook(_m, _i, o) -> None:
+                parts[i] = first(o)
+                if len(parts) == len(set(layers)):
+                    out.append(torch.cat([parts[j] for j in layers], dim=-1))
+                    parts.clear()
+            return hook
+
+        decoder = model.get_decoder()
+        handles = [(decoder.embed_tokens if i == 0 else decoder.layers[i - 1]).register_forward_hook(keep(i))
+                   for i in sorted(set(layers))]
     try:
         yield out
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
 
 
 def wants_hidden(drafter: Any) -> bool:
     """Whether a drafter reads the target's hidden states (`observe_hidden`); other drafters ignore them."""
     return bool(getattr(drafter, "wants_hidden", False))
+
+
+def hidden_layers(drafter: Any) -> Sequence[int] | None:
+    """The target layers a drafter reads (None: the last hidden state)."""
+    return getattr(drafter, "hidden_layers", None)

@@ -30,6 +30,7 @@ class HybridDrafter:
 
     def __init__(self, head: HeadDrafter, suffix: SuffixDrafter, threshold: float = DEFAULT_THRESHOLD):
         self.head, self.suffix, self.threshold = head, suffix, threshold
+        self.hidden_layers = head.hidden_layers
         self.name = f"hybrid:{head.name.removeprefix('head:')}"
         self.vocab_size = head.vocab_size
         self.suffix_steps = self.head_steps = 0  # row-steps drafted by each (for benches and tests)

@@ -7,8 +7,12 @@ pytorch_model.bin), for Llama-family targets.
   norm, there is no final norm, and the logits come from the target's own LM head (full vocabulary).
   The fused input is cat(embedding, hidden state), as ours.
 
-EAGLE-3 heads (`midlayer.*`, `d2t`, a 3H `fc` over three target layers) are recognized and refused with the reason:
-they read low, middle and high target layers, which the decoder does not capture yet (docs/heads.md).
+- EAGLE-3 (vLLM's `Eagle3LlamaForCausalLM`, SGLang's `LlamaForCausalLMEagle3`, SpecForge's output): keys
+  `midlayer.*` (one layer whose q/k/v read 2H: [norm(embedding) ; hidden_norm(state)]), `fc.weight` [H, 3H] over
+  three target layers, `norm.weight`, `lm_head.weight` [draft_vocab, H], `d2t` [draft_vocab] as offsets (target id
+  = draft id + d2t[id]); `t2d` and `embed_tokens` are not read. The target layers: the config's
+  `eagle_config.eagle_aux_hidden_state_layer_ids` (layer outputs: Hugging Face index + 1), else vLLM's and
+  SGLang's default, the inputs of layers 2, L/2 and L-3 (filled in against the target, loading/heads.py).
 """
 from __future__ import annotations
 
@@ -46,24 +50,41 @@ def load_published(path: Path, config: dict[str, Any], device: torch.device | st
     """A published EAGLE-1 head as an EagleHead that shares the target's LM head."""
     weights = _strip(_read_weights(path))
     if is_eagle3(config, set(weights)):
-        raise InvalidParameterError(
-            f"draft head {str(path)!r} is an EAGLE-3 head (it reads three target layers); only EAGLE-1 heads and "
-            "heads trained by `spec-batch drafters train` are read so far")
+        return _eagle3(path, config, weights, device, dtype)
     if "fc.weight" not in weights or not any(k.startswith("layers.0.") for k in weights):
         raise InvalidParameterError(f"draft head {str(path)!r}: not an EAGLE head (no fc.weight / layers.0.*)")
     hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    head = EagleHead(HeadConfig(
-        hidden_size=hidden, intermediate_size=int(config["intermediate_size"]), num_attention_heads=heads,
-        num_key_value_heads=int(config.get("num_key_value_heads") or heads), vocab_size=int(config["vocab_size"]),
-        draft_vocab_size=int(config["vocab_size"]), head_dim=int(config.get("head_dim") or hidden // heads),
-        rope_theta=_rope_theta(_Obj(config)), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        input_norm=False, shared_lm_head=True))
+    head = EagleHead(_config(config, int(config["vocab_size"]), input_norm=False, shared_lm_head=True))
     state = {k: v for k, v in weights.items() if k.startswith(("fc.", "layers.0."))}
     state.setdefault("fc.bias", torch.zeros(hidden))  # vLLM's layout has none: a zero bias is the same map
     state.setdefault("layers.0.input_layernorm.weight", torch.ones(hidden))  # unused: no input norm on layer 0
     state["d2t"] = head.d2t
     head.load_state_dict(state, strict=True)
+    return head.to(device=device, dtype=dtype or torch.float32).eval()
+
+
+def _config(config: dict[str, Any], draft_vocab: int, **kw: Any) -> HeadConfig:
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    return HeadConfig(
+        hidden_size=hidden, intermediate_size=int(config["intermediate_size"]), num_attention_heads=heads,
+        num_key_value_heads=int(config.get("num_key_value_heads") or heads), vocab_size=int(config["vocab_size"]),
+        draft_vocab_size=draft_vocab, head_dim=int(config.get("head_dim") or hidden // heads),
+        rope_theta=_rope_theta(_Obj(config)), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **kw)
+
+
+def _eagle3(path: Path, config: dict[str, Any], weights: dict[str, torch.Tensor], device: torch.device | str,
+            dtype: torch.dtype | None) -> EagleHead:
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    draft_vocab = int(config.get("draft_vocab_size") or config["vocab_size"])
+    head = EagleHead(_config(config, draft_vocab, layout="eagle3", final_norm=True,
+                             target_layers=[int(i) + 1 for i in ids] if ids else []))
+    state = {k.replace("midlayer.", "layers.0."): v for k, v in weights.items()
+             if not k.startswith(("t2d", "embed_tokens", "d2t"))}
+    offsets = weights.get("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+    state["d2t"] = torch.arange(draft_vocab, dtype=torch.long) + offsets.long()
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise InvalidParameterError(f"EAGLE-3 head {str(path)!r}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return head.to(device=device, dtype=dtype or torch.float32).eval()
 
 

@@ -81,6 +81,9 @@ def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, d
     """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding)."""
     head = draft.head if isinstance(draft, HybridHead) else draft
     check_head(head, target, target_name, aliases=(getattr(target.config, "_name_or_path", "") or "",))
+    if head.config.layout == "eagle3" and not head.config.target_layers:  # vLLM's and SGLang's default layers
+        layers = target.config.get_text_config(decoder=True).num_hidden_layers
+        head.config.target_layers = [2, layers // 2, layers - 3]
     head.attach(target.get_input_embeddings(), target.get_output_embeddings())
     head.to(device).eval()
     vocab = target.get_output_embeddings().weight.shape[0]
