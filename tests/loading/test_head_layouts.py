@@ -62,11 +62,16 @@ def test_an_eagle1_head_computes_what_its_layout_says(tiny_target, eagle1_dir):
 
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_an_eagle1_head_drafts_exactly(tiny_target, fake_tokenizer, eagle1_dir, hf_greedy, batch_size):
-    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=load_head(eagle1_dir), device=CPU,
-                        num_draft_tokens=4, adaptive=False)
+    check_exact(tiny_target, load_head(eagle1_dir), fake_tokenizer, hf_greedy, batch_size)
+
+
+def check_exact(target, head, tokenizer, hf_greedy, batch_size: int) -> None:
+    """Greedy decoding with the head drafting 4 tokens a step equals Hugging Face's greedy output."""
+    dec = build_decoder(target, tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
+                        adaptive=False)
     prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [3], [10, 20, 30, 40, 10, 20]]
     results = dec.generate(prompts, SamplingParams(max_new_tokens=16), batch_size=batch_size)
-    assert [r.token_ids for r in results] == [hf_greedy(tiny_target, p, 16) for p in prompts]
+    assert [r.token_ids for r in results] == [hf_greedy(target, p, 16) for p in prompts]
     assert sum(r.stats.draft_tokens for r in results) > 0
 
 
@@ -154,12 +159,7 @@ def test_an_eagle3_head_computes_what_its_layout_says(tiny_llama, tmp_path, laye
 def test_an_eagle3_head_drafts_exactly(tiny_llama, fake_tokenizer, tmp_path, hf_greedy, batch_size):
     target = tiny_llama(1, vocab=64, layers=4)
     path, _, _ = save_eagle3(tmp_path / "e3", target, 40, None)
-    dec = build_decoder(target, fake_tokenizer, target_name="tiny", draft=load_head(path), device=CPU,
-                        num_draft_tokens=4, adaptive=False)
-    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [3], [10, 20, 30, 40, 10, 20]]
-    results = dec.generate(prompts, SamplingParams(max_new_tokens=16), batch_size=batch_size)
-    assert [r.token_ids for r in results] == [hf_greedy(target, p, 16) for p in prompts]
-    assert sum(r.stats.draft_tokens for r in results) > 0
+    check_exact(target, load_head(path), fake_tokenizer, hf_greedy, batch_size)
 
 
 def test_a_layout_that_is_no_eagle_head_is_refused(tmp_path):
