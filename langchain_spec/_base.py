@@ -24,7 +24,8 @@ class SpeculativeParams(BaseModel):
     """The target model: "default" (SmolLM2-135M-Instruct), a hub id, a local directory or a .gguf file."""
     draft: str = "suffix"
     """The drafter: "suffix" (suffix drafting from the prompt and output), "ngram" (prompt lookup), "none" (no
-    speculation) or a draft model spec like `target`."""
+    speculation), "head:NAME" (a learned head stored by `spec-batch drafters train`, or head:/path/dir),
+    "hybrid:NAME", or a draft model spec like `target`."""
     device: str = "cpu"
     dtype: str | None = None
     """torch dtype name ("float32", "bfloat16", ...); None lets the core choose."""
@@ -99,7 +100,8 @@ class SpeculativeParams(BaseModel):
             return self.decoder
         # None keeps shared_decoder's default, so it shares that decoder with callers that leave it out.
         more = {} if self.num_draft_tokens is None else {"num_draft_tokens": self.num_draft_tokens}
-        return shared_decoder(self.target, resolve_with_settings(self.draft), device=self.device, dtype=self.dtype, weights=self.weights,
+        draft = resolve_with_settings(self.draft)  # head:NAME -> its cached directory (looked up in SQL)
+        return shared_decoder(self.target, draft, device=self.device, dtype=self.dtype, weights=self.weights,
                               draft_weights=self.draft_weights, **more)
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:

@@ -76,4 +76,15 @@ def resolve_with_settings(draft: Any, settings: Any = None) -> Any:
     from ..store import open_store
 
     s = settings or get_settings()
-    return resolve_draft(draft, lambda: open_store(s.database_url), s.cache_dir)
+    if split_head(draft) is None:
+        return draft
+
+    def factory() -> sessionmaker[Session]:  # one engine per database for the process (workers resolve per job)
+        if s.database_url not in _FACTORIES:
+            _FACTORIES[s.database_url] = open_store(s.database_url)
+        return _FACTORIES[s.database_url]
+
+    return resolve_draft(draft, factory, s.cache_dir)
+
+
+_FACTORIES: dict[str, sessionmaker[Session]] = {}

@@ -3,6 +3,7 @@ a head trained from its stored outputs, listed and shown from SQL, then named in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +77,22 @@ def test_train_list_show_and_use(env, tmp_path, tiny):
     firsts = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()][:4]
     assert [o["response"]["body"]["choices"][0]["text"] for o in outs] == \
            [o["response"]["body"]["choices"][0]["text"] for o in firsts]  # same prompts, same outputs
+
+
+def test_langchain_models_resolve_a_head_by_name(env, tmp_path, monkeypatch, tiny_target, fake_tokenizer):
+    """draft="head:NAME" in the LangChain models reaches the loader as the head's cached directory."""
+    import langchain_spec._base as base
+    from langchain_spec import SpeculativeLLM
+    from spec_batch.core.head import head_for_target
+    from spec_batch.core.head_train import TrainReport
+    from spec_batch.jobs.head_training import TrainedHead, stored_row
+    from spec_batch.store import drafters as store
+    from spec_batch.store import open_store
+
+    head = head_for_target(tiny_target, torch.arange(16), "default")
+    with open_store(env).begin() as s:
+        store.save_drafter(s, stored_row("h", TrainedHead(head, TrainReport(0, 0, 0.0, None, 0.0), 1, 0, 10, None, None), ["j"]))
+    seen = []
+    monkeypatch.setattr(base, "shared_decoder", lambda target, draft, **kw: seen.append(draft))
+    SpeculativeLLM(target="default", draft="head:h")._get_decoder()
+    assert seen[0].startswith("head:") and (tmp_path / "cache" / "heads") in Path(seen[0].removeprefix("head:")).parents
