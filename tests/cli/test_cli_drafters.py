@@ -96,3 +96,11 @@ def test_langchain_models_resolve_a_head_by_name(env, tmp_path, monkeypatch, tin
     monkeypatch.setattr(base, "shared_decoder", lambda target, draft, **kw: seen.append(draft))
     SpeculativeLLM(target="default", draft="head:h")._get_decoder()
     assert seen[0].startswith("head:") and (tmp_path / "cache" / "heads") in Path(seen[0].removeprefix("head:")).parents
+
+
+def test_submit_checks_no_model_for_a_head():
+    """`submit --draft head:NAME` publishes without a model check: the worker resolves the name."""
+    from spec_batch.cli.queue import _check_model
+
+    for draft in ("head:notices", "hybrid:notices", "head:/somewhere/else"):
+        _check_model(draft, "drafter")  # no error
