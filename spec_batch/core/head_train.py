@@ -97,9 +97,10 @@ def _loss(head: EagleHead, batch, noise: float, gen: torch.Generator | None) -> 
 
 
 def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Example], *, epochs: int = 8,
-               max_seconds: float | None = None, seed: int = 0, lr: float = 5e-4, batch_size: int = 4,
+               max_seconds: float | None = None, seed: int = 0, lr: float = 2e-3, batch_size: int = 4,
                progress: Callable[[int, float], None] | None = None) -> TrainReport:
     """Trains head in place (its d2t fixed), on the device of its parameters; deterministic for a seed (CPU).
+    lr: 2e-3 taught the default model's head best of 5e-4, 2e-3 and 5e-3 on 58 templated notices (held-out top-1).
     progress(steps done, loss) after each step. Stops after `epochs` or `max_seconds`."""
     device = head.fc.weight.device
     t2d = torch.full((head.config.vocab_size,), -100, dtype=torch.long)
