@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..core.head import EagleHead, head_for_target
-from ..core.head_train import Example, TrainReport, choose_vocabulary, collect_states, train_head
+from ..core.head_train import TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
 from ..store.drafters import DraftHead, StoredOutput
