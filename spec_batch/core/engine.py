@@ -26,13 +26,12 @@ from typing import Any
 import torch
 
 from ..errors import SpecBatchError
-from .decoder import Decoder, Request
+from .decoder import Decoder, Request, Results
 from .engine_batch import Batch, Group, RowUpdate, Sink, Ticket, check_groups, deliver
-from .inputs import Prompt, params_list
+from .inputs import Prompt
 from .job_memory import JobMemory
-from .outputs import GenerationResult, RequestStats, StreamChunk
+from .outputs import GenerationResult, StreamChunk
 from .params import SamplingParams
-from ..errors import InvalidParameterError, PromptTooLongError
 
 log = logging.getLogger(__name__)
 
@@ -127,35 +126,17 @@ class Engine:
         these prompts decode at once (beside other callers' rows); on_result runs on the calling thread.
         memory is accepted and not used: the engine's one drafter serves every caller (it changes drafts only)."""
         del memory
-        if isinstance(prompts, (str, bytes)):
-            raise InvalidParameterError("prompts must be a list of prompts; wrap a single prompt in a list")
-        if batch_size < 1:
-            raise InvalidParameterError(f"batch_size must be >= 1, got {batch_size}")
-        plist = params_list(params, len(prompts))
-        results: list[GenerationResult | None] = [None] * len(prompts)
-
-        def finish(i: int, res: GenerationResult) -> None:
-            results[i] = res
-            if on_result is not None:
-                on_result(i, res)
-
-        requests = []
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            try:
-                requests.append(self.prepare(prompt, p, i))
-            except (PromptTooLongError, InvalidParameterError) as exc:
-                if not return_errors:
-                    raise
-                finish(i, GenerationResult("", [], "error", RequestStats(), error=str(exc)))
+        results = Results(len(prompts), on_result)
+        requests = self.decoder._requests(prompts, params, batch_size, return_errors, results.finish)
         done: queue.SimpleQueue[tuple[int, GenerationResult]] = queue.SimpleQueue()
         group = Group(limit=batch_size, should_stop=should_stop)
         for request in requests:
-            self.submit(request, _final_only(request[0], done.put), group)
+            self.submit(request, _final_only(request[0], done.put), group)  # request[0]: the prompt's index
         for _ in requests:
-            finish(*done.get())
+            results.finish(*done.get())
         if group.error is not None:
             raise group.error
-        return results  # type: ignore[return-value]
+        return results.values
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         """`Decoder.stream` through the shared batch: one chunk per step with tokens; the last carries
