@@ -24,9 +24,11 @@ from ._group import main
               help="Rows decoding at once in the shared engine (online requests and batch rows together).")
 @click.option("--num-draft-tokens", type=click.IntRange(min=0), default=None,
               help="Longest draft per step.  [default: the drafter's]")
+@click.option("--require-keys", is_flag=True, help="Refuse to start without SPEC_BATCH_API_KEYS or "
+              "SPEC_BATCH_API_KEYS_FILE (a server that other machines reach: the compose api service).")
 def serve(host: str | None, port: int | None, target: str | None, draft: str | None, device: str | None,
           dtype: str | None, weights: str | None, draft_weights: str | None, runner: str | None, max_batch: int,
-          num_draft_tokens: int | None) -> None:
+          num_draft_tokens: int | None, require_keys: bool) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/models (and the Files and Batches API) over HTTP."""
     import dataclasses
 
@@ -39,6 +41,8 @@ def serve(host: str | None, port: int | None, target: str | None, draft: str | N
         settings = dataclasses.replace(settings, api_runner=runner)
     host = host or settings.api_host
     port = port or settings.api_port
+    if require_keys and not settings.api_keys:
+        raise click.UsageError("--require-keys: set SPEC_BATCH_API_KEYS (comma-separated) or SPEC_BATCH_API_KEYS_FILE")
     if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_keys:
         click.echo(f"warning: serving on {host} without SPEC_BATCH_API_KEYS: anyone who reaches it can use it",
                    err=True)

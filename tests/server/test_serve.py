@@ -1,19 +1,21 @@
 """`spec-batch serve` as a process: graceful shutdown lets an in-flight streamed request finish; --help names the
-flags that mirror the settings."""
+flags that mirror the settings; --require-keys; the compose api service."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
 
 import openai
 import pytest
+import yaml
 
+from bench.processes import REPO
 from online_server import KEY, SPEC_BATCH, start_server
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_sigterm_lets_the_stream_in_flight_finish(tmp_path):
     server = start_server(tmp_path)
     client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)
@@ -34,3 +36,17 @@ def test_help_names_the_flags():
     out = subprocess.run([SPEC_BATCH, "serve", "--help"], capture_output=True, text=True, check=True).stdout
     for flag in ("--host", "--port", "--target", "--draft", "--weights", "--runner", "SPEC_BATCH_API_HOST"):
         assert flag in out
+
+
+def test_require_keys_refuses_to_start_without_keys():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_BATCH_API_KEYS")}
+    done = subprocess.run([SPEC_BATCH, "serve", "--require-keys"], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 2 and "SPEC_BATCH_API_KEYS" in done.stderr
+
+
+def test_compose_api_service_listens_everywhere_and_requires_keys():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    api = compose["services"]["api"]
+    assert api["environment"]["SPEC_BATCH_API_HOST"] == "0.0.0.0"
+    assert "--require-keys" in api["command"] and api["command"][:2] == ["spec-batch", "serve"]
