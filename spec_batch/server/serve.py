@@ -67,11 +67,13 @@ def build_context(settings: Settings, options: ServeOptions, session_factory: se
 
 def batch_runner(ctx: ServerContext) -> Service | None:
     """`make_batch_runner(ctx)` of spec_batch.server.batch_runner when that module is present (the batches
-    branch); without it the server serves the online endpoints only."""
-    try:
-        from spec_batch.server import batch_runner as module  # type: ignore[attr-defined]
-    except ImportError:
+    branch); without it the server serves the online endpoints only. An error inside it is raised, not hidden."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("spec_batch.server.batch_runner") is None:
         return None
+    module = importlib.import_module("spec_batch.server.batch_runner")
     return module.make_batch_runner(ctx)
 
 

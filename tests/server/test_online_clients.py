@@ -90,16 +90,26 @@ def test_json_schema_and_parse(client):
     assert isinstance(parsed.choices[0].message.parsed, Answer)
 
 
-def test_tools_give_tool_calls(client):
-    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                           "required": ["city"], "additionalProperties": False}}}
-    reply = client.chat.completions.create(
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                       "required": ["city"], "additionalProperties": False}}}
+
+
+def _weather(client, **kw):
+    return client.chat.completions.create(
         model="default", messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=60,
-        tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0, **kw)
+
+
+def test_tools_give_tool_calls(client):
+    reply = _weather(client)
     calls = reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "tool_calls" and calls[0].function.name == "get_weather"
     assert "city" in json.loads(calls[0].function.arguments)
+    streamed = [c for c in _weather(client, stream=True) if c.choices]
+    call = next(c.choices[0].delta.tool_calls[0] for c in streamed if c.choices[0].delta.tool_calls)
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    assert (call.function.name, call.function.arguments) == (calls[0].function.name, calls[0].function.arguments)
 
 
 def test_completions_and_models(client):
@@ -162,6 +172,14 @@ def test_client_that_leaves_frees_its_row(server, client):
         time.sleep(0.2)
     assert _in_progress(server) == 0
     assert "spec_batch_requests_total" in httpx.get(server.url + "/metrics").text
+    body = {"model": "default", "messages": CHAT, "max_tokens": 2000}
+    with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+        httpx.post(server.base_url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=httpx.Timeout(5, read=1.5))
+    deadline = time.monotonic() + 20
+    while _in_progress(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _in_progress(server) == 0
 
 
 def test_langchain_chat_openai(server):
