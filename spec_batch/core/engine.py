@@ -123,13 +123,14 @@ class Engine:
         memory: JobMemory | None = None,
     ) -> list[GenerationResult]:
         """`Decoder.generate` through the shared batch: the same arguments and results. At most batch_size of
-        these prompts decode at once (beside other callers' rows); on_result runs on the calling thread.
+        these prompts decode at once (beside other callers' rows); they are background rows: a waiting `stream` or
+        `submit` (an online request) takes the next free row first. on_result runs on the calling thread.
         memory is accepted and not used: the engine's one drafter serves every caller (it changes drafts only)."""
         del memory
         results = Results(len(prompts), on_result)
         requests = self.decoder._requests(prompts, params, batch_size, return_errors, results.finish)
         done: queue.SimpleQueue[tuple[int, GenerationResult]] = queue.SimpleQueue()
-        group = Group(limit=batch_size, should_stop=should_stop)
+        group = Group(limit=batch_size, should_stop=should_stop, background=True)
         for request in requests:
             self.submit(request, _final_only(request[0], done.put), group)  # request[0]: the prompt's index
         for _ in requests:
@@ -179,12 +180,13 @@ class Engine:
                 batch = Batch(self.decoder)
 
     def _admit(self, running: int) -> list[Ticket]:
-        """Waiting tickets that fit now, in order; a group at its limit lets later groups by."""
+        """Waiting tickets that fit now, foreground before background, each in arrival order; a group at its limit
+        lets later groups by."""
         room = self.max_batch - running
         admitted: list[Ticket] = []
         kept: deque[Ticket] = deque()
-        while self._waiting:
-            ticket = self._waiting.popleft()
+        # online requests first: a bulk job queues many rows at once, and a client should not wait behind them
+        for ticket in sorted(self._waiting, key=lambda t: t.group.background):
             limit = ticket.group.limit
             if not ticket.cancelled and (room <= 0 or (limit is not None and ticket.group.active >= limit)):
                 kept.append(ticket)

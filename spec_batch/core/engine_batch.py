@@ -37,6 +37,7 @@ class Group:
     """Requests that share a limit and a stop: one `generate` call (its batch_size and should_stop)."""
 
     limit: int | None = None  # at most this many of the group's rows decode at once; None: the engine's batch
+    background: bool = False  # True (bulk rows): waits behind every waiting foreground (online) request
     should_stop: Callable[[], bool] | None = None  # asked once per step on the engine thread
     active: int = 0
     stopped: bool = False

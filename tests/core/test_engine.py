@@ -173,3 +173,15 @@ def test_seeded_sampling_equals_decoder(engine, decoder):
     alone = decoder.generate(PROMPTS, params, batch_size=2)
     shared = engine.generate(PROMPTS, params, batch_size=4)
     assert [r.token_ids for r in shared] == [r.token_ids for r in alone]
+
+
+def test_online_requests_are_admitted_before_waiting_bulk_rows(decoder):
+    from spec_batch.core.engine_batch import Group, Ticket
+
+    eng = Engine(decoder, max_batch=2)  # not started: _admit is checked alone
+    bulk, online = Group(limit=8, background=True), Group()
+    request = eng.prepare(PROMPTS[0], GREEDY)
+    tickets = [Ticket(request, lambda u: None, g) for g in (bulk, bulk, bulk, online)]
+    eng._waiting.extend(tickets)
+    assert eng._admit(running=0) == [tickets[3], tickets[0]]
+    assert list(eng._waiting) == tickets[1:3] and bulk.active == 1 and online.active == 1
