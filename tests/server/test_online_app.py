@@ -108,3 +108,17 @@ def test_models_and_metrics(client):
     assert client.get("/v1/models/other").status_code == 404
     metrics = client.get("/metrics").text
     assert 'spec_batch_requests_total{drafter="ngram",status="completed",target="tiny"}' in metrics
+
+
+def test_concurrent_requests_share_steps(client, decoder):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["1 2 3", "4 5 6 7", "8 9", "10 11 12 13 14"]
+    expected = [r.text for r in decoder.generate(prompts, SamplingParams(max_new_tokens=200))]
+    engine = client.app.state.ctx.part("engine")
+    engine.most_rows = 0
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        replies = list(pool.map(lambda p: client.post("/v1/completions", json={"prompt": p, "max_tokens": 200}),
+                                prompts))
+    assert [r.json()["choices"][0]["text"] for r in replies] == expected
+    assert engine.most_rows > 1  # requests from different clients decoded in the same steps
