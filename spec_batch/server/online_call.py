@@ -7,6 +7,7 @@ The engine calls each row's sink on its own thread; the sink only hands the upda
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -74,16 +75,20 @@ class OnlineCall:
             yield index, update
 
     async def wait(self, disconnected: Callable[[], Awaitable[bool]]) -> list[GenerationResult]:
-        """Every choice's result; `disconnected()` is asked every DISCONNECT_CHECK_S, and a client that went
-        away cancels the rows (they end "cancelled" at the engine's next step)."""
+        """Every choice's result; `disconnected()` is asked every DISCONNECT_CHECK_S (updates arrive every step,
+        so the clock decides, not a quiet queue), and a client that went away cancels the rows (they end
+        "cancelled" at the engine's next step)."""
+        checked = time.monotonic()
         while not self.finished:
             try:
                 index, update = await asyncio.wait_for(self._queue.get(), DISCONNECT_CHECK_S)
+                self._take(index, update)
             except asyncio.TimeoutError:
+                pass
+            if time.monotonic() - checked >= DISCONNECT_CHECK_S:
+                checked = time.monotonic()
                 if await disconnected():
                     self.cancel()
-                continue
-            self._take(index, update)
         return [r for r in self.results if r is not None]
 
     def cancel(self) -> None:
