@@ -14,7 +14,6 @@ with Decoder's interface that the batch runner decodes through, so batch rows an
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -66,7 +65,6 @@ class Engine:
         self._waiting: deque[Ticket] = deque()
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._ids = itertools.count()
         self.steps = 0  # steps run so far (tests and metrics read it)
         self.most_rows = 0  # the largest batch a step has decoded
 
