@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.server.auth import KeyRing
+from spec_batch.server.body_limit import BodyLimit
 from spec_batch.server.errors import install_error_handlers
 from spec_batch.settings import Settings
 
@@ -57,7 +58,9 @@ def _health(ctx: Context) -> dict[str, str]:
 
 
 def default_routers() -> list[APIRouter]:
-    return [health]
+    from spec_batch.server import online, online_metrics  # the routers import this module (Context)
+
+    return [health, online_metrics.router, online.router]
 
 
 def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -> FastAPI:
@@ -77,6 +80,7 @@ def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -
     app.state.ctx = ctx
     app.state.keys = KeyRing(ctx.settings.api_keys)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit)
     for router in default_routers() if routers is None else routers:
         app.include_router(router)
     return app
