@@ -57,7 +57,9 @@ def _health(ctx: Context) -> dict[str, str]:
 
 
 def default_routers() -> list[APIRouter]:
-    return [health]
+    from spec_batch.server import batches_api, files_api  # here: they import this module (Context)
+
+    return [health, files_api.router, batches_api.router]
 
 
 def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -> FastAPI:
