@@ -36,6 +36,10 @@ class ApiServer:
         self.log_path = log_dir / f"api-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
+    @staticmethod
+    def repo() -> Path:
+        return REPO
+
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
