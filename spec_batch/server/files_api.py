@@ -39,10 +39,29 @@ def _check_content_length(request: Request, max_bytes: int) -> None:
                         f"(SPEC_BATCH_API_MAX_FILE_BYTES)", param="file")
 
 
-async def _form_parts(request: Request) -> tuple[UploadFile, str]:
+def _counted(request: Request, max_bytes: int) -> Request:
+    """The request with a receive that counts the body's bytes and raises a 413 once they pass the limit: a body
+    without a Content-Length (chunked) is refused while it arrives, not after it was spooled whole."""
+    seen = 0
+    limit = max_bytes + _MULTIPART_SLACK
+
+    async def receive() -> Any:
+        nonlocal seen
+        message = await request.receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise too_large(f"the upload is larger than {max_bytes} bytes, the most this server takes "
+                                f"(SPEC_BATCH_API_MAX_FILE_BYTES)", param="file")
+        return message
+
+    return Request(request.scope, receive)
+
+
+async def _form_parts(request: Request, max_bytes: int) -> tuple[UploadFile, str]:
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise invalid_request("upload the file as multipart/form-data with the fields 'file' and 'purpose'")
-    form = await request.form(max_files=1, max_fields=8)
+    form = await _counted(request, max_bytes).form(max_files=1, max_fields=8)
     upload, purpose = form.get("file"), form.get("purpose")
     if not isinstance(upload, UploadFile):
         raise invalid_request("the multipart field 'file' is missing", param="file", code="missing_field")
@@ -56,7 +75,7 @@ async def _form_parts(request: Request) -> tuple[UploadFile, str]:
 async def create_file(request: Request, ctx: ServerCtx, owner: Owner) -> dict[str, Any]:
     settings = ctx.settings
     _check_content_length(request, settings.api_max_file_bytes)
-    upload, purpose = await _form_parts(request)
+    upload, purpose = await _form_parts(request, settings.api_max_file_bytes)
     try:
         file_id = await run_in_threadpool(
             store_upload, ctx.session_factory, upload.file, owner=owner, filename=upload.filename or "upload.jsonl",

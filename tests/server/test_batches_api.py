@@ -123,6 +123,34 @@ def test_uploads_over_the_limits_are_413s_and_store_nothing(server, tmp_path):
     assert [f.id for f in client.files.list()] == before
 
 
+def test_a_chunked_upload_is_refused_while_it_arrives(server):
+    """No Content-Length: the body is counted as it is read, and refused once past the limit (plus the multipart
+    envelope's slack), not spooled whole first."""
+    import httpx
+
+    boundary = "spec-batch-test"
+    sent = []
+
+    def body():
+        yield (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--{boundary}\r\n'
+               f'Content-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n').encode()
+        for _ in range(64):  # 16 MiB in all, far past the limit
+            sent.append(1)
+            yield (b"x" * 1023 + b"\n") * 256
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", "Authorization": "Bearer key-a"}
+    try:
+        response = httpx.post(f"{server.base_url}/files", content=body(), headers=headers, timeout=60)
+    except httpx.TransportError:  # the server answered and closed while the client was still sending
+        response = None
+    if response is not None:
+        assert response.status_code == 413 and "the upload is larger than" in response.text  # counted on arrival
+    else:
+        assert len(sent) < 64
+    assert "big.jsonl" not in [f.filename for f in server.client().files.list()]
+
+
 def test_cancel_and_list_pages(server, tmp_path):
     client = server.client("key-b")  # its own list: the other tests' batches are key-a's
     lines = [chat_line(f"r{i}", f"Write a long story about the number {i}.", max_tokens=48) for i in range(30)]
