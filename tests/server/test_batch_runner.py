@@ -1,0 +1,83 @@
+"""The local batch runner in process, over the fake decoder (the Decoder interface without a model): it runs the
+batches it finds, hands its requests back when stopped, and a new runner finishes them (nothing done twice)."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import time
+
+import pytest
+
+from spec_batch.server.app import ServerContext
+from spec_batch.server.batch_create import create_batch
+from spec_batch.server.batch_runner import LocalBatchRunner, QueueBatchRunner, make_batch_runner
+from spec_batch.server.file_io import store_upload
+from spec_batch.server.served import ServedModel
+from spec_batch.settings import get_settings
+from spec_batch.store import make_session_factory, queries
+
+
+@pytest.fixture
+def ctx_of(db_url):
+    factory = make_session_factory(db_url)
+
+    def make(decoder, runner: str = "local") -> ServerContext:
+        settings = dataclasses.replace(get_settings(), database_url=db_url, api_runner=runner)
+        return ServerContext(settings, factory, "fake", parts={"decoder": decoder,
+                                                                "served": ServedModel("fake", "fake", "ngram")})
+
+    yield make
+    factory.kw["bind"].dispose()
+
+
+def _batch(ctx: ServerContext, runner, n: int) -> str:
+    lines = [json.dumps({"custom_id": f"r{i}", "url": "/v1/completions", "body": {"prompt": f"p{i}", "max_tokens": 12}})
+             for i in range(n)]
+    file_id = store_upload(ctx.session_factory, io.BytesIO("\n".join(lines).encode()), owner=None, filename="f.jsonl",
+                           purpose="batch", max_bytes=1 << 20, max_lines=100)
+    batch_id = create_batch(ctx.session_factory, input_file_id=file_id, endpoint="/v1/completions",
+                            completion_window="24h", metadata=None, owner=None, fields=runner.job_fields(),
+                            max_line_bytes=1 << 20, max_lines=100)
+    runner.submitted(batch_id)
+    return batch_id
+
+
+def _state(ctx: ServerContext, batch_id: str) -> tuple[str, dict[str, int]]:
+    with ctx.session_factory() as s:
+        return queries.get_job(s, batch_id).status, queries.job_counts(s, batch_id)
+
+
+def _wait(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_make_batch_runner_follows_the_setting_and_registers_itself(ctx_of, fake_decoder_cls):
+    for name, cls in (("local", LocalBatchRunner), ("queue", QueueBatchRunner)):
+        ctx = ctx_of(fake_decoder_cls(), name)
+        runner = make_batch_runner(ctx)
+        assert isinstance(runner, cls) and ctx.parts["batches"] is runner
+    assert QueueBatchRunner(ctx).job_fields().queue == "spec-batch.fake.ngram"
+
+
+def test_a_stopped_runner_hands_back_and_the_next_one_finishes(ctx_of, fake_decoder_cls):
+    slow = fake_decoder_cls(step_delay=0.02)
+    ctx = ctx_of(slow)
+    runner = make_batch_runner(ctx)
+    runner.start()
+    batch_id = _batch(ctx, runner, 30)
+    _wait(lambda: _state(ctx, batch_id)[1]["completed"] >= 1)
+    runner.stop()
+    status, counts = _state(ctx, batch_id)
+    assert status == "in_progress" and counts["running"] == 0 and counts["pending"] > 0
+
+    again = make_batch_runner(ctx_of(fake_decoder_cls()))
+    again.start()
+    try:
+        _wait(lambda: _state(ctx, batch_id)[0] == "completed")
+    finally:
+        again.stop()
+    assert _state(ctx, batch_id)[1]["completed"] == 30
