@@ -63,11 +63,16 @@ async def _form_parts(request: Request, max_bytes: int) -> tuple[UploadFile, str
         raise invalid_request("upload the file as multipart/form-data with the fields 'file' and 'purpose'")
     form = await _counted(request, max_bytes).form(max_files=1, max_fields=8)
     upload, purpose = form.get("file"), form.get("purpose")
+    problem = None
     if not isinstance(upload, UploadFile):
-        raise invalid_request("the multipart field 'file' is missing", param="file", code="missing_field")
-    if purpose != PURPOSE_BATCH:
-        raise invalid_request(f"purpose {purpose!r} is not supported: this server takes files of purpose 'batch'",
-                              param="purpose", code="invalid_value")
+        problem = invalid_request("the multipart field 'file' is missing", param="file", code="missing_field")
+    elif purpose != PURPOSE_BATCH:
+        problem = invalid_request(f"purpose {purpose!r} is not supported: this server takes files of purpose "
+                                  f"'batch'", param="purpose", code="invalid_value")
+    if problem is not None:
+        await form.close()  # its spooled temporary file goes now, not when collected
+        raise problem
+    assert isinstance(upload, UploadFile) and isinstance(purpose, str)
     return upload, purpose
 
 
