@@ -13,6 +13,9 @@ import time
 import openai
 import pytest
 
+from spec_batch.server.auth import owner_hash
+from spec_batch.store import files as file_sql
+from spec_batch.store import make_session_factory
 from batch_testlib import ApiServer, api_env, chat_line, jsonl, run_cli, wait_batch, write_lines
 
 pytestmark = pytest.mark.slow
@@ -187,6 +190,13 @@ def test_keys_isolate_files_and_batches(server, tmp_path):
     for key in (None, "wrong"):
         with pytest.raises(openai.AuthenticationError):
             server.client(key).batches.list()
+        with pytest.raises(openai.AuthenticationError):
+            server.client(key).files.create(file=(tmp_path / "a.jsonl").open("rb"), purpose="batch")
+    factory = make_session_factory(server.db_url)
+    with factory() as s:  # the owner is stored as a hash of the key, never the key
+        owners = {file_sql.get_file(s, f.id, None).owner, file_sql.get_batch(s, batch.id, None)[0].owner}
+    assert owners == {owner_hash("key-a")}
+    factory.kw["bind"].dispose()
     assert a.files.delete(f.id).deleted and a.batches.retrieve(batch.id).input_file_id == f.id
 
 
