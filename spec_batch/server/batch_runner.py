@@ -23,12 +23,39 @@ from spec_batch.server.app import ServerContext, Service
 from spec_batch.server.batch_create import JobFields
 from spec_batch.server.errors import APIError
 from spec_batch.store import files as file_sql
+from spec_batch.store import queries
 from spec_batch.workers.enqueue import BrokerUnavailableError, check_broker, enqueue_job
 from spec_batch.workers.routing import queue_name
 
 log = logging.getLogger("spec_batch.server.batch_runner")
 POLL_S = 2.0  # how often the local runner looks for batches when nothing woke it
 MAX_FAILURES = 3  # unexpected errors of one batch before it is failed (not retried forever)
+
+
+class BatchStopped(KeyboardInterrupt):
+    """Raised by _Stoppable before a decode when the runner stops or the batch is being cancelled. A
+    KeyboardInterrupt on purpose: jobs.claims gives claims back without counting an attempt on one (a clean
+    interruption), and no real Ctrl-C reaches this thread (signals go to the main thread)."""
+
+
+class _Stoppable:
+    """The decoder as the runner hands it to the job service: before each generate call (the baseline's too, which
+    takes no should_stop), it raises BatchStopped once `stopped()` says so; everything else is the decoder's."""
+
+    def __init__(self, decoder: Any, stopped: Any) -> None:
+        self._decoder = decoder
+        self._stopped = stopped
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self._stopped():
+            raise BatchStopped()
+        return self._decoder.generate(*args, **kwargs)
+
+    def without_speculation(self) -> "_Stoppable":
+        return _Stoppable(self._decoder.without_speculation(), self._stopped)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._decoder, name)
 
 
 def _decoder_limits(decoder: Any) -> dict[str, Any]:
@@ -91,11 +118,21 @@ class LocalBatchRunner:
                 self._run_one(batch_id)
             self._wake.wait(POLL_S)
 
+    def _stopped_or_cancelled(self, batch_id: str) -> bool:
+        if self._stopping.is_set():
+            return True
+        with self.ctx.session_factory() as s:
+            return lifecycle.is_stopping(queries.get_job(s, batch_id).status)
+
     def _run_one(self, batch_id: str) -> None:
         decoder = self.ctx.parts.get("decoder")
+        stoppable = _Stoppable(decoder, lambda: self._stopped_or_cancelled(batch_id))
         try:
-            resume_job(self.ctx.session_factory, batch_id, decoder, should_stop=self._stopping.is_set,
+            resume_job(self.ctx.session_factory, batch_id, stoppable, should_stop=self._stopping.is_set,
                        baseline=hasattr(decoder, "without_speculation"))
+        except BatchStopped:  # claims given back; a cancelled batch settles now (the runner did not get to it)
+            with self.ctx.session_factory.begin() as s:
+                lifecycle.settle_cancel(s, batch_id)
         except JobStateError as exc:  # another process holds it, or it was cancelled meanwhile: not ours now
             log.info("batch %s left alone: %s", batch_id, exc)
         except Exception as exc:  # noqa: BLE001 - a batch that keeps failing is failed, not retried forever

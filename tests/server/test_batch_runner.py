@@ -81,3 +81,37 @@ def test_a_stopped_runner_hands_back_and_the_next_one_finishes(ctx_of, fake_deco
     finally:
         again.stop()
     assert _state(ctx, batch_id)[1]["completed"] == 30
+
+
+
+
+def test_stop_and_cancel_do_not_wait_for_the_baseline_sample(ctx_of, fake_decoder_cls):
+    """The baseline takes no should_stop: the runner checks before each of its decodes (each a slice of the
+    sample), so a stop or a cancel waits for one decode at most, not the whole measurement."""
+    slow = fake_decoder_cls(step_delay=0.05)
+    ctx = ctx_of(slow)
+    runner = make_batch_runner(ctx)
+    runner.start()
+    batch_id = _batch(ctx, runner, 30)
+    _wait(lambda: slow.steps_run > 0)
+    t0 = time.monotonic()
+    runner.stop()
+    assert time.monotonic() - t0 < 10
+    status, counts = _state(ctx, batch_id)
+    assert status == "in_progress" and counts["running"] == 0 and counts["completed"] == 0
+    with ctx.session_factory() as s:
+        assert queries.get_job(s, batch_id).baseline_wall_s is None
+        assert {r.attempts for r in queries.iter_requests(s, batch_id)} == {0}  # a clean stop counts no attempt
+
+    runner = make_batch_runner(ctx)
+    runner.start()
+    try:
+        steps = slow.steps_run
+        _wait(lambda: slow.steps_run > steps)
+        from spec_batch.jobs.service import cancel_job
+
+        cancel_job(ctx.session_factory, batch_id)
+        _wait(lambda: _state(ctx, batch_id)[0] == "cancelled", timeout=10)
+    finally:
+        runner.stop()
+    assert _state(ctx, batch_id)[1]["cancelled"] == 30
