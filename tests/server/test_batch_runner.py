@@ -31,11 +31,15 @@ def ctx_of(db_url):
     factory.kw["bind"].dispose()
 
 
-def _batch(ctx: ServerContext, runner, n: int) -> str:
+def _file(ctx: ServerContext, n: int) -> str:
     lines = [json.dumps({"custom_id": f"r{i}", "url": "/v1/completions", "body": {"prompt": f"p{i}", "max_tokens": 12}})
              for i in range(n)]
-    file_id = store_upload(ctx.session_factory, io.BytesIO("\n".join(lines).encode()), owner=None, filename="f.jsonl",
-                           purpose="batch", max_bytes=1 << 20, max_lines=100)
+    return store_upload(ctx.session_factory, io.BytesIO("\n".join(lines).encode()), owner=None, filename="f.jsonl",
+                        purpose="batch", max_bytes=1 << 20, max_lines=100)
+
+
+def _batch(ctx: ServerContext, runner, n: int) -> str:
+    file_id = _file(ctx, n)
     batch_id = create_batch(ctx.session_factory, input_file_id=file_id, endpoint="/v1/completions",
                             completion_window="24h", metadata=None, owner=None, fields=runner.job_fields(),
                             max_line_bytes=1 << 20, max_lines=100)
@@ -115,3 +119,37 @@ def test_stop_and_cancel_do_not_wait_for_the_baseline_sample(ctx_of, fake_decode
     finally:
         runner.stop()
     assert _state(ctx, batch_id)[1]["cancelled"] == 30
+
+
+@pytest.mark.redis
+def test_the_queue_runner_enqueues_a_batch_and_adopts_orphans_when_it_starts(ctx_of, fake_decoder_cls, tmp_path):
+    """submitted() publishes the batch's chunks; a batch stored by a server that died before enqueueing it gets
+    its chunks when the next server starts (stop leaves everything with the queue)."""
+    import shutil
+
+    import redis
+
+    from bench.processes import RedisServer
+    from spec_batch.store import chunks
+
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed")
+    broker = RedisServer(tmp_path / "redis").start()
+    try:
+        ctx = ctx_of(fake_decoder_cls(), "queue")
+        ctx.settings = dataclasses.replace(ctx.settings, broker_url=broker.url, chunk_size=4)
+        runner = make_batch_runner(ctx)
+        enqueued = _batch(ctx, runner, 6)
+        orphan = create_batch(ctx.session_factory, input_file_id=_file(ctx, 5), endpoint="/v1/completions",
+                              completion_window="24h", metadata=None, owner=None, fields=runner.job_fields(),
+                              max_line_bytes=1 << 20, max_lines=100)  # stored, never submitted: a server died
+        with ctx.session_factory() as s:
+            assert len(chunks.job_chunks(s, enqueued)) == 2 and chunks.job_chunks(s, orphan) == []
+        runner.start()
+        runner.stop()
+        with ctx.session_factory() as s:
+            assert len(chunks.job_chunks(s, orphan)) == 2
+            assert queries.get_job(s, orphan).queue == "spec-batch.fake.ngram"
+        assert redis.Redis.from_url(broker.url).llen("spec-batch.fake.ngram") == 4
+    finally:
+        broker.stop()
