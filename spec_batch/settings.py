@@ -26,6 +26,9 @@ DEFAULT_MAX_ATTEMPTS = 3
 # 20 MB line of issue 23 took 4.3 GB and 38 s) buys nothing.
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_API_PORT = 8000
+# Uploaded batch files (POST /v1/files): OpenAI's own limits, 200 MB and 50,000 requests a file.
+DEFAULT_API_MAX_FILE_BYTES = 200_000_000
+DEFAULT_API_MAX_FILE_LINES = 50_000
 API_RUNNERS = ("local", "queue")
 
 
@@ -63,6 +66,8 @@ class Settings:
     api_port: int = DEFAULT_API_PORT
     api_runner: str = "local"  # where batches run: local (in the server process) | queue (Celery workers)
     api_keys: tuple[str, ...] = ()  # bearer keys; empty: no auth (only sensible on 127.0.0.1)
+    api_max_file_bytes: int = DEFAULT_API_MAX_FILE_BYTES  # a larger upload is refused with a 413
+    api_max_file_lines: int = DEFAULT_API_MAX_FILE_LINES  # a file with more lines is refused with a 413
 
 
 def _int_env(name: str, default: int) -> int:
@@ -119,6 +124,8 @@ def get_settings() -> Settings:
         api_port=_int_env("SPEC_BATCH_API_PORT", DEFAULT_API_PORT),
         api_runner=_api_runner(),
         api_keys=_api_keys(),
+        api_max_file_bytes=_int_env("SPEC_BATCH_API_MAX_FILE_BYTES", DEFAULT_API_MAX_FILE_BYTES),
+        api_max_file_lines=_int_env("SPEC_BATCH_API_MAX_FILE_LINES", DEFAULT_API_MAX_FILE_LINES),
     )
 
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from spec_batch.openai_format import CHAT, COMPLETIONS, BodyError, ParsedBody, parse_body
 from spec_batch.server.auth import Owner
+from spec_batch.server.context import context_of
 from spec_batch.server.errors import APIError, invalid_request, model_not_found, not_found
 from spec_batch.server.online_bodies import DONE, Reply, sse
 from spec_batch.server.online_call import OnlineCall
@@ -34,25 +35,19 @@ async def completions(request: Request, owner: Owner) -> Any:
     return await _complete(request, COMPLETIONS)
 
 
-def _ctx(request: Request) -> Any:
-    """The app's Any (app.py's Context reads the same; importing it here would be a cycle, since
-    app.default_routers imports this module)."""
-    return request.app.state.ctx
-
-
 def _model_object(model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "spec-batch"}
 
 
 @router.get("/v1/models")
 def list_models(request: Request, owner: Owner) -> dict[str, Any]:
-    ctx = _ctx(request)
+    ctx = context_of(request)
     return {"object": "list", "data": [_model_object(ctx.model_id)]}
 
 
 @router.get("/v1/models/{model}")
 def retrieve_model(model: str, request: Request, owner: Owner) -> dict[str, Any]:
-    ctx = _ctx(request)
+    ctx = context_of(request)
     if not ctx.part("served").names(model):
         raise not_found("model", model, param="model", code="model_not_found")
     return _model_object(ctx.model_id)
@@ -79,7 +74,7 @@ def _reply(ctx: Any, parsed: ParsedBody) -> Reply:
 
 
 async def _complete(request: Request, endpoint: str) -> Any:
-    ctx = _ctx(request)
+    ctx = context_of(request)
     parsed = await _parsed(request, ctx, endpoint)
     reply = _reply(ctx, parsed)
     call = OnlineCall(ctx.part("engine"), parsed)

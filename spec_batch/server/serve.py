@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.core.engine import Engine
-from spec_batch.server.app import ServerContext, Service, create_app
+from spec_batch.server.app import create_app
+from spec_batch.server.context import ServerContext, Service
 from spec_batch.server.served import ServedModel
 from spec_batch.settings import Settings
 
