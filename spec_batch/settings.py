@@ -26,6 +26,9 @@ DEFAULT_MAX_ATTEMPTS = 3
 # 20 MB line of issue 23 took 4.3 GB and 38 s) buys nothing.
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_API_PORT = 8000
+# Uploaded batch files (POST /v1/files): OpenAI's own limits, 200 MB and 50,000 requests a file.
+DEFAULT_API_MAX_FILE_BYTES = 200_000_000
+DEFAULT_API_MAX_FILE_LINES = 50_000
 API_RUNNERS = ("local", "queue")
 
 
@@ -57,11 +60,14 @@ class Settings:
     suffix_memory_tokens: int = 50_000
     suffix_memory_jobs: int = 4
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread (issue 23)
+    pack_weights: bool = True  # CPU: prepack full-precision linears for oneDNN at load (loading/cpu_linear.py)
     # The OpenAI-compatible server (spec-batch serve, docs/server.md).
     api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)
     api_port: int = DEFAULT_API_PORT
     api_runner: str = "local"  # where batches run: local (in the server process) | queue (Celery workers)
     api_keys: tuple[str, ...] = ()  # bearer keys; empty: no auth (only sensible on 127.0.0.1)
+    api_max_file_bytes: int = DEFAULT_API_MAX_FILE_BYTES  # a larger upload is refused with a 413
+    api_max_file_lines: int = DEFAULT_API_MAX_FILE_LINES  # a file with more lines is refused with a 413
 
 
 def _int_env(name: str, default: int) -> int:
@@ -113,10 +119,13 @@ def get_settings() -> Settings:
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),
         suffix_memory_jobs=_int_env("SPEC_BATCH_SUFFIX_MEMORY_JOBS", 4),
         max_line_bytes=_int_env("SPEC_BATCH_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES),
+        pack_weights=_bool_env("SPEC_BATCH_PACK_WEIGHTS", True),
         api_host=(os.environ.get("SPEC_BATCH_API_HOST") or "").strip() or "127.0.0.1",
         api_port=_int_env("SPEC_BATCH_API_PORT", DEFAULT_API_PORT),
         api_runner=_api_runner(),
         api_keys=_api_keys(),
+        api_max_file_bytes=_int_env("SPEC_BATCH_API_MAX_FILE_BYTES", DEFAULT_API_MAX_FILE_BYTES),
+        api_max_file_lines=_int_env("SPEC_BATCH_API_MAX_FILE_LINES", DEFAULT_API_MAX_FILE_LINES),
     )
 
 

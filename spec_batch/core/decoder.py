@@ -45,6 +45,23 @@ class _Event:
     finished: bool
 
 
+class Results:
+    """generate()'s results in prompt order; `finish` stores one and tells on_result."""
+
+    def __init__(self, n: int, on_result: Callable[[int, GenerationResult], None] | None):
+        self._results: list[GenerationResult | None] = [None] * n
+        self._on_result = on_result
+
+    def finish(self, index: int, result: GenerationResult) -> None:
+        self._results[index] = result
+        if self._on_result is not None:
+            self._on_result(index, result)
+
+    @property
+    def values(self) -> list[GenerationResult]:
+        return self._results  # type: ignore[return-value]
+
+
 class Decoder:
     """A target model, its tokenizer and a drafter. Thread-safe: one decode at a time per decoder.
 
@@ -109,31 +126,13 @@ class Decoder:
         memory: the job's memory (its requests' outputs), kept by the caller across calls for one job: drafters
         that use it (suffix) draft from the other requests' outputs too. It changes drafts, never outputs.
         """
-        if isinstance(prompts, (str, bytes)):
-            raise InvalidParameterError("prompts must be a list of prompts; wrap a single prompt in a list")
-        if batch_size < 1:
-            raise InvalidParameterError(f"batch_size must be >= 1, got {batch_size}")
-        plist = params_list(params, len(prompts))
-        results: list[GenerationResult | None] = [None] * len(prompts)
-
-        def finish(i: int, res: GenerationResult) -> None:
-            results[i] = res
-            if on_result is not None:
-                on_result(i, res)
-
-        requests = []
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            try:
-                requests.append(self._request(i, prompt, p))
-            except (PromptTooLongError, InvalidParameterError) as exc:
-                if not return_errors:
-                    raise
-                finish(i, GenerationResult("", [], "error", RequestStats(), error=str(exc)))
+        results = Results(len(prompts), on_result)
+        requests = self._requests(prompts, params, batch_size, return_errors, results.finish)
         with self._lock, torch.inference_mode():
             for event in self._run(requests, batch_size, should_stop, memory):
                 if event.finished:
-                    finish(event.row.index, event.row.result())
-        return results  # type: ignore[return-value]
+                    results.finish(event.row.index, event.row.result())
+        return results.values
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         """One chunk per step with the tokens accepted in that step; the last carries finish_reason and stats.
@@ -176,6 +175,25 @@ class Decoder:
         )
 
     # ---------------------------------------------------------------- rows and the loop
+
+    def _requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None,
+                  batch_size: int, return_errors: bool,
+                  finish: Callable[[int, GenerationResult], None]) -> list[Request]:
+        """generate()'s arguments checked and its prompts' requests built (the engine's generate shares it): a bad
+        prompt raises, or with return_errors finishes alone with finish_reason="error"."""
+        if isinstance(prompts, (str, bytes)):
+            raise InvalidParameterError("prompts must be a list of prompts; wrap a single prompt in a list")
+        if batch_size < 1:
+            raise InvalidParameterError(f"batch_size must be >= 1, got {batch_size}")
+        requests = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list(params, len(prompts)))):
+            try:
+                requests.append(self._request(i, prompt, p))
+            except (PromptTooLongError, InvalidParameterError) as exc:
+                if not return_errors:
+                    raise
+                finish(i, GenerationResult("", [], "error", RequestStats(), error=str(exc)))
+        return requests
 
     def _request(self, index: int, prompt: Prompt, params: SamplingParams) -> Request:
         """Checks a prompt and builds its matcher now, so a bad prompt or grammar fails before decoding."""

@@ -23,15 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from ..openai_format import CHAT
-from ..openai_format.render import chat_choice, completion_choice
+from ..openai_format.render import chat_choice, completion_choice, usage as usage_of_stats
 from ..store.models import REQ_CANCELLED
 from .stats import stats_of_row
 
 # Codes of requests that failed while decoding (response.status_code 500 for internal ones, else 400).
 INTERNAL_ERROR = "internal_error"
-# Statistics that are not per-line speculation figures: the token counts are usage's own, and the per-position
-# counts are the job report's.
-_NOT_SPECULATIVE = ("prompt_tokens", "output_tokens", "drafted_per_position", "accepted_per_position")
 
 
 def errors_path_for(out_path: str | Path) -> Path:
@@ -43,14 +40,7 @@ def errors_path_for(out_path: str | Path) -> Path:
 
 def usage(req: Any, drafter: str) -> dict[str, Any]:
     """OpenAI's usage, with the request's speculation statistics (RequestStats.to_dict) in `speculative`."""
-    stats = stats_of_row(req).to_dict()
-    speculative = {"drafter": drafter, **{k: v for k, v in stats.items() if k not in _NOT_SPECULATIVE}}
-    return {
-        "prompt_tokens": stats["prompt_tokens"],
-        "completion_tokens": stats["output_tokens"],
-        "total_tokens": stats["prompt_tokens"] + stats["output_tokens"],
-        "speculative": speculative,
-    }
+    return usage_of_stats(stats_of_row(req).to_dict(), drafter)
 
 
 def _choices(req: Any) -> list[dict[str, Any]]:

@@ -111,13 +111,13 @@ def create_job_from_file(
     vocab_size: int | None = None,
     weights: str | None = None,
     dtype: str | None = None,
+    input_name: str | None = None,
 ) -> tuple[str, ParseReport]:
-    """Validates the file and stores the job with one request row per non-blank line (invalid lines are
-    failed rows with their line number and reason). Status in_progress, or failed when no line is valid.
-
-    report: the file already validated by validate_file (it is not read again). max_context / vocab_size: the
-    target's, when known: lines it cannot run (max_tokens beyond its context, token ids outside its
-    vocabulary) are invalid lines too. Raises OSError when the file cannot be read, ValueError for bad options.
+    """Validates the file and stores the job, one request row per non-blank line (invalid lines are failed rows
+    with their line number and reason). Status in_progress, or failed when no line is valid. report: the file
+    already validated by validate_file (not read again). max_context / vocab_size: the target's, when known (lines
+    it cannot run are invalid lines too). input_name: the input the job records instead of the file's path (the
+    API's file id). Raises OSError when the file cannot be read, ValueError for bad options.
     """
     _check_job_options(batch_size, baseline_sample)
     defaults = sampling_defaults_with(sampling_defaults)
@@ -133,7 +133,7 @@ def create_job_from_file(
             status=lifecycle.INITIAL,
             target=target,
             drafter=drafter,
-            input_file=str(Path(path).resolve()),
+            input_file=input_name or str(Path(path).resolve()),
             output_file=str(Path(output_file).resolve()) if output_file else None,
             sampling_defaults=defaults,
             user_metadata=metadata,

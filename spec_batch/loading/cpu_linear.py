@@ -10,7 +10,8 @@ to 9% faster than MKL's GEMV across the VMs measured. That is what lets a verify
 
 Only models this package loads are packed (a model passed in already loaded is the caller's and left alone).
 The results differ from torch's default kernel by rounding only (checked at packing time), as do the results
-of any two matmul kernels, or of one kernel at two batch sizes. SPEC_BATCH_PACK_WEIGHTS=0 turns it off.
+of any two matmul kernels, or of one kernel at two batch sizes. SPEC_BATCH_PACK_WEIGHTS=0 turns it off (read by
+settings; load.py asks before packing).
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from torch import nn
 
 from ..core import padding
 
-ENV = "SPEC_BATCH_PACK_WEIGHTS"
 _DTYPES = (torch.float32, torch.bfloat16)
 _LINEAR = torch.ops.mkldnn._linear_pointwise.default if hasattr(torch.ops.mkldnn, "_linear_pointwise") else None
 # Fewer rows than this are computed with zero rows added. oneDNN's one-row kernel rounds differently from its
@@ -89,10 +89,6 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and _LINEAR is not None
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def _same_results(packed: PackedLinear, linear: nn.Linear) -> bool:
     """The packed layer computes what the plain one does, up to rounding, on a few random rows."""
     gen = torch.Generator().manual_seed(0)
@@ -105,8 +101,8 @@ def _same_results(packed: PackedLinear, linear: nn.Linear) -> bool:
 
 def pack_linear_weights(model: nn.Module) -> int:
     """Replaces each nn.Linear of a CPU model in fp32/bf16 by a PackedLinear, in place; returns how many.
-    Does nothing (0) where oneDNN is missing, the model is elsewhere or in another dtype, or SPEC_BATCH_PACK_WEIGHTS=0."""
-    if not (enabled() and available()):
+    Does nothing (0) where oneDNN is missing or the model is elsewhere or in another dtype."""
+    if not available():
         return 0
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     replaced = 0

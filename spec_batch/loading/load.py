@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import IncompatibleModelsError, InvalidParameterError, UnknownModelError
+from ..settings import get_settings
 from . import gguf_cache
 from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
@@ -208,7 +209,7 @@ def _load_dir(
     model.requires_grad_(False)
     if precision.weights in QUANTIZED:
         quantize_model(model, precision.weights, gguf_path=gguf_path, entry_dir=path if gguf_path is not None else None)
-    else:  # CPU only: a verify step of several tokens then costs little more than one token
+    elif get_settings().pack_weights:  # CPU only: a verify step of several tokens then costs little more than one
         pack_linear_weights(model)
     use_gqa_attention(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)

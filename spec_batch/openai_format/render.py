@@ -62,3 +62,20 @@ def completion_choice(index: int, text: str, finish_reason: str | None,
             "text_offset": offsets,
         }
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+# Statistics that are not per-request speculation figures: the token counts are usage's own, and the per-position
+# counts are the job report's.
+NOT_SPECULATIVE = ("prompt_tokens", "output_tokens", "drafted_per_position", "accepted_per_position")
+
+
+def usage(stats: dict[str, Any], drafter: str) -> dict[str, Any]:
+    """OpenAI's usage from a request's statistics (RequestStats.to_dict), with the speculation figures in
+    `speculative` (batch output lines and online responses alike)."""
+    speculative = {"drafter": drafter, **{k: v for k, v in stats.items() if k not in NOT_SPECULATIVE}}
+    return {
+        "prompt_tokens": stats["prompt_tokens"],
+        "completion_tokens": stats["output_tokens"],
+        "total_tokens": stats["prompt_tokens"] + stats["output_tokens"],
+        "speculative": speculative,
+    }

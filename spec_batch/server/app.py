@@ -1,4 +1,4 @@
-"""The ASGI app of `spec-batch serve`: one :class:`ServerContext` (settings, the store, the served model, the
+"""The ASGI app of `spec-batch serve`: one ServerContext (context.py: settings, the store, the served model, the
 services that run in the background), the routers of each API, OpenAI's error bodies and bearer-key auth.
 
 The parts plug in here and nowhere else:
@@ -12,41 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-from sqlalchemy.orm import Session, sessionmaker
+from fastapi import APIRouter, FastAPI
 
 from spec_batch.server.auth import KeyRing
+from spec_batch.server.body_limit import BodyLimit
+from spec_batch.server.context import Context, ServerContext, Service
 from spec_batch.server.errors import install_error_handlers
-from spec_batch.settings import Settings
-
-
-class Service(Protocol):
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-@dataclass
-class ServerContext:
-    settings: Settings
-    session_factory: sessionmaker[Session]
-    model_id: str  # the served model's name; a request may also say "default"
-    services: list[Service] = field(default_factory=list)
-    parts: dict[str, Any] = field(default_factory=dict)  # named parts the routers look up ("engine", "batches")
-
-    def part(self, name: str) -> Any:
-        return self.parts[name]
-
-
-def context_of(request: Request) -> ServerContext:
-    ctx: ServerContext = request.app.state.ctx
-    return ctx
-
-
-Context = Annotated[ServerContext, Depends(context_of)]
 
 health = APIRouter()
 
@@ -57,7 +29,9 @@ def _health(ctx: Context) -> dict[str, str]:
 
 
 def default_routers() -> list[APIRouter]:
-    return [health]
+    from spec_batch.server import batches_api, files_api, online, online_metrics  # imported when the app is made
+
+    return [health, online_metrics.router, online.router, files_api.router, batches_api.router]
 
 
 def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -> FastAPI:
@@ -77,6 +51,7 @@ def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -
     app.state.ctx = ctx
     app.state.keys = KeyRing(ctx.settings.api_keys)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit)
     for router in default_routers() if routers is None else routers:
         app.include_router(router)
     return app

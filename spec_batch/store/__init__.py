@@ -1,5 +1,6 @@
 """The SQL store of bulk jobs: tables, engines/sessions/migrations, and every SQL statement of the project (docs/architecture.md)."""
 from . import baselines, chunk_recovery, chunks, queries, request_claims, summaries
+from . import file_tables, files  # noqa: F401  (its tables join Base.metadata: migrations are compared with it)
 from .db import (
     DatabaseMissingError,
     DatabaseNotMigratedError,

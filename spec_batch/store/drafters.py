@@ -1,4 +1,4 @@
-"""Trained draft heads (``drafters``, migration 0008_drafters): one row per head, its facts and its weights.
+"""Trained draft heads (``drafters``, migration 0009_drafters): one row per head, its facts and its weights.
 
 A head is a few MB (safetensors), stored with its row so that a worker on another machine can load it by name
 (spec_batch/jobs/heads.py writes it to a local cache directory; the loading layer reads only that directory).

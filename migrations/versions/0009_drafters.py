@@ -3,8 +3,8 @@
 A new table; jobs, requests and job_summary are unchanged. The weights (safetensors, a few MB) and config.json live
 in the row, so a worker on another machine loads a head by name.
 
-Revision ID: 0008_drafters
-Revises: 0007_job_weights
+Revision ID: 0009_drafters
+Revises: 0008_files
 Create Date: 2026-12-03
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
-revision: str = "0008_drafters"
-down_revision: str | Sequence[str] | None = "0007_job_weights"
+revision: str = "0009_drafters"
+down_revision: str | Sequence[str] | None = "0008_files"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

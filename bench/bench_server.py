@@ -1,0 +1,106 @@
+"""Online serving: aggregate tokens/s and request latency (p50/p95) for 1, 4, 8 and 16 concurrent chat clients,
+with speculation on (the drafter given) and off (`none`), each against its own `spec-batch serve` process.
+
+Every client sends chat requests one after another (the official `openai` client, greedy, max_tokens fixed) for
+--requests requests per level; aggregate tokens/s = all completion tokens / the level's wall time. Concurrent
+clients share the engine's steps (continuous batching), so tokens/s should grow with clients; the targets of
+issue 24: 8 clients >= 3x 1 client, and speculation at 1 client within 10% of the core's batch-1 ratio
+(bench_core). Timings belong in docs/benchmarks.md, run on a quiet machine.
+
+    python -m bench.bench_server                       # default model, ngram vs none, 1/4/8/16 clients
+    python -m bench.bench_server --clients 1,2 --requests 4 --max-tokens 16   # a smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.prompts import SETS
+from bench.serve_process import ServeProcess
+
+
+@dataclass
+class Level:
+    clients: int
+    tokens: int
+    wall_s: float
+    latencies: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def latency(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _one(client, prompt: str, max_tokens: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=max_tokens, temperature=0)
+    return reply.usage.completion_tokens, time.perf_counter() - t0
+
+
+def run_level(base_url: str, clients: int, prompts: list[str], requests: int, max_tokens: int) -> Level:
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
+    jobs = [prompts[i % len(prompts)] for i in range(max(requests, clients))]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:  # `clients` requests in flight at any time
+        done = list(pool.map(lambda p: _one(client, p, max_tokens), jobs))
+    wall = time.perf_counter() - t0
+    return Level(clients, sum(t for t, _ in done), wall, [s for _, s in done])
+
+
+def bench_drafter(workdir: Path, args: argparse.Namespace, draft: str, prompts: list[str]) -> list[Level]:
+    server = ServeProcess(workdir, "--target", args.target, "--draft", draft, "--max-batch", str(args.max_batch))
+    server.start()
+    try:
+        run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
+        return [run_level(server.base_url, c, prompts, args.requests, args.max_tokens) for c in args.clients]
+    finally:
+        server.stop()
+
+
+def report(on: list[Level], off: list[Level], draft: str) -> str:
+    lines = [f"{'clients':>7} | {draft + ' tok/s':>12} {'p50 s':>7} {'p95 s':>7} | {'none tok/s':>10} {'p50 s':>7} "
+             f"{'p95 s':>7} | {'speedup':>7} | {'x 1 client':>10}"]
+    base = on[0].tokens_per_s if on else 0.0
+    for a, b in zip(on, off):
+        speedup = a.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
+        scale = a.tokens_per_s / base if base else float("nan")
+        lines.append(f"{a.clients:>7} | {a.tokens_per_s:>12.1f} {a.latency(0.5):>7.2f} {a.latency(0.95):>7.2f} | "
+                     f"{b.tokens_per_s:>10.1f} {b.latency(0.5):>7.2f} {b.latency(0.95):>7.2f} | {speedup:>7.2f} | "
+                     f"{scale:>10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="default")
+    parser.add_argument("--draft", default="ngram", help="the drafter of the speculation-on server")
+    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
+    parser.add_argument("--requests", type=int, default=32, help="requests per level (at least one per client)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=16, help="the engine's rows at once (spec-batch serve)")
+    parser.add_argument("--set", dest="prompt_set", default="edits", choices=sorted(SETS))
+    args = parser.parse_args(argv)
+    prompts = SETS[args.prompt_set]
+    with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+        on = bench_drafter(Path(tmp), args, args.draft, prompts)
+        off = bench_drafter(Path(tmp), args, "none", prompts)
+    print(f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
+          f"{args.max_tokens}, engine max_batch {args.max_batch}")
+    print(report(on, off, args.draft))
+    print(f"median latency over levels: {statistics.median(x.latency(0.5) for x in on):.2f} s ({args.draft})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Where the API's batches run: `make_batch_runner(ctx)` returns the server's batch runner, a Service (start/stop)
+that ServerContext.services starts with the app, and registers it as ``ctx.parts["batches"]`` for the Batches API.
+
+- ``local`` (SPEC_BATCH_API_RUNNER=local): a thread of the server process runs the batches, oldest first, on
+  ``ctx.parts["decoder"]`` (the engine's decoder-like object: `Decoder.generate`'s signature), through the job
+  service (baseline, claims under a lease, finalization), so `spec-batch serve` works alone on SQLite. On start it
+  resumes every unfinished local batch: requests of a server that died are taken over (its lease expired or its
+  process is gone), so a restart mid-batch loses nothing. stop() hands the requests in flight back (pending).
+- ``queue`` (SPEC_BATCH_API_RUNNER=queue): a batch is published to the Celery queue of the served pair
+  (``ctx.parts["served"]``), where the existing workers run it. stop() leaves batches with the queue; start()
+  enqueues again the open requests of queue batches that no chunk covers (a server that died mid-enqueue).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from spec_batch.jobs import lifecycle
+from spec_batch.jobs.lifecycle import JobStateError
+from spec_batch.jobs.service import resume_job
+from spec_batch.server.context import ServerContext, Service
+from spec_batch.server.batch_create import JobFields
+from spec_batch.server.errors import APIError
+from spec_batch.store import files as file_sql
+from spec_batch.store import queries
+from spec_batch.workers.enqueue import BrokerUnavailableError, check_broker, enqueue_job
+from spec_batch.workers.routing import queue_name
+
+log = logging.getLogger("spec_batch.server.batch_runner")
+POLL_S = 2.0  # how often the local runner looks for batches when nothing woke it
+MAX_FAILURES = 3  # unexpected errors of one batch before it is failed (not retried forever)
+
+
+class BatchStopped(KeyboardInterrupt):
+    """Raised by _Stoppable before a decode when the runner stops or the batch is being cancelled. A
+    KeyboardInterrupt on purpose: jobs.claims gives claims back without counting an attempt on one (a clean
+    interruption), and no real Ctrl-C reaches this thread (signals go to the main thread)."""
+
+
+class _Stoppable:
+    """The decoder as the runner hands it to the job service: before each generate call (the baseline's too, which
+    takes no should_stop), it raises BatchStopped once `stopped()` says so; everything else is the decoder's."""
+
+    def __init__(self, decoder: Any, stopped: Any) -> None:
+        self._decoder = decoder
+        self._stopped = stopped
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self._stopped():
+            raise BatchStopped()
+        return self._decoder.generate(*args, **kwargs)
+
+    def without_speculation(self) -> "_Stoppable":
+        return _Stoppable(self._decoder.without_speculation(), self._stopped)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._decoder, name)
+
+
+def _decoder_limits(decoder: Any) -> dict[str, Any]:
+    return {"max_context": getattr(decoder, "max_context", None), "vocab_size": getattr(decoder, "vocab_size", None)}
+
+
+class LocalBatchRunner:
+    """Runs the server's local batches on one thread (see the module docstring)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures: dict[str, int] = {}
+
+    def job_fields(self) -> JobFields:
+        decoder, served = self.ctx.parts.get("decoder"), self.ctx.parts.get("served")
+        precision = getattr(decoder, "precision", None)
+        return JobFields(
+            target=getattr(decoder, "target_name", None) or served.target,
+            drafter=getattr(decoder, "draft_name", None) or served.drafter,
+            weights=precision.target.weights if precision else getattr(served, "weights", None),
+            dtype=precision.target.dtype_name if precision else getattr(served, "dtype", None),
+            **_decoder_limits(decoder),
+        )
+
+    def check_ready(self) -> None:
+        if self.ctx.parts.get("decoder") is None:
+            raise APIError(503, "this server has no model to run batches with", code="service_unavailable")
+
+    def submitted(self, batch_id: str) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="spec-batch-batches", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Returns once the batch in flight has handed its requests back (they resume at the next start)."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                with self.ctx.session_factory() as s:
+                    batch_ids = file_sql.local_batches_to_run(s)
+            except Exception as exc:  # noqa: BLE001 - the database is away for a moment: look again later
+                log.warning("cannot list the batches to run: %s", exc)
+                batch_ids = []
+            for batch_id in batch_ids:
+                if self._stopping.is_set():
+                    return
+                self._run_one(batch_id)
+            self._wake.wait(POLL_S)
+
+    def _stopped_or_cancelled(self, batch_id: str) -> bool:
+        if self._stopping.is_set():
+            return True
+        with self.ctx.session_factory() as s:
+            return lifecycle.is_stopping(queries.get_job(s, batch_id).status)
+
+    def _run_one(self, batch_id: str) -> None:
+        decoder = self.ctx.parts.get("decoder")
+        stoppable = _Stoppable(decoder, lambda: self._stopped_or_cancelled(batch_id))
+        try:
+            resume_job(self.ctx.session_factory, batch_id, stoppable, should_stop=self._stopping.is_set,
+                       baseline=hasattr(decoder, "without_speculation"))
+        except BatchStopped:  # claims given back; a cancelled batch settles now (the runner did not get to it)
+            with self.ctx.session_factory.begin() as s:
+                lifecycle.settle_cancel(s, batch_id)
+        except JobStateError as exc:  # another process holds it, or it was cancelled meanwhile: not ours now
+            log.info("batch %s left alone: %s", batch_id, exc)
+        except Exception as exc:  # noqa: BLE001 - a batch that keeps failing is failed, not retried forever
+            self._failures[batch_id] = n = self._failures.get(batch_id, 0) + 1
+            log.exception("batch %s: unexpected error (%d of %d)", batch_id, n, MAX_FAILURES)
+            if n >= MAX_FAILURES:
+                with self.ctx.session_factory.begin() as s:
+                    lifecycle.fail(s, batch_id, f"the batch failed in the server: {type(exc).__name__}: {exc}")
+
+
+class QueueBatchRunner:
+    """Publishes batches to the Celery queue of the served pair (see the module docstring)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def job_fields(self) -> JobFields:
+        served, settings = self.ctx.parts["served"], self.ctx.settings
+        return JobFields(
+            target=served.target, drafter=served.drafter, weights=served.weights, dtype=served.dtype,
+            queue=queue_name(served.target, served.drafter, served.weights, served.dtype),
+            chunk_size=settings.chunk_size, **_decoder_limits(self.ctx.parts.get("decoder")),
+        )
+
+    def check_ready(self) -> None:
+        try:
+            check_broker(self.ctx.settings.broker_url)
+        except BrokerUnavailableError as exc:
+            raise APIError(503, f"batches cannot be queued now: {exc}", code="service_unavailable") from None
+
+    def submitted(self, batch_id: str) -> None:
+        try:
+            enqueue_job(self.ctx.session_factory, batch_id, broker_url=self.ctx.settings.broker_url)
+        except BrokerUnavailableError as exc:  # the job is stored: the reaper or the next start publishes it
+            log.warning("batch %s is stored but not fully enqueued yet: %s", batch_id, exc)
+
+    def start(self) -> None:
+        with self.ctx.session_factory() as s:
+            open_ids = file_sql.queued_batches_open(s)
+        for batch_id in open_ids:
+            try:
+                enqueue_job(self.ctx.session_factory, batch_id, broker_url=self.ctx.settings.broker_url,
+                            republish_queued=False)
+            except BrokerUnavailableError as exc:
+                log.warning("batch %s: open requests not enqueued again: %s", batch_id, exc)
+                return
+
+    def stop(self) -> None:
+        """Nothing to hand back: the batches stay with the queue and its workers."""
+
+
+BatchRunner = LocalBatchRunner | QueueBatchRunner
+
+
+def make_batch_runner(ctx: ServerContext) -> Service:
+    """The runner SPEC_BATCH_API_RUNNER names (ctx.settings.api_runner), registered as ctx.parts["batches"]. The
+    caller adds it to ctx.services (the app starts and stops it)."""
+    runner: BatchRunner = QueueBatchRunner(ctx) if ctx.settings.api_runner == "queue" else LocalBatchRunner(ctx)
+    ctx.parts["batches"] = runner
+    return runner

@@ -1,0 +1,148 @@
+"""The Files API (OpenAI's /v1/files): upload a batch file, list, read, download and delete files.
+
+Uploads go to the database (files + file_chunks), so every API replica and worker sees them. The multipart body is
+refused at once when its Content-Length is over the limit; otherwise Starlette spools it (at most 1 MB in memory)
+and it is copied into the database chunk by chunk, counting bytes and lines, and refused with a 413 the moment it
+passes a limit (nothing is stored). A batch's output and error files are listed under their batch, not here.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from starlette.datastructures import UploadFile
+
+from spec_batch.server.context import Context
+from spec_batch.server.auth import Owner
+from spec_batch.server.batch_objects import (
+    file_object,
+    iter_result_bytes,
+    list_object,
+    parse_result_file_id,
+    result_file_object,
+)
+from spec_batch.server.errors import APIError, invalid_request, not_found, too_large
+from spec_batch.server.file_io import iter_content, store_upload
+from spec_batch.store import files as file_sql
+from spec_batch.store.file_tables import PURPOSE_BATCH
+
+router = APIRouter()
+_MULTIPART_SLACK = 1 << 20  # room for the multipart envelope and the purpose field around the file itself
+
+
+def _check_content_length(request: Request, max_bytes: int) -> None:
+    raw = request.headers.get("content-length")
+    if raw is not None and raw.isdigit() and int(raw) > max_bytes + _MULTIPART_SLACK:
+        raise too_large(f"the upload is {raw} bytes; files may be at most {max_bytes} bytes "
+                        f"(SPEC_BATCH_API_MAX_FILE_BYTES)", param="file")
+
+
+def _counted(request: Request, max_bytes: int) -> Request:
+    """The request with a receive that counts the body's bytes and raises a 413 once they pass the limit: a body
+    without a Content-Length (chunked) is refused while it arrives, not after it was spooled whole."""
+    seen = 0
+    limit = max_bytes + _MULTIPART_SLACK
+
+    async def receive() -> Any:
+        nonlocal seen
+        message = await request.receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise too_large(f"the upload is larger than {max_bytes} bytes, the most this server takes "
+                                f"(SPEC_BATCH_API_MAX_FILE_BYTES)", param="file")
+        return message
+
+    return Request(request.scope, receive)
+
+
+async def _form_parts(request: Request, max_bytes: int) -> tuple[UploadFile, str]:
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise invalid_request("upload the file as multipart/form-data with the fields 'file' and 'purpose'")
+    form = await _counted(request, max_bytes).form(max_files=1, max_fields=8)
+    upload, purpose = form.get("file"), form.get("purpose")
+    problem = None
+    if not isinstance(upload, UploadFile):
+        problem = invalid_request("the multipart field 'file' is missing", param="file", code="missing_field")
+    elif purpose != PURPOSE_BATCH:
+        problem = invalid_request(f"purpose {purpose!r} is not supported: this server takes files of purpose "
+                                  f"'batch'", param="purpose", code="invalid_value")
+    if problem is not None:
+        await form.close()  # its spooled temporary file goes now, not when collected
+        raise problem
+    assert isinstance(upload, UploadFile) and isinstance(purpose, str)
+    return upload, purpose
+
+
+@router.post("/v1/files")
+async def create_file(request: Request, ctx: Context, owner: Owner) -> dict[str, Any]:
+    settings = ctx.settings
+    _check_content_length(request, settings.api_max_file_bytes)
+    upload, purpose = await _form_parts(request, settings.api_max_file_bytes)
+    try:
+        file_id = await run_in_threadpool(
+            store_upload, ctx.session_factory, upload.file, owner=owner, filename=upload.filename or "upload.jsonl",
+            purpose=purpose, max_bytes=settings.api_max_file_bytes, max_lines=settings.api_max_file_lines,
+        )
+    finally:
+        await upload.close()
+    with ctx.session_factory() as s:
+        row = file_sql.get_file(s, file_id, owner)
+        assert row is not None
+        return file_object(row)
+
+
+@router.get("/v1/files")
+def list_files(ctx: Context, owner: Owner, after: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000, purpose: str | None = None) -> dict[str, Any]:
+    with ctx.session_factory() as s:
+        rows = file_sql.list_files(s, owner, after=after, limit=limit + 1, purpose=purpose)
+    return list_object([file_object(r) for r in rows[:limit]], len(rows) > limit)
+
+
+def _result_file(ctx: Any, file_id: str, owner: str | None) -> tuple[Any, Any, str]:
+    """(batch, job, kind) of a batch's result file the caller may see; a 404 otherwise."""
+    parsed = parse_result_file_id(file_id)
+    if parsed is not None:
+        with ctx.session_factory() as s:
+            found = file_sql.get_batch(s, parsed[0], owner)
+        if found is not None:
+            return found[0], found[1], parsed[1]
+    raise not_found("file", file_id, param="file_id")
+
+
+@router.get("/v1/files/{file_id}")
+def retrieve_file(file_id: str, ctx: Context, owner: Owner) -> dict[str, Any]:
+    with ctx.session_factory() as s:
+        row = file_sql.get_file(s, file_id, owner)
+        if row is not None:
+            return file_object(row)
+    batch, job, kind = _result_file(ctx, file_id, owner)
+    return result_file_object(ctx.session_factory, batch, job, kind)
+
+
+@router.get("/v1/files/{file_id}/content")
+def file_content(file_id: str, ctx: Context, owner: Owner) -> StreamingResponse:
+    with ctx.session_factory() as s:
+        found = file_sql.get_file(s, file_id, owner) is not None
+    if found:
+        body = iter_content(ctx.session_factory, file_id)
+    else:
+        batch, _, kind = _result_file(ctx, file_id, owner)
+        body = iter_result_bytes(ctx.session_factory, batch.id, kind)
+    return StreamingResponse(body, media_type="application/octet-stream")
+
+
+@router.delete("/v1/files/{file_id}")
+def delete_file(file_id: str, ctx: Context, owner: Owner) -> dict[str, Any]:
+    with ctx.session_factory.begin() as s:
+        deleted = file_sql.delete_file(s, file_id, owner)
+    if not deleted:
+        if parse_result_file_id(file_id) is not None:
+            _result_file(ctx, file_id, owner)  # another key's, or none: a 404 like any unknown file
+            raise APIError(400, "a batch's output and error files are part of the batch and are not deleted alone",
+                           param="file_id", code="invalid_value")
+        raise not_found("file", file_id, param="file_id")
+    return {"id": file_id, "object": "file", "deleted": True}

@@ -1,0 +1,86 @@
+"""What `spec-batch serve` runs: the served pair loaded once, its engine, the app's context and uvicorn.
+
+`build_context` makes the ServerContext: parts "served" (ServedModel), "engine" (the shared Engine), "decoder"
+(the engine as a Decoder: batch jobs in the server process decode through the same steps as online requests),
+and services [engine, batch runner]: started in that order, stopped in reverse, so on shutdown the batch runner
+hands its work back first and the engine then finishes the online requests in flight.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from spec_batch.core.engine import Engine
+from spec_batch.server.app import create_app
+from spec_batch.server.context import ServerContext, Service
+from spec_batch.server.served import ServedModel
+from spec_batch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    target: str
+    draft: str
+    device: str = "cpu"
+    dtype: str | None = None
+    weights: str | None = None
+    draft_weights: str | None = None
+    num_draft_tokens: int | None = None
+    adaptive: bool = True
+    max_batch: int = 8  # rows decoding at once in the shared engine (online requests and batch rows together)
+
+
+def served_model(options: ServeOptions, decoder: Any) -> ServedModel:
+    """The served pair named as jobs name it: model id = the target as given, drafter = the decoder's; weights
+    and dtype as the loaded target runs (None: full weights / the default dtype)."""
+    target = getattr(getattr(decoder, "precision", None), "target", None)
+    weights = target.weights if target is not None and target.weights != "full" else None
+    return ServedModel(model_id=options.target, target=options.target, drafter=decoder.draft_name,
+                       weights=weights, dtype=options.dtype)
+
+
+def build_context(settings: Settings, options: ServeOptions, session_factory: sessionmaker[Session],
+                  decoder: Any | None = None) -> ServerContext:
+    """Loads the pair (unless a decoder is given: tests) and builds the context; nothing starts yet."""
+    if decoder is None:
+        from spec_batch.loading import load_decoder
+
+        decoder = load_decoder(options.target, options.draft, device=options.device, dtype=options.dtype,
+                               num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive,
+                               cache_dir=str(settings.cache_dir), weights=options.weights,
+                               draft_weights=options.draft_weights)
+    engine = Engine(decoder, max_batch=options.max_batch)
+    served = served_model(options, decoder)
+    ctx = ServerContext(settings=settings, session_factory=session_factory, model_id=served.model_id,
+                        services=[engine],
+                        parts={"served": served, "engine": engine, "decoder": engine.as_decoder()})
+    # --- the batch runner (Files/Batches API, issue 24's other half) plugs in here ---------------------------
+    runner = batch_runner(ctx)
+    if runner is not None:
+        ctx.services.append(runner)  # after the engine: stopped before it
+    return ctx
+
+
+def batch_runner(ctx: ServerContext) -> Service | None:
+    """`make_batch_runner(ctx)` of spec_batch.server.batch_runner when that module is present (the batches
+    branch); without it the server serves the online endpoints only. An error inside it is raised, not hidden."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("spec_batch.server.batch_runner") is None:
+        return None
+    module = importlib.import_module("spec_batch.server.batch_runner")
+    return module.make_batch_runner(ctx)
+
+
+def run(ctx: ServerContext, host: str, port: int, *, log_level: str = "info") -> None:
+    """Serves until SIGINT/SIGTERM; uvicorn then stops accepting, lets in-flight requests (streams included)
+    finish, and the app's lifespan stops the services."""
+    import uvicorn
+
+    uvicorn.run(create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

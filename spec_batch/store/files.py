@@ -1,0 +1,123 @@
+"""SQL of the Files and Batches API (tables in file_tables.py): files and their chunks, batches and their jobs.
+
+Owner filters: ``owner=None`` means auth is off (every caller is the anonymous owner and sees everything);
+otherwise a row is seen only by its owner, so another key's file or batch reads as missing (a 404, no leak).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, and_, delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from .file_tables import Batch, FileChunk, StoredFile
+from .models import JOB_FINALIZING, JOB_IN_PROGRESS, Job
+
+
+def _owned(q: Select, column: Any, owner: str | None) -> Select:
+    return q if owner is None else q.where(column == owner)
+
+
+def _page(session: Session, q: Select, model: Any, after: str | None, owner: str | None) -> Select:
+    """Newest first; `after` (an id of the same owner's list) continues after that row (OpenAI's cursor)."""
+    if after is not None:
+        cursor = session.execute(
+            _owned(select(model.created_at, model.id).where(model.id == after), model.owner, owner)
+        ).first()
+        if cursor is None:
+            return q.where(False)
+        at, ident = cursor
+        q = q.where(or_(model.created_at < at, and_(model.created_at == at, model.id < ident)))
+    return q.order_by(model.created_at.desc(), model.id.desc())
+
+
+# ---------------------------------------------------------------- files
+
+
+def insert_file(session: Session, **values: Any) -> None:
+    session.add(StoredFile(**values))
+    session.flush()
+
+
+def add_chunk(session: Session, file_id: str, seq: int, data: bytes) -> None:
+    session.execute(FileChunk.__table__.insert().values(file_id=file_id, seq=seq, data=data))
+
+
+def get_file(session: Session, file_id: str, owner: str | None) -> StoredFile | None:
+    return session.scalars(_owned(select(StoredFile).where(StoredFile.id == file_id), StoredFile.owner, owner)).first()
+
+
+def list_files(session: Session, owner: str | None, *, after: str | None = None, limit: int = 20,
+               purpose: str | None = None) -> list[StoredFile]:
+    q = _owned(select(StoredFile), StoredFile.owner, owner)
+    if purpose is not None:
+        q = q.where(StoredFile.purpose == purpose)
+    return list(session.scalars(_page(session, q, StoredFile, after, owner).limit(limit)))
+
+
+def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:
+    """The file's content, one chunk per query: at most one chunk in memory at a time."""
+    seq = 0
+    while True:
+        data = session.scalar(select(FileChunk.data).where(FileChunk.file_id == file_id, FileChunk.seq == seq))
+        if data is None:
+            return
+        yield bytes(data)
+        seq += 1
+
+
+def delete_file(session: Session, file_id: str, owner: str | None) -> bool:
+    """Deletes the file and its chunks (batches made from it keep their requests). True when it existed."""
+    if get_file(session, file_id, owner) is None:
+        return False
+    session.execute(delete(FileChunk).where(FileChunk.file_id == file_id))
+    session.execute(delete(StoredFile).where(StoredFile.id == file_id))
+    return True
+
+
+# ---------------------------------------------------------------- batches (a batch is the job with its id)
+
+
+def insert_batch(session: Session, **values: Any) -> None:
+    session.add(Batch(**values))
+    session.flush()
+
+
+def get_batch(session: Session, batch_id: str, owner: str | None) -> tuple[Batch, Job] | None:
+    q = _owned(select(Batch, Job).join(Job, Job.id == Batch.id).where(Batch.id == batch_id), Batch.owner, owner)
+    row = session.execute(q).first()
+    return (row[0], row[1]) if row is not None else None
+
+
+def list_batches(session: Session, owner: str | None, *, after: str | None = None,
+                 limit: int = 20) -> list[tuple[Batch, Job]]:
+    q = _owned(select(Batch, Job).join(Job, Job.id == Batch.id), Batch.owner, owner)
+    return [(b, j) for b, j in session.execute(_page(session, q, Batch, after, owner).limit(limit))]
+
+
+def mark_cancelling(session: Session, batch_id: str, now: datetime) -> None:
+    session.execute(update(Batch).where(Batch.id == batch_id, Batch.cancelling_at.is_(None))
+                    .values(cancelling_at=now))
+
+
+def local_batches_to_run(session: Session) -> list[str]:
+    """Batches the server runs itself (their job has no queue) that are not finished: oldest first."""
+    q = (select(Batch.id).join(Job, Job.id == Batch.id)
+         .where(Job.queue.is_(None), Job.status.in_((JOB_IN_PROGRESS, JOB_FINALIZING)))
+         .order_by(Batch.created_at, Batch.id))
+    return list(session.scalars(q))
+
+
+def queued_batches_open(session: Session) -> list[str]:
+    """Queue batches not finished (in_progress): their orphan requests are enqueued again when a server starts."""
+    q = (select(Batch.id).join(Job, Job.id == Batch.id)
+         .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS).order_by(Batch.created_at, Batch.id))
+    return list(session.scalars(q))
+
+
+__all__ = [
+    "add_chunk", "delete_file", "get_batch", "get_file", "insert_batch", "insert_file", "iter_chunks",
+    "list_batches", "list_files", "local_batches_to_run", "mark_cancelling", "queued_batches_open",
+]
