@@ -48,12 +48,15 @@ def build_context(settings: Settings, options: ServeOptions, session_factory: se
                   decoder: Any | None = None) -> ServerContext:
     """Loads the pair (unless a decoder is given: tests) and builds the context; nothing starts yet."""
     if decoder is None:
+        from spec_batch.jobs.heads import resolve_with_settings, split_head
         from spec_batch.loading import load_decoder
 
-        decoder = load_decoder(options.target, options.draft, device=options.device, dtype=options.dtype,
-                               num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive,
+        decoder = load_decoder(options.target, resolve_with_settings(options.draft, settings), device=options.device,
+                               dtype=options.dtype, num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive,
                                cache_dir=str(settings.cache_dir), weights=options.weights,
                                draft_weights=options.draft_weights)
+        if split_head(options.draft):  # a head keeps the name jobs and queues know it by (head:NAME), not its cache dir
+            decoder.draft_name = options.draft
     engine = Engine(decoder, max_batch=options.max_batch)
     served = served_model(options, decoder)
     ctx = ServerContext(settings=settings, session_factory=session_factory, model_id=served.model_id,
