@@ -241,10 +241,7 @@ class Decoder:
                 return
             if waiting and len(active) < batch_size:
                 group = [self._new_row(waiting.popleft(), drafter) for _ in range(min(batch_size - len(active), len(waiting)))]
-                states = self._prefill(kv, group, drafter)
-                drafter.admit(group)
-                if states is not None:  # a head drafter reads the prompts' hidden states
-                    drafter.observe_hidden(len(active), states)  # type: ignore[attr-defined]
+                self._admit(kv, drafter, group, len(active))
                 active.extend(group)
             events = self._step(kv, drafter, active)
             yield from events
@@ -258,7 +255,15 @@ class Decoder:
                     kv = KVBatch(self.target, self.device, 0)
                     drafter = self._new_drafter(memory)
 
-    def _prefill(self, kv: KVBatch, rows: list[Row], drafter: Drafter | None = None) -> list[torch.Tensor] | None:
+    def _admit(self, kv: KVBatch, drafter: Drafter, rows: list[Row], first_row: int) -> None:
+        """New rows join below the first_row rows already in kv: their prompts are cached and the drafter told (a
+        head drafter also gets the prompts' hidden states). The engine's batch joins rows the same way."""
+        states = self._prefill(kv, rows, drafter)
+        drafter.admit(rows)
+        if states is not None:
+            drafter.observe_hidden(first_row, states)  # type: ignore[attr-defined]
+
+    def _prefill(self, kv: KVBatch, rows: list[Row], drafter: Drafter) -> list[torch.Tensor] | None:
         """Caches every prompt token but the last, which the first step reads together with the first draft.
         For a drafter that reads hidden states (a head), also returns each row's states [n_b, W] of those tokens."""
         hidden = wants_hidden(drafter)

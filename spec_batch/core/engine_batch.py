@@ -80,10 +80,7 @@ class Batch:
                 rows.append(ticket.row)
                 self.tickets.append(ticket)
         if rows:
-            states = self.decoder._prefill(self.kv, rows, self.drafter)
-            self.drafter.admit(rows)
-            if states is not None:  # a head drafter reads the prompts' hidden states (core/head_drafter.py)
-                self.drafter.observe_hidden(len(self.tickets) - len(rows), states)  # type: ignore[attr-defined]
+            self.decoder._admit(self.kv, self.drafter, rows, len(self.tickets) - len(rows))
 
     def drop_cancelled(self) -> None:
         gone = [t for t in self.tickets if t.cancelled]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from spec_batch.server.errors import too_large
+from spec_batch.server.errors import APIError, error_response, too_large
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: a chat request with long messages, tools and schemas fits many times
 EXEMPT = (("POST", "/v1/files"),)  # (method, path): streamed uploads with their own limit
@@ -33,7 +33,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+            await error_response(self._error())(scope, receive, send)  # the 413 in OpenAI's body, before reading
             return
         seen = 0
 
@@ -49,17 +49,5 @@ class BodyLimit:
 
         await self.app(scope, counted, send)
 
-    def _error(self) -> Exception:
+    def _error(self) -> APIError:
         return too_large(f"The request body is larger than the limit of {self.max_bytes} bytes.")
-
-    async def _refuse(self, send: Send) -> None:
-        body = _json(self._error().body())  # type: ignore[attr-defined]
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-
-def _json(obj: Any) -> bytes:
-    import json
-
-    return json.dumps(obj).encode("utf-8")

@@ -14,9 +14,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from spec_batch.core.outputs import GenerationResult
 from spec_batch.openai_format import CHAT, COMPLETIONS, BodyError, ParsedBody, parse_body
 from spec_batch.server.auth import Owner
-from spec_batch.server.context import context_of
+from spec_batch.server.context import Context, ServerContext
 from spec_batch.server.errors import APIError, invalid_request, model_not_found, not_found
 from spec_batch.server.online_bodies import DONE, Reply, sse
 from spec_batch.server.online_call import OnlineCall
@@ -26,13 +27,13 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, owner: Owner) -> Any:
-    return await _complete(request, CHAT)
+async def chat_completions(request: Request, ctx: Context, owner: Owner) -> Any:
+    return await _complete(request, ctx, CHAT)
 
 
 @router.post("/v1/completions")
-async def completions(request: Request, owner: Owner) -> Any:
-    return await _complete(request, COMPLETIONS)
+async def completions(request: Request, ctx: Context, owner: Owner) -> Any:
+    return await _complete(request, ctx, COMPLETIONS)
 
 
 def _model_object(model_id: str) -> dict[str, Any]:
@@ -40,20 +41,18 @@ def _model_object(model_id: str) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
-def list_models(request: Request, owner: Owner) -> dict[str, Any]:
-    ctx = context_of(request)
+def list_models(ctx: Context, owner: Owner) -> dict[str, Any]:
     return {"object": "list", "data": [_model_object(ctx.model_id)]}
 
 
 @router.get("/v1/models/{model}")
-def retrieve_model(model: str, request: Request, owner: Owner) -> dict[str, Any]:
-    ctx = context_of(request)
+def retrieve_model(model: str, ctx: Context, owner: Owner) -> dict[str, Any]:
     if not ctx.part("served").names(model):
         raise not_found("model", model, param="model", code="model_not_found")
     return _model_object(ctx.model_id)
 
 
-async def _parsed(request: Request, ctx: Any, endpoint: str) -> ParsedBody:
+async def _parsed(request: Request, ctx: ServerContext, endpoint: str) -> ParsedBody:
     try:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -67,14 +66,13 @@ async def _parsed(request: Request, ctx: Any, endpoint: str) -> ParsedBody:
     return parsed
 
 
-def _reply(ctx: Any, parsed: ParsedBody) -> Reply:
+def _reply(ctx: ServerContext, parsed: ParsedBody) -> Reply:
     engine = ctx.part("engine")
     tools = parsed.tools is not None and parsed.tools.choice != "none"
     return Reply(parsed.endpoint, ctx.model_id, engine.decoder.draft_name, engine.decoder.tokenizer, tools=tools)
 
 
-async def _complete(request: Request, endpoint: str) -> Any:
-    ctx = context_of(request)
+async def _complete(request: Request, ctx: ServerContext, endpoint: str) -> Any:
     parsed = await _parsed(request, ctx, endpoint)
     reply = _reply(ctx, parsed)
     call = OnlineCall(ctx.part("engine"), parsed)
@@ -94,8 +92,12 @@ async def _complete(request: Request, endpoint: str) -> Any:
         metrics.record(call.results)
     failed = next((r for r in results if r.finish_reason == "error"), None)
     if failed is not None:
-        raise APIError(500, f"decoding failed: {failed.error}", code="internal_error")
+        raise _decoding_failed(failed)
     return JSONResponse(reply.body(results))
+
+
+def _decoding_failed(result: GenerationResult) -> APIError:
+    return APIError(500, f"decoding failed: {result.error}", code="internal_error")
 
 
 def _include_usage(parsed: ParsedBody) -> bool:
@@ -114,8 +116,7 @@ async def _events(call: OnlineCall, reply: Reply, metrics: RequestMetrics) -> As
         async for index, update in call.updates():
             result, chunk = update.result, update.chunk
             if result is not None and result.finish_reason == "error":
-                yield sse({"error": {"message": f"decoding failed: {result.error}", "type": "server_error",
-                                     "param": None, "code": "internal_error"}})
+                yield sse(_decoding_failed(result).body())
                 return
             if reply.tools:
                 if result is not None:
