@@ -8,6 +8,7 @@ memory, not correctness; `compact` squeezes them out with a gather when they pil
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,12 +19,18 @@ from . import padding
 
 
 class SlabLayer(DynamicLayer):
-    """A cache layer with preallocated, doubling capacity: appends write in place instead of torch.cat."""
+    """A cache layer with preallocated, doubling capacity: appends write in place instead of torch.cat.
+    storage_dtype: the dtype keys and values are kept in (None: theirs); a model may ask for a wider one
+    (`kv_storage_dtype`) when its attention computes in it."""
+
+    def __init__(self, storage_dtype: torch.dtype | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.storage_dtype = storage_dtype
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self._kbuf = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3]))
-        self._vbuf = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]))
+        self.dtype, self.device = self.storage_dtype or key_states.dtype, key_states.device
+        self._kbuf = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3]), dtype=self.dtype)
+        self._vbuf = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]), dtype=self.dtype)
         self.length = 0
         self.is_initialized = True
         self._refresh()
@@ -102,6 +109,12 @@ class SlabLayer(DynamicLayer):
         self._refresh()
 
 
+def kv_storage_dtype(model) -> torch.dtype | None:
+    """The dtype a model's attention wants its keys and values in, where it says (loading/cpu_attention.py sets
+    float64 on CPU models, whose attention computes in it); None: the model's own."""
+    return getattr(model, "spec_batch_kv_dtype", None)
+
+
 def supports_model(model) -> str | None:
     """None if the model's attention fits this cache; otherwise why not."""
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
@@ -131,7 +144,7 @@ class KVBatch:
     def __init__(self, model, device: torch.device, batch: int):
         self.model = model
         self.device = device
-        self.cache = Cache(layer_class_to_replicate=SlabLayer)
+        self.cache = Cache(layer_class_to_replicate=functools.partial(SlabLayer, kv_storage_dtype(model)))
         self.mask = torch.zeros(batch, 0, dtype=torch.long, device=device)  # [B, cache_len], 1 = the row's token
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)  # [B] = valid entries per row
         # publish each forward's real positions only to a model with a layer that reads them (no sync elsewhere)

@@ -1,15 +1,25 @@
-"""Grouped-query attention without copying the KV cache, for models that run on the CPU.
+"""Attention for models that run on the CPU: exact across step widths and batches, and grouped-query attention
+without copying the KV cache.
 
-Hugging Face's `sdpa` attention handles grouped-query attention (SmolLM2: 9 query heads share 3 key/value heads)
-in one of two ways: a single query token is folded onto the key/value heads (the query heads that share a
-key/value head become that head's queries, so the cache is read once per key/value head), but a forward of several
-tokens with a mask (every verify step of speculative decoding) copies the whole cache into one key/value head per
-query head first (`repeat_kv`): at batch 8 that copy cost ~55 ms of a ~110 ms step on the default model. So this
-registers `spec_batch_sdpa`: `sdpa`, with multi-token masked forwards on the CPU folded the same way.
+**Exact.** Speculation equals plain decoding token for token only if a token's numbers do not depend on how many
+tokens its forward computes or which rows share it. The linear layers here guarantee that per row (cpu_linear.py,
+quant_linear.py), but attention sums over the key columns, and torch's kernels block and vectorize those sums by the
+step's key length (a verify step of 9 tokens sees 8 more, masked, columns than a one-token step): on the default
+model the logits of the same token then differed by ~4e-5 in fp32 and, where int4/int8 kernels round their inputs
+to bf16 (which amplifies a last-bit difference into a bf16 step), by up to 0.3, which flipped greedy tokens in most
+speculative outputs. So attention computes in float64 on the CPU: summation order then moves results by ~1e-16,
+far below the float32 (or bf16) rounding of the output, and the logits of a token are the same bit for bit at every
+width and batch (tests/loading/test_exact_attention.py). The KV cache is kept in float64 (core/kv_batch.py reads
+`spec_batch_kv_dtype`), so no step casts it. It costs ~2x the attention's own time (docs/weights.md).
 
-Folding beats torch's own `enable_gqa=True` (used here before), whose CPU kernel reads the cache once per query
-head: on the verify steps of real batch-8 jobs attention took 25-30% less time (docs/benchmarks.md). The results
-differ from `sdpa`'s by rounding at most (another blocking of the same sums).
+**Grouped-query attention.** Hugging Face's `sdpa` attention handles grouped-query attention (SmolLM2: 9 query
+heads share 3 key/value heads) in one of two ways: a single query token is folded onto the key/value heads (the
+query heads that share a key/value head become that head's queries, so the cache is read once per key/value head),
+but a forward of several tokens with a mask (every verify step of speculative decoding) copies the whole cache into
+one key/value head per query head first (`repeat_kv`): at batch 8 that copy cost ~55 ms of a ~110 ms step on the
+default model. So this registers `spec_batch_sdpa`: `sdpa`, with multi-token masked forwards on the CPU folded the
+same way. Folding beats torch's own `enable_gqa=True` (used here before), whose CPU kernel reads the cache once per
+query head: on the verify steps of real batch-8 jobs attention took 25-30% less time (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -36,12 +46,18 @@ def sdpa_gqa_forward(
 ) -> tuple[torch.Tensor, None]:
     groups = getattr(module, "num_key_value_groups", 1)
     plain = not any(kwargs.get(k) is not None for k in ("position_bias", "cache", "softcap"))
+    dtype = query.dtype
+    if query.device.type == "cpu":  # float64: a token's numbers do not depend on its step's width or batch
+        query, key, value = query.to(torch.float64), key.to(torch.float64), value.to(torch.float64)
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.to(torch.float64)
     if (groups > 1 and plain and attention_mask is not None and attention_mask.shape[1] == 1 and query.shape[2] > 1
             and query.device.type == "cpu"):
-        return _folded(query, key, value, attention_mask, scaling, dropout), None
-    return sdpa_attention_forward(
+        return _folded(query, key, value, attention_mask, scaling, dropout).to(dtype), None
+    out, weights = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
     )
+    return out.to(dtype), weights
 
 
 def _folded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
@@ -72,4 +88,7 @@ def use_gqa_attention(model: Any) -> bool:
         model.set_attn_implementation(NAME)
     except (ValueError, NotImplementedError, AttributeError):  # a model class without attention backends: as it is
         return False
-    return model.config._attn_implementation == NAME
+    if model.config._attn_implementation != NAME:
+        return False
+    model.spec_batch_kv_dtype = torch.float64  # core/kv_batch.py keeps the cache in it: no cast per step
+    return True

@@ -18,6 +18,7 @@ from ..settings import get_settings
 from . import gguf_cache
 from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
+from .fused_projections import fuse_projections
 from .gguf_cache import CacheEntry
 from .resolve import resolve_spec
 from .weights import QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
@@ -211,6 +212,7 @@ def _load_dir(
         quantize_model(model, precision.weights, gguf_path=gguf_path, entry_dir=path if gguf_path is not None else None)
     elif get_settings().pack_weights:  # CPU only: a verify step of several tokens then costs little more than one
         pack_linear_weights(model)
+    fuse_projections(model)  # q/k/v and gate/up in one call each: fewer small kernel calls, the same bits
     use_gqa_attention(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)
 

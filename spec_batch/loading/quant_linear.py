@@ -31,6 +31,8 @@ INT4_GROUP_SIZE = 32
 MIN_ROWS = 1
 # tinygemm's tiling: K must be a multiple of 16 * inner k tiles; gpt-fast uses 8, the default model's 576 needs 2
 _CUDA_INNER_K_TILES = 8
+# the packed layouts hold the outputs in blocks of this many rows (measured: CPU; tinygemm's layout: CUDA)
+_CPU_OUT_BLOCK, _CUDA_OUT_BLOCK = 64, 8
 
 
 class _RowsLinear(nn.Module):
@@ -128,6 +130,29 @@ class Int4Linear(_RowsLinear):
         q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
         return cls.from_q4_1(q, scale, low, bias, act_dtype, group_size=group_size, **kw)
 
+    @classmethod
+    def concat(cls, layers: list["Int4Linear"]) -> "Int4Linear":
+        """One layer computing `layers` side by side (their outputs concatenated): the packed weights hold the
+        outputs in blocks (64 on the CPU, tinygemm's 8 on CUDA), so they concatenate as they are where every layer
+        but the last fills its blocks."""
+        first = layers[0]
+        same = ("in_features", "group_size", "act_dtype", "min_rows", "cuda_kernel")
+        if any(getattr(l, k) != getattr(first, k) for l in layers for k in same) or (
+                len({l.bias is None for l in layers}) != 1):
+            raise ValueError("int4 layers of different shapes or settings do not concatenate")
+        block = _CUDA_OUT_BLOCK if first.cuda_kernel else _CPU_OUT_BLOCK
+        if any(l.out_features % block for l in layers[:-1]):
+            raise ValueError(f"int4 layers concatenate only at multiples of {block} outputs")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        for key in same:
+            setattr(fused, key, getattr(first, key))
+        fused.out_features = sum(l.out_features for l in layers)
+        fused.register_buffer("packed", torch.cat([l.packed for l in layers]))
+        fused.register_buffer("scales_and_zeros", torch.cat([l.scales_and_zeros for l in layers], dim=1))
+        fused.bias = None if first.bias is None else torch.cat([l.bias for l in layers])
+        return fused
+
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         x = rows.to(self.act_dtype)
         if self.cuda_kernel:
@@ -175,6 +200,17 @@ class Int8Linear(_RowsLinear):
         w = q.float().reshape(q.shape[0], -1, group) * (d / row_scale[:, None])[..., None]
         q8 = w.round().clamp(-127, 127).to(torch.int8).reshape(q.shape)
         return cls(q8, row_scale, bias, act_dtype, **kw)
+
+    @classmethod
+    def concat(cls, layers: list["Int8Linear"]) -> "Int8Linear":
+        """One layer computing `layers` side by side (their outputs concatenated)."""
+        first = layers[0]
+        if any(l.in_features != first.in_features or l.act_dtype != first.act_dtype or l.min_rows != first.min_rows
+               for l in layers) or len({l.bias is None for l in layers}) != 1:
+            raise ValueError("int8 layers of different shapes or settings do not concatenate")
+        bias = None if first.bias is None else torch.cat([l.bias for l in layers])
+        return cls(torch.cat([l.weight_int8 for l in layers]), torch.cat([l.scales for l in layers]), bias,
+                   first.act_dtype, device=first.weight_int8.device, min_rows=first.min_rows)
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows.to(self.act_dtype), self.weight_int8, self.scales)

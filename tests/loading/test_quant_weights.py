@@ -233,30 +233,14 @@ def test_the_default_model_at_int4_keeps_its_file_in_under_100_mb_and_speculatio
     assert weight_bytes <= 100e6, weight_bytes  # 536 MB in fp32
     prompts = [dec.apply_chat_template([{"role": "user", "content": p}]) for p in (
         "Rewrite this sentence, changing only 'cat' to 'dog': The cat sat on the mat and the cat looked at the cat.",
-        "What is the capital of France?")]
-    params = SamplingParams(max_new_tokens=32)
+        "What is the capital of France?",
+        "Fix the typos and keep everything else: Teh quick brown fox jumsp over the lazzy dog, then it sleeps.",
+        "Write two sentences about the sea.")]
+    params = SamplingParams(max_new_tokens=40)
     plain = load_decoder("default", "none", weights="int4")
     assert plain.target is model  # one loaded model per (file, precision)
     want = [r.token_ids for r in plain.generate(prompts, params, batch_size=1)]
-    for batch_size in (1, 2):
-        got = [r.token_ids for r in dec.generate(prompts, params, batch_size=batch_size)]
-        for prompt, g, w in zip(prompts, got, want):
-            _same_but_at_a_rounding_tie(model, prompt, g, w)
-
-
-def _same_but_at_a_rounding_tie(model, prompt: list[int], got: list[int], want: list[int]) -> None:
-    """`got` equals `want`, or first differs where the target's two likeliest tokens are within two bf16 steps.
-
-    The int8 LM head returns bf16 logits (one step is 0.125 at a logit of 25), and the hidden state reaching it
-    differs by fp32 rounding between a one-token step and a verify step; on an exact bf16 tie the two shapes can
-    pick different tokens (docs/weights.md). Any other difference is a speculation bug."""
-    if got == want:
-        return
-    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    assert at < min(len(got), len(want)), f"one output is a prefix of the other: {got} vs {want}"
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + want[:at]])).logits[0, -1].float()
-    top = logits.topk(2)
-    step = 2.0 ** (torch.floor(torch.log2(top.values[0].abs())).item() - 7)  # one bf16 step at that magnitude
-    assert {got[at], want[at]} <= set(top.indices.tolist()), (at, got[at], want[at], top)
-    assert (top.values[0] - top.values[1]).item() <= 2 * step, (at, top, step)
+    # bit for bit (loading/cpu_attention.py): before attention computed in float64, most of these differed
+    for batch_size in (1, 4):
+        assert [r.token_ids for r in dec.generate(prompts, params, batch_size=batch_size)] == want
+        assert [r.token_ids for r in plain.generate(prompts, params, batch_size=batch_size)] == want
