@@ -8,7 +8,9 @@ prompts one after another, at the same thread count -- and what do load time and
         [--set edits] [--n 8] [--max-tokens 96] [--configs full-fp32,full-bf16,int8,int4,int4-bf16,llamacpp] [--self-draft]
 
 Every configuration runs in a fresh process (its load time and resident memory are its own), one after
-another within a round, the rounds interleaved; tokens/s is output tokens over decode wall time, greedy.
+another within a round, the rounds interleaved; tokens/s is output tokens over decode wall time, greedy. Each
+spec-batch run of the set is one job (a job memory, as `spec-batch run` keeps); `--set templated` is the bulk
+templated job of issue 26's batch-8 target.
 llama-cpp-python is an optional extra (`pip install -e .[llamacpp]`, docs/weights.md); without it the llama.cpp
 rows are skipped. Prints one JSON line per (round, configuration, mode) and a median table at the end.
 """
@@ -51,6 +53,7 @@ def run_spec_batch(config: str, args) -> list[dict]:
     import torch
 
     from spec_batch import SamplingParams
+    from spec_batch.core.job_memory import JobMemory
     from spec_batch.loading import load_decoder
 
     torch.set_num_threads(args.threads)
@@ -70,7 +73,9 @@ def run_spec_batch(config: str, args) -> list[dict]:
     plain.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
     for mode, dec, batch in modes:
         t = time.perf_counter()
-        results = dec.generate(prompts, params, batch_size=batch)
+        # each run of the set is one job, as bench_core runs it: the suffix drafter also drafts from the job's
+        # other outputs (its memory); plain decoding ignores it
+        results = dec.generate(prompts, params, batch_size=batch, memory=JobMemory())
         wall = time.perf_counter() - t
         tokens = sum(len(r.token_ids) for r in results)
         rows.append({**base, "mode": mode, "tokens": tokens, "wall_s": round(wall, 2),
