@@ -130,7 +130,7 @@ def _fuse(parent: nn.Module, group_name: str, names: tuple[str, ...]) -> bool:
     kind = type(layers[0])
     if kind not in _CONCAT or any(type(l) is not kind for l in layers):
         return False
-    if len({l.in_features for l in layers}) != 1:
+    if len({l.in_features for l in layers}) != 1 or len({getattr(l, "bias", None) is None for l in layers}) != 1:
         return False
     try:
         fused = _CONCAT[kind](layers)
