@@ -72,23 +72,3 @@ def test_the_cache_is_kept_in_float64_and_attention_returns_the_models_dtype():
     assert kv.cache.layers[0].keys.dtype == torch.float64
     assert logits.dtype == torch.float32
 
-
-@pytest.mark.slow
-def test_the_default_model_in_bfloat16_speculates_exactly_at_batch_1_and_4():
-    """Full bf16, the fastest precision with speculation on CPUs with AVX512-BF16 or AMX (docs/weights.md): before
-    attention computed in float64 its near-ties flipped between batch shapes; now outputs equal plain decoding."""
-    from spec_batch import SamplingParams
-    from spec_batch.loading import load_decoder
-
-    dec = load_decoder("default", "suffix", dtype="bfloat16")
-    plain = load_decoder("default", "none", dtype="bfloat16")
-    prompts = [dec.apply_chat_template([{"role": "user", "content": p}]) for p in (
-        "Rewrite this sentence, changing only 'cat' to 'dog': The cat sat on the mat and the cat looked at the cat.",
-        "What is the capital of France?",
-        "Fix the typos and keep everything else: Teh quick brown fox jumsp over the lazzy dog, then it sleeps.",
-        "Write two sentences about the sea.")]
-    params = SamplingParams(max_new_tokens=40)
-    want = [r.token_ids for r in plain.generate(prompts, params, batch_size=1)]
-    for batch_size in (1, 4):
-        assert [r.token_ids for r in dec.generate(prompts, params, batch_size=batch_size)] == want
-        assert [r.token_ids for r in plain.generate(prompts, params, batch_size=batch_size)] == want

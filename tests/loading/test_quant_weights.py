@@ -231,16 +231,29 @@ def test_the_default_model_at_int4_keeps_its_file_in_under_100_mb_and_speculatio
     assert model.spec_batch_quant_report.counts == {"Q4_1 as shipped": 210, "Q8_0 as shipped": 1}
     weight_bytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     assert weight_bytes <= 100e6, weight_bytes  # 536 MB in fp32
+    plain = load_decoder("default", "none", weights="int4")
+    assert plain.target is model  # one loaded model per (file, precision)
+    _speculation_equals_plain_decoding(dec, plain)
+
+
+@pytest.mark.slow
+def test_the_default_model_in_bfloat16_speculates_exactly_at_batch_1_and_4():
+    """Full bf16, the fastest precision with speculation on CPUs with AVX512-BF16 or AMX (docs/weights.md): before
+    attention computed in float64 its near-ties flipped between batch shapes (this fails without it)."""
+    _speculation_equals_plain_decoding(load_decoder("default", "suffix", dtype="bfloat16"),
+                                       load_decoder("default", "none", dtype="bfloat16"))
+
+
+def _speculation_equals_plain_decoding(dec, plain) -> None:
+    """Bit for bit (loading/cpu_attention.py), at batch 1 and 4; before attention computed in float64, most of these
+    outputs differed at int4."""
     prompts = [dec.apply_chat_template([{"role": "user", "content": p}]) for p in (
         "Rewrite this sentence, changing only 'cat' to 'dog': The cat sat on the mat and the cat looked at the cat.",
         "What is the capital of France?",
         "Fix the typos and keep everything else: Teh quick brown fox jumsp over the lazzy dog, then it sleeps.",
         "Write two sentences about the sea.")]
     params = SamplingParams(max_new_tokens=40)
-    plain = load_decoder("default", "none", weights="int4")
-    assert plain.target is model  # one loaded model per (file, precision)
     want = [r.token_ids for r in plain.generate(prompts, params, batch_size=1)]
-    # bit for bit (loading/cpu_attention.py): before attention computed in float64, most of these differed
     for batch_size in (1, 4):
         assert [r.token_ids for r in dec.generate(prompts, params, batch_size=batch_size)] == want
         assert [r.token_ids for r in plain.generate(prompts, params, batch_size=batch_size)] == want
