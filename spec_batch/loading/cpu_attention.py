@@ -46,13 +46,13 @@ def sdpa_gqa_forward(
 ) -> tuple[torch.Tensor, None]:
     groups = getattr(module, "num_key_value_groups", 1)
     plain = not any(kwargs.get(k) is not None for k in ("position_bias", "cache", "softcap"))
-    dtype = query.dtype
-    if query.device.type == "cpu":  # float64: a token's numbers do not depend on its step's width or batch
+    dtype, cpu = query.dtype, query.device.type == "cpu"
+    if cpu:  # float64: a token's numbers do not depend on its step's width or batch
         query, key, value = query.to(torch.float64), key.to(torch.float64), value.to(torch.float64)
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.to(torch.float64)
-    if (groups > 1 and plain and attention_mask is not None and attention_mask.shape[1] == 1 and query.shape[2] > 1
-            and query.device.type == "cpu"):
+    masked_steps = attention_mask is not None and attention_mask.shape[1] == 1 and query.shape[2] > 1
+    if cpu and groups > 1 and plain and masked_steps:
         return _folded(query, key, value, attention_mask, scaling, dropout).to(dtype), None
     out, weights = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs

@@ -15,6 +15,7 @@ output is dropped once every part has read it. The state is per thread, so two t
 """
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Callable
 
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from .cpu_linear import PackedLinear
-from .quant_linear import Int4Linear, Int8Linear
+from .quant_linear import Int4Linear, Int8Linear, require_concatenable
 
 __all__ = ["FusedGroup", "FusedPart", "fuse_projections", "GROUPS"]
 
@@ -32,6 +33,7 @@ _CHECK_ROWS = (1, 3, 4, 9, 17)
 
 
 def _concat_linear(layers: list[nn.Linear]) -> nn.Linear:
+    require_concatenable(layers, ("in_features",), "linear")
     first = layers[0].weight
     fused = nn.Linear(first.shape[1], sum(l.out_features for l in layers), bias=layers[0].bias is not None,
                       device=first.device, dtype=first.dtype)
@@ -42,11 +44,13 @@ def _concat_linear(layers: list[nn.Linear]) -> nn.Linear:
 
 
 def _concat_packed(layers: list[PackedLinear]) -> PackedLinear:
+    require_concatenable(layers, ("in_features",), "packed")
     return PackedLinear(_concat_linear([l.plain() for l in layers]), keep_weight=False)
 
 
 _CONCAT: dict[type, Callable[[list], nn.Module]] = {
-    nn.Linear: _concat_linear, PackedLinear: _concat_packed, Int4Linear: Int4Linear.concat, Int8Linear: Int8Linear.concat,
+    nn.Linear: _concat_linear, PackedLinear: _concat_packed,
+    Int4Linear: Int4Linear.concat, Int8Linear: Int8Linear.concat,
 }
 
 
@@ -70,9 +74,7 @@ class FusedGroup(nn.Module):
             state.input = state.outputs = None
         return out
 
-    def __deepcopy__(self, memo: dict) -> "FusedGroup":
-        import copy
-
+    def __deepcopy__(self, memo: dict) -> "FusedGroup":  # a thread-local state does not copy: a new, empty one
         return FusedGroup(copy.deepcopy(self.fused, memo), list(self.sizes))
 
 
@@ -92,15 +94,6 @@ class FusedPart(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.part(self.index, x)
-
-    def __deepcopy__(self, memo: dict) -> "FusedPart":
-        import copy
-
-        part = FusedPart.__new__(FusedPart)
-        nn.Module.__init__(part)
-        part.__dict__["group"] = copy.deepcopy(self.group, memo)
-        part.index, part.in_features, part.out_features = self.index, self.in_features, self.out_features
-        return part
 
     def extra_repr(self) -> str:
         return f"part {self.index} of the fused layer, out_features={self.out_features}"
@@ -130,12 +123,10 @@ def _fuse(parent: nn.Module, group_name: str, names: tuple[str, ...]) -> bool:
     kind = type(layers[0])
     if kind not in _CONCAT or any(type(l) is not kind for l in layers):
         return False
-    if len({l.in_features for l in layers}) != 1 or len({getattr(l, "bias", None) is None for l in layers}) != 1:
-        return False
     try:
         fused = _CONCAT[kind](layers)
     except (ValueError, RuntimeError):
-        return False  # layers that do not concatenate (different group sizes, dtypes, devices)
+        return False  # layers that do not concatenate (shapes, biases, group sizes, dtypes, devices)
     if not _same_bits(layers, fused):
         return False
     group = FusedGroup(fused, [l.out_features for l in layers])

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..core import padding
 
-__all__ = ["Int4Linear", "Int8Linear", "QuantEmbedding", "INT4_GROUP_SIZE", "MIN_ROWS"]
+__all__ = ["Int4Linear", "Int8Linear", "QuantEmbedding", "INT4_GROUP_SIZE", "MIN_ROWS", "require_concatenable"]
 
 INT4_GROUP_SIZE = 32
 # Fewer rows than this are computed with zero rows added (as cpu_linear.MIN_ROWS does for oneDNN). Both kernels here
@@ -33,6 +33,15 @@ MIN_ROWS = 1
 _CUDA_INNER_K_TILES = 8
 # the packed layouts hold the outputs in blocks of this many rows (measured: CPU; tinygemm's layout: CUDA)
 _CPU_OUT_BLOCK, _CUDA_OUT_BLOCK = 64, 8
+
+
+def require_concatenable(layers: list[nn.Module], keys: tuple[str, ...], what: str) -> None:
+    """ValueError unless the layers agree on `keys` and all have a bias or none has: what any concatenation of
+    layers side by side needs (fused_projections.py)."""
+    first = layers[0]
+    mixed_bias = len({l.bias is None for l in layers}) != 1
+    if mixed_bias or any(getattr(l, k) != getattr(first, k) for l in layers for k in keys):
+        raise ValueError(f"{what} layers of different shapes or settings do not concatenate")
 
 
 class _RowsLinear(nn.Module):
@@ -137,9 +146,7 @@ class Int4Linear(_RowsLinear):
         but the last fills its blocks."""
         first = layers[0]
         same = ("in_features", "group_size", "act_dtype", "min_rows", "cuda_kernel")
-        if any(getattr(l, k) != getattr(first, k) for l in layers for k in same) or (
-                len({l.bias is None for l in layers}) != 1):
-            raise ValueError("int4 layers of different shapes or settings do not concatenate")
+        require_concatenable(layers, same, "int4")
         block = _CUDA_OUT_BLOCK if first.cuda_kernel else _CPU_OUT_BLOCK
         if any(l.out_features % block for l in layers[:-1]):
             raise ValueError(f"int4 layers concatenate only at multiples of {block} outputs")
@@ -205,9 +212,7 @@ class Int8Linear(_RowsLinear):
     def concat(cls, layers: list["Int8Linear"]) -> "Int8Linear":
         """One layer computing `layers` side by side (their outputs concatenated)."""
         first = layers[0]
-        if any(l.in_features != first.in_features or l.act_dtype != first.act_dtype or l.min_rows != first.min_rows
-               for l in layers) or len({l.bias is None for l in layers}) != 1:
-            raise ValueError("int8 layers of different shapes or settings do not concatenate")
+        require_concatenable(layers, ("in_features", "act_dtype", "min_rows"), "int8")
         bias = None if first.bias is None else torch.cat([l.bias for l in layers])
         return cls(torch.cat([l.weight_int8 for l in layers]), torch.cat([l.scales for l in layers]), bias,
                    first.act_dtype, device=first.weight_int8.device, min_rows=first.min_rows)

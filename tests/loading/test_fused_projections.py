@@ -89,6 +89,14 @@ def test_layers_of_different_kinds_stay_separate():
     assert isinstance(attn.k_proj, Int8Linear) and not hasattr(attn, "qkv_proj")
 
 
+def test_projections_with_and_without_a_bias_stay_separate():
+    model = _llama("plain")
+    mlp = model.model.layers[1].mlp
+    mlp.gate_proj.bias = nn.Parameter(torch.zeros(mlp.gate_proj.out_features), requires_grad=False)
+    assert fuse_projections(model) == 3  # layer 1's gate/up stays as it is
+    assert type(mlp.gate_proj) is nn.Linear and not hasattr(mlp, "gate_up_proj")
+
+
 def test_int4_layers_that_do_not_fill_the_packed_blocks_stay_separate():
     parts = [Int4Linear.quantize(torch.randn(out, 64), None, torch.bfloat16) for out in (32, 64)]
     with pytest.raises(ValueError, match="multiples of 64"):
