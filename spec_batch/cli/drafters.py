@@ -26,9 +26,11 @@ def drafters() -> None:
 @click.option("--draft-vocab", type=click.IntRange(min=16), default=8192, show_default=True,
               help="Tokens the head can propose (the most frequent in the data; FR-Spec).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--own-lm-head", is_flag=True,
+              help="Train and store the head's own LM head (default: the target's rows, frozen and not stored).")
 @device_option
 def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: float | None, epochs: int,
-          draft_vocab: int, seed: int, device: str | None) -> None:
+          draft_vocab: int, seed: int, own_lm_head: bool, device: str | None) -> None:
     """Distill a head NAME for the jobs' target from their stored prompts and outputs."""
     from tqdm import tqdm
 
@@ -50,7 +52,8 @@ def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: f
         decoder = shared_decoder(targets.pop(), "none", device=device or settings.device or "cpu",
                                  cache_dir=settings.cache_dir)
         pairs = sequences(decoder, outputs) + (prompts_file(decoder, prompts) if prompts else [])
-        opts = TrainOptions(draft_vocab=draft_vocab, epochs=epochs, max_minutes=max_minutes, seed=seed)
+        opts = TrainOptions(draft_vocab=draft_vocab, epochs=epochs, max_minutes=max_minutes, seed=seed,
+                            shared_lm_head=not own_lm_head)
         trained = train_from_pairs(decoder, pairs, opts, bar=lambda total, desc: tqdm(total=total, desc=desc))
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -39,7 +39,9 @@ class HeadConfig:
     target: str = ""  # the target it was trained for (as the decoder names it)
     input_norm: bool = True  # EAGLE-1's published heads skip the first layer's input norm
     final_norm: bool = False  # EAGLE-3 normalizes the feature before its LM head
-    shared_lm_head: bool = False  # EAGLE-1's published heads read the target's own LM head (full vocabulary)
+    # the head reads the target's own LM head (never stored): EAGLE-1's published heads over the full vocabulary,
+    # heads spec-batch trains over the rows of the draft vocabulary (d2t)
+    shared_lm_head: bool = False
     layout: str = "eagle"  # "eagle": fc(embedding ; state) -> layer; "eagle3": core/head3.py
     # the target's hidden states the head reads, as Hugging Face's hidden_states indices (the input of that layer);
     # empty: the last hidden state (after the final norm). EAGLE-3 reads a low, a middle and a high one.
@@ -187,6 +189,7 @@ class EagleHead(nn.Module):
         """The target's embedding (and LM head, for a head that shares it)."""
         self.__dict__["embed_tokens"] = embed_tokens
         self.__dict__["target_lm_head"] = lm_head
+        self.__dict__.pop("reduced_lm_head", None)
         return self
 
     @property
@@ -200,7 +203,23 @@ class EagleHead(nn.Module):
         lm = self.__dict__.get("target_lm_head")
         if lm is None:
             raise ValueError("this head drafts with the target's LM head: attach(embedding, lm_head) first")
-        return lm
+        if self.config.draft_vocab_size >= self.config.vocab_size:
+            return lm
+        return self._reduced(lm)
+
+    def _reduced(self, lm: nn.Module) -> nn.Module:
+        """The target's LM head rows of the draft vocabulary (frozen; rebuilt when the head moves or changes dtype)."""
+        like = self.fc.weight
+        cached = self.__dict__.get("reduced_lm_head")
+        if cached is None or cached[0] is not lm or cached[1].weight.device != like.device or cached[1].weight.dtype != like.dtype:
+            with torch.inference_mode(False), torch.no_grad():  # built while drafting, later read by training too
+                weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight  # int4/int8: their values
+                reduced = nn.Linear(self.config.hidden_size, self.config.draft_vocab_size, bias=False,
+                                    device=like.device, dtype=like.dtype)
+                reduced.weight.copy_(weight[self.d2t.to(weight.device)])
+                reduced.weight.requires_grad_(False)
+            self.__dict__["reduced_lm_head"] = cached = (lm, reduced)
+        return cached[1]
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any | None = None,
@@ -252,28 +271,51 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return x * cos + rotated * sin
 
 
+STORAGE_DTYPE = torch.bfloat16  # weights are stored in bfloat16 (half of float32's bytes) and computed in float32
+
+
+def stored_tensors(head: EagleHead) -> dict[str, torch.Tensor]:
+    """The head's tensors as they are stored: floating ones in STORAGE_DTYPE, on the CPU."""
+    return {k: (v.to(STORAGE_DTYPE) if v.is_floating_point() else v).detach().contiguous().cpu()
+            for k, v in head.state_dict().items()}
+
+
+def round_to_storage(head: EagleHead) -> EagleHead:
+    """Rounds the head's weights in place to what storing keeps (so what is measured is what is stored)."""
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(p.to(STORAGE_DTYPE))
+    return head
+
+
 def param_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
 
-def head_for_target(target: Any, d2t: torch.Tensor, target_name: str) -> EagleHead:
+def head_for_target(target: Any, d2t: torch.Tensor, target_name: str, shared_lm_head: bool = True) -> EagleHead:
     """A new head shaped for target (one of its layers), over the draft vocabulary d2t, started as training
-    starts it (`init_from_target`), sharing the target's embedding."""
-    head = EagleHead(HeadConfig.for_target(target.config, len(d2t), target_name), target.get_input_embeddings())
+    starts it (`init_from_target`), sharing the target's embedding and (shared_lm_head) the target's LM head rows
+    of the draft vocabulary, frozen and never stored (EAGLE's choice: the head regresses onto the target's hidden
+    states, which the target's LM head reads); else its own LM head over them, trained and stored."""
+    config = HeadConfig.for_target(target.config, len(d2t), target_name)
+    config.shared_lm_head = shared_lm_head
+    head = EagleHead(config, target.get_input_embeddings())
     head.to(device=target.get_input_embeddings().weight.device)
     init_from_target(head, target, d2t.to(head.fc.weight.device))
     return head.eval()
 
 
 def init_from_target(head: EagleHead, target: Any, d2t: torch.Tensor) -> None:
-    """Starts the LM head as the target's rows for the draft vocabulary (the head regresses onto the target's
-    hidden states, so the target's LM head reads them), and fc's feature half near the identity (a residual
-    start: an untrained head already passes the target's state through)."""
+    """Starts the LM head as the target's rows for the draft vocabulary (shared, or copied to be trained), and fc's
+    feature half near the identity (a residual start: an untrained head already passes the target's state through)."""
     with torch.no_grad():
         head.d2t.copy_(d2t)
         lm = target.get_output_embeddings()
-        weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight  # int4/int8 targets: their values
-        head.lm_head.weight.copy_(weight[d2t.to(weight.device)].to(head.lm_head.weight))
+        if head.lm_head is None:
+            head.attach(target.get_input_embeddings(), lm)
+        else:
+            weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight  # int4/int8 targets: their values
+            head.lm_head.weight.copy_(weight[d2t.to(weight.device)].to(head.lm_head.weight))
         h = head.config.hidden_size
         head.fc.weight[:, h:] += torch.eye(h, dtype=head.fc.weight.dtype)
         head.fc.bias.zero_()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core.head import EagleHead, head_for_target
+from ..core.head import EagleHead, head_for_target, round_to_storage, stored_tensors
 from ..core.head_train import TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
@@ -37,6 +37,7 @@ class TrainOptions:
     seed: int = 0
     measure_tokens: int = 96  # longest output the held-out decode produces per request
     num_draft_tokens: int = 5
+    shared_lm_head: bool = True  # the target's LM head rows (frozen, not stored); False: the head's own, trained
 
 
 @dataclass
@@ -102,7 +103,7 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
     train, held = split(pairs, opts.seed)
     seqs = [p + o for p, o in train]
     d2t = choose_vocabulary(seqs, opts.draft_vocab, decoder.eos_ids, decoder.vocab_size)
-    head = head_for_target(target, d2t, decoder.target_name)
+    head = head_for_target(target, d2t, decoder.target_name, opts.shared_lm_head)
     progress = bar(len(pairs), "target states") if bar else None
     examples = collect_states(target, [p + o for p, o in train + held], device, progress.update if progress else None)
     if progress:
@@ -120,6 +121,7 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
                         seed=opts.seed, progress=on_step)
     if progress:
         progress.close()
+    round_to_storage(head)  # the held-out numbers are those of the head as stored
     accepted, per_step = heldout_acceptance(decoder, head, held, opts)
     return TrainedHead(head, report, len(train), len(held), sum(len(s) - 1 for s in seqs), accepted, per_step)
 
@@ -151,7 +153,7 @@ def stored_row(name: str, trained: TrainedHead, jobs: list[str]) -> DraftHead:
                         "heldout_requests": trained.n_heldout, "heldout_accepted_length": trained.heldout_accepted_length,
                         "heldout_tokens_per_step": trained.heldout_tokens_per_step, "heldout_top1": trained.report.top1,
                         "steps": trained.report.steps, "loss": trained.report.loss, "source_jobs": jobs}
-    weights = save({k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()})
+    weights = save(stored_tensors(head))
     return DraftHead(name=name, kind="head", target=head.config.target, source_jobs=jobs,
                      tokens_trained=trained.tokens_trained, heldout_accepted_length=trained.heldout_accepted_length,
                      config=head.config.to_json(), weights=weights, sha256=hashlib.sha256(weights).hexdigest())

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..core.drafters import Drafter
-from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig
+from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, stored_tensors
 from ..core.head_drafter import HeadDrafter
 from ..core.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
 from ..core.suffix_drafter import SuffixDrafter
@@ -23,14 +23,14 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
 def save_head(head: EagleHead, directory: str | Path) -> Path:
-    """Writes config.json and model.safetensors (the embedding is the target's and is not saved)."""
+    """Writes config.json and model.safetensors (bfloat16; the embedding, and a shared LM head, are the target's
+    and are not saved)."""
     from safetensors.torch import save_file
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(head.config.to_json(), indent=2, sort_keys=True))
-    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_FILE))
+    save_file(stored_tensors(head), str(out / WEIGHTS_FILE))
     return out
 
 

@@ -68,7 +68,14 @@ def test_train_list_show_and_use(env, tmp_path, tiny):
     assert row["tokens_trained"] > 0 and row["heldout_accepted_length"] is not None
     shown = json.loads(runner.invoke(main, ["drafters", "show", "notices"]).stdout)
     assert shown["config"]["draft_vocab_size"] == 32 and shown["config"]["meta"]["heldout_requests"] == 3
+    assert shown["config"]["shared_lm_head"] is True  # the target's LM head rows, not stored
     assert runner.invoke(main, ["drafters", "show", "nope"]).exit_code != 0
+    res = runner.invoke(main, ["drafters", "train", "own", "--job", job, "--epochs", "1", "--draft-vocab", "32",
+                               "--own-lm-head"])
+    assert res.exit_code == 0, res.output
+    sizes = {r["name"]: r for r in map(json.loads, runner.invoke(main, ["drafters", "list", "--json"]).stdout.splitlines())}
+    assert json.loads(runner.invoke(main, ["drafters", "show", "own"]).stdout)["config"]["shared_lm_head"] is False
+    assert sizes["own"]["size_bytes"] > sizes["notices"]["size_bytes"]  # its own LM head is stored
     res = runner.invoke(main, ["run", str(_lines(tmp_path, 4)), "-o", str(tmp_path / "out2.jsonl"), "--baseline-sample",
                                "0", "--draft", "head:notices"])
     assert res.exit_code == 0, res.output

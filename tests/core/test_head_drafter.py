@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spec_batch import SamplingParams
-from spec_batch.core.head import EagleHead, HeadConfig, init_from_target
+from spec_batch.core.head import EagleHead, HeadConfig, head_for_target, init_from_target, round_to_storage
 from spec_batch.core.head_drafter import HeadDrafter
 from spec_batch.errors import IncompatibleModelsError
 from spec_batch.loading import build_decoder
@@ -122,6 +122,7 @@ def test_save_load_round_trip_and_refusal(tiny_target, tiny_llama, tmp_path, fak
     head = random_head(tiny_target, 32, seed=2)
     loaded = load_head(save_head(head, tmp_path / "h"))
     assert loaded.config.target == "tiny" and torch.equal(loaded.d2t, head.d2t)
+    round_to_storage(head)  # weights are stored in bfloat16: what comes back is the head rounded to it
     for key, value in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
     assert not any("embed" in k for k in loaded.state_dict())  # the target's embedding is never stored
@@ -130,6 +131,31 @@ def test_save_load_round_trip_and_refusal(tiny_target, tiny_llama, tmp_path, fak
         build_decoder(other_vocab, fake_tokenizer, target_name="tiny", draft=loaded, device=CPU)
     with pytest.raises(IncompatibleModelsError, match="trained on another target"):
         build_decoder(tiny_target, fake_tokenizer, target_name="other", draft=loaded, device=CPU)
+
+
+def test_a_trained_heads_lm_head_is_the_targets_rows_and_is_not_stored(tiny_target, fake_tokenizer, tmp_path, hf_greedy):
+    """head_for_target's default: the target's LM head rows of the draft vocabulary, frozen, read from the target
+    (rebuilt at the head's dtype), never saved; the saved head is the decoder layer and fc in bfloat16."""
+    d2t = torch.arange(0, 64, 3)
+    head = head_for_target(tiny_target, d2t, "tiny")
+    assert head.lm_head is None and not any(k.startswith("lm_head") for k in head.state_dict())
+    assert not any(p is head._lm_head().weight for p in head.parameters())  # frozen: not the head's parameter
+    target_rows = tiny_target.get_output_embeddings().weight[d2t]
+    assert torch.equal(head._lm_head().weight, target_rows) and not head._lm_head().weight.requires_grad
+    assert head.to(torch.bfloat16)._lm_head().weight.dtype == torch.bfloat16
+    head.float()
+    path = save_head(head, tmp_path / "shared")
+    from safetensors.torch import load_file
+
+    stored = load_file(str(path / "model.safetensors"))
+    assert not any(k.startswith("lm_head") for k in stored)
+    assert {v.dtype for v in stored.values()} == {torch.bfloat16, torch.long}  # d2t stays an index
+    loaded = load_head(path)
+    assert loaded.config.shared_lm_head and loaded.lm_head is None
+    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=loaded, device=CPU, adaptive=False)
+    results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=2)
+    assert [r.token_ids for r in results] == [hf_greedy(tiny_target, p, N_NEW) for p in PROMPTS]
+    assert sum(r.stats.draft_tokens for r in results) > 0
 
 
 # ---------------------------------------------------------------- under a grammar

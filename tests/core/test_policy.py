@@ -374,3 +374,37 @@ def test_ragged_plan_cuts_every_row_at_one_threshold():
 def test_ragged_plan_switches_off_when_tokens_cost_as_much_as_steps():
     p = _ragged_policy({1.0: 1.0, 2.0: 2.0, 3.0: 3.0, 5.0: 5.0}, batch=8)
     assert p.plan(8, [[0.6] * 8] * 8) == [0] * 8
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_width_measured_in_a_slow_moment_is_measured_again(ragged):
+    """Steps really cost 1.0 + 0.01 per drafted token and 90% of draft tokens are accepted: long drafts pay. But
+    width 3 was measured once at 3.0 (a slow moment). A width's cost is only measured where it is drafted, so
+    without exploration the policy never drafts 2 or more again; drafting one token more every explore_every-th
+    step re-measures it, and the policy climbs to long drafts."""
+    def cost(_t: int, ks: list[int]) -> float:
+        return 1.0 + 0.01 * max(ks)
+
+    for explore in (0, 8):
+        policy = DraftPolicy(k_max=8, ragged=ragged)
+        policy.explore_every = explore
+        policy.costs.observe_width(1, 1, 1.0)
+        policy.costs.observe_width(1, 2, 1.01)
+        policy.costs.observe_width(1, 3, 3.0)
+        plans = _run_policy(policy, 1, 200, 0.9, cost)
+        late = [ks[0] for ks in plans[150:]]
+        if explore:
+            assert min(late) >= 6, late
+            assert sum(1 for ks in plans if ks[0] > 0) == 200  # exploring changes lengths, never switches drafting
+        else:
+            assert max(late) == 1, late  # the failure exploration fixes
+
+
+def test_exploring_drafts_one_token_more_every_explore_every_drafting_steps():
+    p = _policy_with_costs({1: 1.0, 2: 1.05, 3: 1.3, 5: 2.0, 9: 4.0})
+    plans = [p.plan(1, [[0.7] * 8]) for _ in range(2 * p.explore_every)]
+    best = plans[0][0]
+    assert best >= 1
+    explored = [i for i, ks in enumerate(plans) if ks != [best]]
+    assert explored == [p.explore_every - 1, 2 * p.explore_every - 1]
+    assert all(plans[i] == [best + 1] for i in explored)
