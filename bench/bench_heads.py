@@ -35,8 +35,9 @@ from spec_batch.loading.heads import HybridHead
 Run = Callable[[], list]
 
 
-def draft_cost(decoder, head, context: int = 200, reps: int = 20) -> dict[str, float]:
-    """Seconds of one head forward and one target forward for one token at batch 1, after `context` tokens."""
+def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1) -> dict[str, float]:
+    """Milliseconds of one target forward of one token and one head forward of `width` tokens (a tree's depth
+    reads several nodes) at batch 1, after `context` tokens."""
     cpu_ids = torch.randint(0, 1000, (1, context))
     dev = decoder.device
     ids, valid, one = cpu_ids.to(dev), torch.ones(1, context, dtype=torch.bool, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev)
@@ -45,15 +46,16 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20) -> dict[str, f
         target, drafts = KVBatch(decoder.target, dev, 1), KVBatch(head, dev, 1)
         target.forward(ids, valid, 1)
         drafts.forward_output(ids, valid, 1, features=torch.randn(1, context, hidden, device=dev, dtype=head.fc.weight.dtype))
-        tok = torch.tensor([[5]], device=dev)
+        tok, toks = torch.tensor([[5]], device=dev), torch.full((1, width), 5, device=dev)
+        some = torch.ones(1, width, dtype=torch.bool, device=dev)
 
         def step_target() -> None:
             target.forward(tok, one, 1)
             target.rollback(torch.ones(1, dtype=torch.long, device=dev))
 
         def step_head() -> None:
-            drafts.forward_output(tok, one, 1, features=torch.randn(1, 1, hidden, device=dev, dtype=head.fc.weight.dtype))
-            drafts.rollback(torch.ones(1, dtype=torch.long, device=dev))
+            drafts.forward_output(toks, some, width, features=torch.randn(1, width, hidden, device=dev, dtype=head.fc.weight.dtype))
+            drafts.rollback(torch.full((1,), width, dtype=torch.long, device=dev))
 
         out = {}
         for name, fn in (("target_ms", step_target), ("head_ms", step_head)):

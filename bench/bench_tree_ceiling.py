@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.bench_heads import draft_cost
 from bench.bench_step_costs import time_mixes
 from bench.head_sets import MAKERS, generated_set
 from spec_batch import SamplingParams, load_decoder
@@ -120,31 +121,6 @@ def step_starts(head: EagleHead, ids: torch.Tensor, states: torch.Tensor, prompt
     return out, starts
 
 
-def head_costs(head: EagleHead, k: int, reps: int = 30) -> tuple[float, float]:
-    """Seconds of a head forward of 1 and of k new positions after CONTEXT cached ones (recomputed: an upper bound
-    is not wanted, so the cached cost is measured with the KV cache the drafter uses)."""
-    from spec_batch.core.kv_batch import KVBatch
-
-    hidden = head.config.hidden_size
-    kv = KVBatch(head, torch.device("cpu"), 1)
-    ids = torch.randint(0, 1000, (1, CONTEXT))
-    kv.forward_output(ids, torch.ones_like(ids, dtype=torch.bool), 1, features=torch.randn(1, CONTEXT, hidden))
-    times = []
-    for width in (1, k):
-        tok = torch.randint(0, 1000, (1, width))
-        valid = torch.ones_like(tok, dtype=torch.bool)
-        feats = torch.randn(1, width, hidden)
-        samples = []
-        for i in range(reps + 3):
-            t0 = time.perf_counter()
-            kv.forward_output(tok, valid, width, features=feats)
-            if i >= 3:
-                samples.append(time.perf_counter() - t0)
-            kv.rollback(torch.tensor([width]))
-        times.append(statistics.median(samples))
-    return times[0], times[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="free", choices=sorted(MAKERS))
@@ -185,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab = none.target.get_output_embeddings().weight.shape[0]
         costs = dict((ks[0] + 1, s) for ks, s in time_mixes(none.target, none.placeholder_id, vocab, none.device, 1,
                                                             200, [[w - 1] for w in widths], 7))
-        h1, hk = head_costs(head, args.topk)
+        h1, hk = (draft_cost(none, head, CONTEXT, reps=30, width=w)["head_ms"] / 1000 for w in (1, args.topk))
     plain = costs[1]
     print(f"plain step {plain * 1000:.1f} ms; head forward {h1 / plain:.1%} (1 node), {hk / plain:.1%} "
           f"({args.topk} nodes) of it; {n_starts} step starts\n")

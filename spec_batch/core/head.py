@@ -213,10 +213,9 @@ class EagleHead(nn.Module):
         cached = self.__dict__.get("reduced_lm_head")
         if cached is None or cached[0] is not lm or cached[1].weight.device != like.device or cached[1].weight.dtype != like.dtype:
             with torch.inference_mode(False), torch.no_grad():  # built while drafting, later read by training too
-                weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight  # int4/int8: their values
                 reduced = nn.Linear(self.config.hidden_size, self.config.draft_vocab_size, bias=False,
                                     device=like.device, dtype=like.dtype)
-                reduced.weight.copy_(weight[self.d2t.to(weight.device)])
+                reduced.weight.copy_(target_rows(lm, self.d2t))
                 reduced.weight.requires_grad_(False)
             self.__dict__["reduced_lm_head"] = cached = (lm, reduced)
         return cached[1]
@@ -288,6 +287,12 @@ def round_to_storage(head: EagleHead) -> EagleHead:
     return head
 
 
+def target_rows(lm: nn.Module, d2t: torch.Tensor) -> torch.Tensor:
+    """The target LM head's rows of the draft vocabulary (an int4/int8 target's: their dequantized values)."""
+    weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight
+    return weight[d2t.to(weight.device)]
+
+
 def param_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
@@ -314,8 +319,7 @@ def init_from_target(head: EagleHead, target: Any, d2t: torch.Tensor) -> None:
         if head.lm_head is None:
             head.attach(target.get_input_embeddings(), lm)
         else:
-            weight = lm.dequantized() if hasattr(lm, "dequantized") else lm.weight  # int4/int8 targets: their values
-            head.lm_head.weight.copy_(weight[d2t.to(weight.device)].to(head.lm_head.weight))
+            head.lm_head.weight.copy_(target_rows(lm, d2t))
         h = head.config.hidden_size
         head.fc.weight[:, h:] += torch.eye(h, dtype=head.fc.weight.dtype)
         head.fc.bias.zero_()

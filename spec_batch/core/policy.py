@@ -262,8 +262,8 @@ class DraftPolicy:
         self._probing = False  # the planned step is a probe: its measured cost replaces the stale one
         # while drafting, every explore_every-th step drafts one token more per row than the best plan: a width's
         # cost is only measured where it is drafted, and step times vary by +-10% run to run, so a width measured
-        # once in a slow moment was never tried again (the default model's head at batch 1 kept drafting 2 where
-        # 4 decoded 13% faster)
+        # once in a slow moment was never tried again (tests/core/test_policy.py shows the lock-in; on the default
+        # model's head at batch 1 the exploration measured neither a gain nor a cost: docs/benchmarks.md)
         self.explore_every = 8
         self._drafting_steps = 0
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core.head import EagleHead, head_for_target, round_to_storage, stored_tensors
+from ..core.head import EagleHead, head_for_target, stored_tensors
 from ..core.head_train import TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
@@ -121,7 +121,6 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
                         seed=opts.seed, progress=on_step)
     if progress:
         progress.close()
-    round_to_storage(head)  # the held-out numbers are those of the head as stored
     accepted, per_step = heldout_acceptance(decoder, head, held, opts)
     return TrainedHead(head, report, len(train), len(held), sum(len(s) - 1 for s in seqs), accepted, per_step)
 
