@@ -30,14 +30,14 @@ from spec_batch.core.job_memory import JobMemory
 from spec_batch.core.kv_batch import KVBatch
 from spec_batch.jobs.head_training import TrainOptions, train_from_pairs
 from spec_batch.loading import build_decoder
-from spec_batch.loading.heads import HybridHead
+from spec_batch.loading.heads import HybridHead, drafting_head
 
 Run = Callable[[], list]
 
 
 def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1) -> dict[str, float]:
     """Milliseconds of one target forward of one token and one head forward of `width` tokens (a tree's depth
-    reads several nodes) at batch 1, after `context` tokens."""
+    reads several nodes) at batch 1, after `context` tokens. The head as given (drafting_head: as it drafts)."""
     cpu_ids = torch.randint(0, 1000, (1, context))
     dev = decoder.device
     ids, valid, one = cpu_ids.to(dev), torch.ones(1, context, dtype=torch.bool, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev)
@@ -45,7 +45,7 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
     with torch.inference_mode():
         target, drafts = KVBatch(decoder.target, dev, 1), KVBatch(head, dev, 1)
         target.forward(ids, valid, 1)
-        drafts.forward_output(ids, valid, 1, features=torch.randn(1, context, hidden, device=dev, dtype=head.fc.weight.dtype))
+        drafts.forward_output(ids, valid, 1, features=torch.randn(1, context, hidden, device=dev, dtype=head.dtype))
         tok, toks = torch.tensor([[5]], device=dev), torch.full((1, width), 5, device=dev)
         some = torch.ones(1, width, dtype=torch.bool, device=dev)
 
@@ -54,7 +54,7 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
             target.rollback(torch.ones(1, dtype=torch.long, device=dev))
 
         def step_head() -> None:
-            drafts.forward_output(toks, some, width, features=torch.randn(1, width, hidden, device=dev, dtype=head.fc.weight.dtype))
+            drafts.forward_output(toks, some, width, features=torch.randn(1, width, hidden, device=dev, dtype=head.dtype))
             drafts.rollback(torch.full((1,), width, dtype=torch.long, device=dev))
 
         out = {}
@@ -69,12 +69,18 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
     return out
 
 
-def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int) -> dict[str, tuple[Run, list]]:
-    """row name -> (run, the per-run stats sink)."""
-    decoders = {"none": none, "suffix": load_decoder("default", "suffix"),
-                "head": build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=head, device=none.device),
-                "hybrid": build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=HybridHead(head),
-                                        device=none.device)}
+def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int,
+             full_weights: bool = False) -> dict[str, tuple[Run, list]]:
+    """row name -> (run, the per-run stats sink). full_weights: a row for the head drafting in float32 too (the
+    default drafts in int8 on the CPU)."""
+    def with_head(draft, weights: str | None = None):
+        return build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=draft, device=none.device,
+                             draft_weights=weights)
+
+    decoders = {"none": none, "suffix": load_decoder("default", "suffix"), "head": with_head(head),
+                "hybrid": with_head(HybridHead(head))}
+    if full_weights:
+        decoders["head (full weights)"] = with_head(head, "full")
     rows: dict[str, tuple[Run, list]] = {}
     for name, dec in decoders.items():
         sink: list = []
@@ -141,17 +147,21 @@ def bench_set(none, kind: str, args) -> dict:
     trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed))
     t2 = time.perf_counter()
     out = {"set": kind, "history_s": t1 - t0, "train_s": t2 - t1, "heldout_accepted": trained.heldout_accepted_length,
-           "heldout_top1": trained.report.top1, "draft_cost": draft_cost(none, trained.head), "batches": {}}
+           "heldout_top1": trained.report.top1, "batches": {},
+           "draft_cost": draft_cost(none, drafting_head(trained.head, None)),
+           "draft_cost_full": draft_cost(none, trained.head)}
     for batch in args.batch:
-        out["batches"][batch] = measure(rows_for(none, trained.head, kind, prompts[args.train:], params, batch), args.rounds)
+        rows = rows_for(none, trained.head, kind, prompts[args.train:], params, batch, args.compare_full)
+        out["batches"][batch] = measure(rows, args.rounds)
         _print(kind, batch, out)
     return out
 
 
 def _print(kind: str, batch: int, out: dict) -> None:
-    cost = out["draft_cost"]
+    cost, full = out["draft_cost"], out["draft_cost_full"]
     print(f"\n## {kind}, batch {batch} (head trained in {out['train_s']:.0f}s; held-out accepted/step "
-          f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target forward)")
+          f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target "
+          f"forward as it drafts, {full['head_vs_target']:.1%} in full weights)")
     print("| row | CPU s | vs none | accepted/step | output = none's |\n|---|---|---|---|---|")
     for r in out["batches"][batch]:
         acc = "—" if r["accepted/step"] is None else f"{r['accepted/step']:.2f}"
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--max-minutes", type=float, default=10.0, help="training time limit per set")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--compare-full", action="store_true", help="add a row with the head drafting in full weights")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)

@@ -51,9 +51,10 @@ class Settings:
     # Decoder options of queue workers (load_decoder's num_draft_tokens / adaptive).
     num_draft_tokens: int | None = None  # None: the drafter's default (16 for suffix, 8 otherwise)
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
-    # Weight storage of targets and draft models (loading/weights.py): full | int8 | int4 | auto.
+    # Weight storage of targets and draft models (loading/weights.py): full | int8 | int4 | auto. auto is full for
+    # a draft model and int8 on the CPU for a draft head (loading/heads.py head_weights).
     weights: str = "full"
-    draft_weights: str = "full"
+    draft_weights: str = "auto"
     metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
     metrics_host: str = "127.0.0.1"  # the address /metrics binds to: this machine only unless set (0.0.0.0: all)
     # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
@@ -113,7 +114,7 @@ def get_settings() -> Settings:
         num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 0) or None,
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
         weights=(os.environ.get("SPEC_BATCH_WEIGHTS") or "full").strip().lower(),
-        draft_weights=(os.environ.get("SPEC_BATCH_DRAFT_WEIGHTS") or "full").strip().lower(),
+        draft_weights=(os.environ.get("SPEC_BATCH_DRAFT_WEIGHTS") or "auto").strip().lower(),
         metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,
         metrics_host=(os.environ.get("SPEC_BATCH_METRICS_HOST") or "").strip() or "127.0.0.1",
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),

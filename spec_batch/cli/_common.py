@@ -68,8 +68,8 @@ def weights_options(f: F) -> F:
     choice = click.Choice(WEIGHT_CHOICES, case_sensitive=False)
     f = click.option(
         "--draft-weights", type=choice, default=None,
-        help="A draft model's weights, as --weights (default: $SPEC_BATCH_DRAFT_WEIGHTS or full). "
-             "--draft self:int4 drafts with the target's own file at int4.",
+        help="A draft model's weights, as --weights (default: $SPEC_BATCH_DRAFT_WEIGHTS or auto: full for a draft "
+             "model, int8 on the CPU for a head). --draft self:int4 drafts with the target's own file at int4.",
     )(f)
     return click.option(
         "--weights", type=choice, default=None,

@@ -184,7 +184,8 @@ def _requested_precision(weights: str | None, dtype: str | None) -> tuple[str, s
               help="Serve the queues of jobs at these weights (default: $SPEC_BATCH_WEIGHTS or full).")
 @click.option("--dtype", default=None, help="... and this dtype (default: the queues of jobs that leave it to the device).")
 @click.option("--draft-weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
-              help="Draft models' weights (SPEC_BATCH_DRAFT_WEIGHTS; drafts change speed, never outputs).")
+              help="Draft models' and heads' weights (SPEC_BATCH_DRAFT_WEIGHTS, default auto: full for a draft model, "
+                   "int8 on the CPU for a head; drafts change speed, never outputs).")
 @click.option("--torch-threads", type=click.IntRange(min=1), envvar="SPEC_BATCH_TORCH_THREADS", default=None,
               help="torch threads per worker process (default: all cores, or cores / concurrency).")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default="prefork", show_default=True)

@@ -13,36 +13,66 @@ from .grammar import mask_next
 from .logits_processing import shape_next
 from .sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 
-# (j, ids [B, n], valid [B, n]) -> the drafter's next-token logits over the target's vocabulary [B, V]. ids/valid
-# at j = 0 are the drafter's first input (its unread tokens); then each row's last draft token (valid where fed).
+# (j, ids [B, n], valid [B, n]) -> the drafter's next-token logits [B, V] over the target's vocabulary, or [B, Vd]
+# over a DraftVocab. ids/valid at j = 0 are the drafter's first input (its unread tokens); then each row's last draft
+# token (valid where fed).
 NextLogits = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class DraftVocab(NamedTuple):
+    """A drafter's reduced vocabulary (FR-Spec, EAGLE-3's d2t): draft id i is target id d2t[i]."""
+
+    d2t: torch.Tensor  # [Vd] long, ascending
+    target_size: int
+
+    def spread(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, Vd] -> [B, V]: -inf outside the draft vocabulary (q = 0 there, and the verifier's residual
+        max(0, p - q) covers those tokens, so sampling stays exact)."""
+        full = logits.new_full((logits.shape[0], self.target_size), float("-inf"))
+        return full.index_copy_(1, self.d2t, logits)
 
 
 class Chain(NamedTuple):
     tokens: list[list[int]]  # per row, at most k[b] tokens
-    probs: torch.Tensor | None  # [B, k_max, V] the distributions they were drafted from
+    # [B, k_max, V] the distributions they were drafted from; None where every row is greedy and unshaped (the
+    # verifier reads draft distributions of sampled rows only, and argmaxes need no softmax over the vocabulary)
+    probs: torch.Tensor | None
     forwards: int  # the drafter's forward passes
 
 
 def chain_draft(rows: Sequence[Any], k: Sequence[int], first: tuple[torch.Tensor, torch.Tensor],
-                next_logits: NextLogits, placeholder_id: int, device: torch.device) -> tuple[Chain, list[int]]:
+                next_logits: NextLogits, placeholder_id: int, device: torch.device,
+                vocab: DraftVocab | None = None) -> tuple[Chain, list[int]]:
     """Up to k[b] tokens per row; returns the draft and each row's final length (shorter after an EOS under a
-    grammar). The last draft token of a row is never fed (it is read by the target, and fed next step if accepted)."""
+    grammar). The last draft token of a row is never fed (it is read by the target, and fed next step if accepted).
+    vocab: next_logits speaks the drafter's reduced vocabulary."""
     batch, k = len(rows), list(k)
     k_max = max(k, default=0)
     tokens: list[list[int]] = [[] for _ in rows]
     if k_max == 0:
         return Chain(tokens, None, 0), k
     grammars = [getattr(r, "grammar", None) for r in rows]  # structured output: draft only what is allowed
+    # greedy rows without bias, penalties or a grammar take the drafter's argmax as it is (per token this skips
+    # the spread over the target's vocabulary and its softmax)
+    plain = all(r.params.greedy and not r.params.shapes_logits and g is None for r, g in zip(rows, grammars))
     shaping = sampling_tensors([r.params for r in rows], device)
     probs_steps: list[torch.Tensor] = []
     ids, valid = first
+    forwards = 0
     for j in range(k_max):
-        logits = shape_next(next_logits(j, ids, valid), rows, tokens)  # the target's bias and penalties here
-        logits = mask_next(logits, [g if j < kb else None for g, kb in zip(grammars, k)])
-        probs = logits_to_probs(logits.unsqueeze(1), *shaping)[:, 0]  # [B, V]
-        probs_steps.append(probs)
-        picks = _pick(rows, k, j, logits, probs, device)
+        raw = next_logits(j, ids, valid)
+        forwards += 1
+        if plain:
+            best = raw.argmax(dim=-1)
+            picked = (best if vocab is None else vocab.d2t[best]).tolist()
+            picks = {b: t for b, t in enumerate(picked) if j < k[b]}
+        else:
+            logits = raw if vocab is None else vocab.spread(raw)
+            logits = shape_next(logits, rows, tokens)  # the target's bias and penalties here
+            logits = mask_next(logits, [g if j < kb else None for g, kb in zip(grammars, k)])
+            probs = logits_to_probs(logits.unsqueeze(1), *shaping)[:, 0]  # [B, V]
+            probs_steps.append(probs)
+            picks = _pick(rows, k, j, logits, probs, device)
         next_ids = torch.full((batch, 1), placeholder_id, dtype=torch.long)
         next_valid = torch.zeros((batch, 1), dtype=torch.bool)
         for b, tok in picks.items():
@@ -56,7 +86,8 @@ def chain_draft(rows: Sequence[Any], k: Sequence[int], first: tuple[torch.Tensor
         if j + 1 == k_max or not bool(next_valid.any()):
             break
         ids, valid = next_ids.to(device), next_valid.to(device)
-    return Chain(tokens, torch.stack(probs_steps, dim=1), len(probs_steps)), k
+    probs_all = torch.stack(probs_steps, dim=1) if probs_steps else None
+    return Chain(tokens, probs_all, forwards), k
 
 
 def _pick(rows: Sequence[Any], k: Sequence[int], j: int, logits: torch.Tensor, probs: torch.Tensor,

@@ -193,6 +193,15 @@ class EagleHead(nn.Module):
         return self
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the head computes in (a norm's weight: its linear layers may be int8 for drafting)."""
+        return self.layers[0].post_attention_layernorm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].post_attention_layernorm.weight.device
+
+    @property
     def feature_width(self) -> int:
         """Width of the target states the head reads (EAGLE-3: several layers side by side)."""
         return self.fc.in_features if self.config.layout == "eagle3" else self.config.hidden_size
@@ -209,12 +218,11 @@ class EagleHead(nn.Module):
 
     def _reduced(self, lm: nn.Module) -> nn.Module:
         """The target's LM head rows of the draft vocabulary (frozen; rebuilt when the head moves or changes dtype)."""
-        like = self.fc.weight
         cached = self.__dict__.get("reduced_lm_head")
-        if cached is None or cached[0] is not lm or cached[1].weight.device != like.device or cached[1].weight.dtype != like.dtype:
+        if cached is None or cached[0] is not lm or cached[1].weight.device != self.device or cached[1].weight.dtype != self.dtype:
             with torch.inference_mode(False), torch.no_grad():  # built while drafting, later read by training too
                 reduced = nn.Linear(self.config.hidden_size, self.config.draft_vocab_size, bias=False,
-                                    device=like.device, dtype=like.dtype)
+                                    device=self.device, dtype=self.dtype)
                 reduced.weight.copy_(target_rows(lm, self.d2t))
                 reduced.weight.requires_grad_(False)
             self.__dict__["reduced_lm_head"] = cached = (lm, reduced)
@@ -233,7 +241,7 @@ class EagleHead(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(n, device=device).expand(b, n)
         with torch.no_grad():  # the target's frozen embedding: no gradient (it would be vocab x H per step)
-            emb = self.embed_tokens(input_ids).to(self.fc.weight.dtype)
+            emb = self.embed_tokens(input_ids).to(self.dtype)
         rope = _rope(position_ids, self.inv_freq, emb.dtype)
         mask = _mask(attention_mask, n)
         if self.config.layout == "eagle3":  # the target's states are fused by fc; its own predictions are not
@@ -306,7 +314,7 @@ def head_for_target(target: Any, d2t: torch.Tensor, target_name: str, shared_lm_
     config.shared_lm_head = shared_lm_head
     head = EagleHead(config, target.get_input_embeddings())
     head.to(device=target.get_input_embeddings().weight.device)
-    init_from_target(head, target, d2t.to(head.fc.weight.device))
+    init_from_target(head, target, d2t.to(head.device))
     return head.eval()
 
 

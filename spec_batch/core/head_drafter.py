@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .chain_draft import chain_draft
+from .chain_draft import DraftVocab, chain_draft
 from .drafters import Draft, DraftRow
 from .head import EagleHead
 from .job_memory import JobMemory
@@ -43,7 +43,7 @@ class HeadDrafter:
     def admit(self, rows: Sequence[DraftRow]) -> None:
         # empty cache rows; the new rows' prompt states come through observe_hidden and are read when drafting
         self.kv.add_empty_rows(len(rows))
-        hidden, dtype = self.head.feature_width, self.head.fc.weight.dtype
+        hidden, dtype = self.head.feature_width, self.head.dtype
         self.pending.extend(torch.zeros(0, hidden, dtype=dtype, device=self.device) for _ in rows)
         self.fed.extend(0 for _ in rows)
 
@@ -65,9 +65,10 @@ class HeadDrafter:
             features = first[2] if j == 0 else last_features[-1]
             out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=j == 0)
             last_features.append(out.features[:, -1:])  # [B, 1, H] f^ of the next position, fed with its token
-            return self._to_vocab(out.logits[:, -1])
+            return out.logits[:, -1]  # [B, Vd]
 
-        chain, k = chain_draft(rows, k, first[:2], next_logits, self.placeholder_id, self.device)
+        vocab = DraftVocab(self.head.d2t, self.vocab_size)
+        chain, k = chain_draft(rows, k, first[:2], next_logits, self.placeholder_id, self.device, vocab)
         if chain.forwards:  # the first forward read every row's pending pairs (without a draft they wait)
             self.pending = [p[:0] for p in self.pending]
         self.fed = [max(0, kb - 1) for kb in k]
@@ -88,12 +89,6 @@ class HeadDrafter:
                 valid[b, width - m :] = True
                 features[b, width - m :] = p
         return ids.to(self.device), valid.to(self.device), features
-
-    def _to_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [B, Vd] spread over the target's vocabulary [B, V] (-inf elsewhere: q = 0 there,
-        and the verifier's residual max(0, p - q) covers those tokens, so sampling stays exact)."""
-        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-        return full.index_copy_(1, self.head.d2t, logits)
 
     def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
         # the predicted entries go whatever was accepted: the target's real states of the accepted positions

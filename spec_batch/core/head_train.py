@@ -103,7 +103,7 @@ def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Exam
     stored in; deterministic for a seed (CPU).
     lr: 2e-3 taught the default model's head best of 5e-4, 2e-3 and 5e-3 on 58 templated notices (held-out top-1).
     progress(steps done, loss) after each step. Stops after `epochs` or `max_seconds`."""
-    device = head.fc.weight.device
+    device = head.device
     t2d = torch.full((head.config.vocab_size,), -100, dtype=torch.long)
     t2d[head.d2t.cpu()] = torch.arange(len(head.d2t))
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -144,7 +144,7 @@ def heldout_top1(head: EagleHead, examples: Sequence[Example], t2d: torch.Tensor
     greedy acceptance, teacher-forced)."""
     if not examples:
         return None
-    device, hits, total = head.fc.weight.device, 0, 0
+    device, hits, total = head.device, 0, 0
     with torch.inference_mode():
         for e in examples:
             ids, feats, _, labels, valid = _batch([e], t2d, device)

@@ -54,7 +54,7 @@ class HybridDrafter:
         self.suffix_steps += sum(use_copy)
         self.head_steps += sum(1 for u, kb in zip(use_copy, k) if kb > 0 and not u)
         width = max((len(t) for t in tokens), default=0)
-        if width == 0:
+        if width == 0 or all(r.params.greedy for r in rows):  # greedy verification reads no distributions
             return Draft(tokens=tokens, forwards=learned.forwards)
         probs = torch.zeros(len(rows), width, self.vocab_size, device=self.head.device)
         if learned.probs is not None:

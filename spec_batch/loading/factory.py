@@ -19,7 +19,7 @@ from ..core.head import EagleHead
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
-from .heads import HybridHead, head_factory, load_head_draft
+from .heads import HybridHead, head_factory, head_precision, load_head_draft
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
@@ -47,8 +47,10 @@ def build_decoder(
     ngram_min: int = 1,
     ngram_max: int = 3,
     drafter_options: Mapping[str, Any] | None = None,
+    draft_weights: str | None = None,
 ) -> Decoder:
-    """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model.
+    """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
+    (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU).
     num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
     cost nothing, 8 otherwise). drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`:
     max_spec_factor, min_token_prob), to tune it for a workload; checked here, not at the first decode."""
@@ -56,25 +58,20 @@ def build_decoder(
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if drafter_options and draft != "suffix":
         raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
+    if draft_weights not in (None, "auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
+        raise InvalidParameterError(f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded "
+                                    f"at its weights by load_decoder")
     if draft == "none":
         factory: Callable[[], Drafter] = NoDrafter
         name = "none"
     elif draft == "suffix":
-        options = dict(drafter_options or {})
-        unknown = sorted(set(options) - set(SuffixDrafter.OPTIONS))
-        if unknown:
-            raise InvalidParameterError(f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}")
-        try:
-            SuffixDrafter(**options)
-        except (TypeError, ValueError) as exc:
-            raise InvalidParameterError(f"drafter_options for 'suffix' {options}: {exc}") from exc
-        factory, name = (lambda: SuffixDrafter(**options)), "suffix"  # noqa: E731
+        factory, name = _suffix_factory(drafter_options), "suffix"
     elif draft == "ngram":
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
         factory = lambda: NgramDrafter(ngram_min, ngram_max)  # noqa: E731
         name = "ngram"
     elif isinstance(draft, (EagleHead, HybridHead)):
-        factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder)
+        factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder, draft_weights)
     else:
         draft_model, name = draft, draft_name or getattr(draft.config, "_name_or_path", None) or "draft-model"
         max_context = min(max_context, context_length(draft_model))
@@ -94,6 +91,19 @@ def build_decoder(
         adaptive=adaptive,
         chat_template=lambda messages: apply_chat_template(tokenizer, messages, model_name=target_name),
     )
+
+
+def _suffix_factory(drafter_options: Mapping[str, Any] | None) -> Callable[[], Drafter]:
+    """The suffix drafter with the user's options, checked now (not at the first decode)."""
+    options = dict(drafter_options or {})
+    unknown = sorted(set(options) - set(SuffixDrafter.OPTIONS))
+    if unknown:
+        raise InvalidParameterError(f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}")
+    try:
+        SuffixDrafter(**options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"drafter_options for 'suffix' {options}: {exc}") from exc
+    return lambda: SuffixDrafter(**options)
 
 
 def load_decoder(
@@ -117,9 +127,10 @@ def load_decoder(
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
     draft: "suffix" | "ngram" | "none" | "self[:WEIGHTS]" (the target's own file at other weights, int4 when
     none is named: gpt-fast's pairing) | a model spec like target | a loaded HF model (it shares the target's
-    tokenizer unless draft_tokenizer= is given). weights / draft_weights: full | int8 | int4 | auto
-    (loading/weights.py; None: full); dtype stays the compute dtype. Models named by string are loaded once per
-    process and shared (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form.
+    tokenizer unless draft_tokenizer= is given) | "head:DIR" / "hybrid:DIR". weights / draft_weights: full | int8 |
+    int4 | auto (loading/weights.py; None: full; a head drafts in full or int8, auto and None: int8 on the CPU);
+    dtype stays the compute dtype. Models named by string are loaded once per process and shared (`shared_model`);
+    the decoder itself is new: `shared_decoder` is the cached form.
     The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model."""
     device = torch.device(device)
     target, draft = _fspath(target), _fspath(draft)
@@ -138,6 +149,7 @@ def load_decoder(
         ngram_min=ngram_min,
         ngram_max=ngram_max,
         drafter_options=drafter_options,
+        draft_weights=draft_weights if isinstance(draft_arg, (EagleHead, HybridHead)) else None,
     )
     decoder.precision = DecoderPrecision(_precision_of(loaded), draft_precision)
     return decoder
@@ -195,7 +207,8 @@ def _draft_model(draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, d
         return draft, None, None
     head = load_head_draft(draft, loaded.model.device, loaded.model.dtype)  # head:/dir, hybrid:/dir
     if head is not None:
-        return head[0], head[1], None
+        loaded_head = head[0].head if isinstance(head[0], HybridHead) else head[0]
+        return head[0], head[1], head_precision(loaded_head, draft_weights)
     if isinstance(draft, str):
         self_weights = self_draft_weights(draft)
         spec = loaded.name if self_weights is not None else draft

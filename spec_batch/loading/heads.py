@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..core.drafters import Drafter
 from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, stored_tensors
@@ -17,6 +18,8 @@ from ..core.head_drafter import HeadDrafter
 from ..core.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import IncompatibleModelsError, InvalidParameterError
+from .quant_linear import Int8Linear
+from .weights import KERNEL_DTYPE, Precision, resolve_weights_name
 
 HEAD_PREFIX, HYBRID_PREFIX = "head:", "hybrid:"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
@@ -77,8 +80,9 @@ class HybridHead:
 
 
 def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, draft_name: str | None,
-                 device: torch.device, placeholder: int) -> tuple[Callable[[], Drafter], str]:
-    """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding)."""
+                 device: torch.device, placeholder: int, weights: str | None = None) -> tuple[Callable[[], Drafter], str]:
+    """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding).
+    weights: how it drafts (`drafting_head`)."""
     head = draft.head if isinstance(draft, HybridHead) else draft
     check_head(head, target, target_name, aliases=(getattr(target.config, "_name_or_path", "") or "",))
     if head.config.layout == "eagle3" and not head.config.target_layers:  # vLLM's and SGLang's default layers
@@ -86,6 +90,7 @@ def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, d
         head.config.target_layers = [2, layers // 2, layers - 3]
     head.attach(target.get_input_embeddings(), target.get_output_embeddings())
     head.to(device).eval()
+    head = drafting_head(head, weights)
     vocab = target.get_output_embeddings().weight.shape[0]
     name = draft_name or f"head:{head.config.target or 'head'}"
     if isinstance(draft, HybridHead):
@@ -106,3 +111,44 @@ def load_head_draft(draft: Any, device: torch.device, dtype: torch.dtype | None)
             name = f"{prefix}{path.name}"
             return (HybridHead(head) if prefix == HYBRID_PREFIX else head), name
     return None
+
+
+def head_weights(weights: str | None, device: torch.device) -> str:
+    """The weights a head drafts with: full | int8. auto (and None): int8 on the CPU, full elsewhere."""
+    name = resolve_weights_name(weights or "auto")
+    if name == "int4":
+        raise InvalidParameterError("draft_weights='int4': a draft head drafts in full or int8 weights (or auto)")
+    if name == "auto":
+        return "int8" if device.type == "cpu" else "full"
+    return name
+
+
+def head_precision(head: EagleHead, weights: str | None) -> Precision:
+    """What decoder.precision reports for a head that drafts with these weights."""
+    return Precision(head_weights(weights, head.device), head.dtype)
+
+
+def drafting_head(head: EagleHead, weights: str | None) -> EagleHead:
+    """The head a decoder drafts with. int8 (`head_weights`): a copy whose linear layers, and the rows of a shared
+    LM head, are int8 per output channel (bfloat16 activations, as the target's int8 layers): at batch 1 a draft
+    token reads every weight of the head once, so on a CPU its cost is their bytes; fp32 -> int8 cut a draft token
+    of the default model's head ~2x (docs/heads.md). Only the proposals can change, never an output. The caller's
+    head stays float (it may be trained on or saved). A head over the target's whole vocabulary reads the target's
+    own LM head as the target runs it."""
+    if head_weights(weights, head.device) == "full":
+        return head
+    if head.dtype not in (torch.float32, torch.bfloat16):
+        raise InvalidParameterError(f"draft_weights='int8' needs a float32 or bfloat16 head, not {head.dtype}")
+    quantized = EagleHead(HeadConfig.from_json(head.config.to_json()))
+    quantized.load_state_dict(head.state_dict())
+    quantized.to(device=head.device, dtype=head.dtype).eval()
+    lm = head.__dict__.get("target_lm_head")
+    quantized.attach(head.embed_tokens, lm)
+    own_rows = head._lm_head()
+    if own_rows is not lm:  # the head's own LM head, or the target's rows of the draft vocabulary
+        quantized.lm_head = own_rows
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear.quantize(child.weight, child.bias, KERNEL_DTYPE, device=head.device))
+    return quantized

@@ -13,6 +13,7 @@ from spec_batch.core.head_drafter import HeadDrafter
 from spec_batch.errors import IncompatibleModelsError
 from spec_batch.loading import build_decoder
 from spec_batch.loading.heads import load_head, save_head
+from spec_batch.loading.quant_linear import Int8Linear
 from test_decoder import N_NEW, PROMPTS, _chisquare, _exact_sequence_probs, check_stats
 
 CPU = torch.device("cpu")
@@ -37,7 +38,8 @@ def head_decoders(tiny_target, fake_tokenizer):
         return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU,
                              num_draft_tokens=4, **kw)
 
-    return {"head": make(), "head-fixed": make(adaptive=False), "none": make().without_speculation()}
+    return {"head": make(), "head-fixed": make(adaptive=False), "head-full": make(draft_weights="full"),
+            "none": make().without_speculation()}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def greedy_refs(tiny_target, hf_greedy):
     return [hf_greedy(tiny_target, p, N_NEW) for p in PROMPTS]
 
 
-@pytest.mark.parametrize("name", ["head", "head-fixed"])
+@pytest.mark.parametrize("name", ["head", "head-fixed", "head-full"])
 @pytest.mark.parametrize("batch_size", [1, 2, 8])
 def test_greedy_head_equals_none_and_hf(head_decoders, greedy_refs, name, batch_size):
     params = SamplingParams(max_new_tokens=N_NEW)
@@ -58,35 +60,72 @@ def test_greedy_head_equals_none_and_hf(head_decoders, greedy_refs, name, batch_
         assert sum(r.stats.draft_tokens for r in results) > 0 and sum(r.stats.accepted_tokens for r in results) > 0
 
 
-def test_every_draft_reads_exactly_the_accepted_states(tiny_target, fake_tokenizer):
-    """Each step's first draft distribution equals that of one uncached head pass over the row's real pairs (the
-    target's hidden state at t from a plain forward over the row's tokens, token t+1): the cache holds every
-    accepted position's real state, and no predicted entry of a rejected (or accepted) draft survives a step.
-    Batch 3 with rows joining and leaving, a 1-token prompt (no state until its first step) among them."""
+@pytest.mark.parametrize("weights", ["full", "int8"])
+def test_every_draft_reads_exactly_the_accepted_states(tiny_target, fake_tokenizer, weights):
+    """Each step's first draft distribution equals that of one uncached pass of the drafting head (int8: the
+    quantized copy) over the row's real pairs (the target's hidden state at t from a plain forward over the row's
+    tokens, token t+1): the cache holds every accepted position's real state, and no predicted entry of a rejected
+    (or accepted) draft survives a step. Batch 3 with rows joining and leaving, a 1-token prompt (no state until
+    its first step) among them; sampled rows (greedy rows draft argmaxes and carry no distributions)."""
     head = random_head(tiny_target, 32, seed=5)
     dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
-                        adaptive=False)
+                        adaptive=False, draft_weights=weights)
     seen: list[tuple[list[int], torch.Tensor]] = []
+    drafting: list[EagleHead] = []
     real = HeadDrafter.propose
 
     def spy(self, rows, k):
         draft = real(self, rows, k)
+        drafting.append(self.head)
         seen.extend((list(r.tokens), draft.probs[b, 0]) for b, r in enumerate(rows) if k[b] > 0)
         return draft
 
     HeadDrafter.propose = spy
     try:
-        dec.generate(PROMPTS, SamplingParams(max_new_tokens=10), batch_size=3)
+        dec.generate(PROMPTS, [SamplingParams(max_new_tokens=10, temperature=1.0, seed=i) for i in range(len(PROMPTS))],
+                     batch_size=3)
     finally:
         HeadDrafter.propose = real
     assert len(seen) > 10
+    (used,) = set(drafting)
+    assert (used is head) == (weights == "full")
+    assert any(isinstance(m, Int8Linear) for m in used.modules()) == (weights == "int8")
     with torch.inference_mode():
         for tokens, probs in seen:
             ids = torch.tensor([tokens])
             states = tiny_target(input_ids=ids, output_hidden_states=True).hidden_states[-1]  # [1, L, H] post-norm
-            out = head(ids[:, 1:], states[:, :-1])  # pairs (state t, token t+1), one causal pass
+            out = used(ids[:, 1:], states[:, :-1])  # pairs (state t, token t+1), one causal pass
             want = torch.full((64,), float("-inf")).index_copy_(0, head.d2t, out.logits[0, -1]).softmax(-1)
             torch.testing.assert_close(probs, want, atol=1e-5, rtol=1e-4)
+
+
+def test_greedy_rows_draft_the_heads_argmax_without_distributions(tiny_target, fake_tokenizer):
+    """A batch of greedy rows without bias, penalties or grammar drafts the head's argmax over its own vocabulary,
+    mapped to the target's ids, and carries no distributions (the verifier compares argmaxes)."""
+    head = random_head(tiny_target, 32, seed=5)
+    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=1,
+                        adaptive=False, draft_weights="full")
+    seen: list[tuple[list[int], int, torch.Tensor | None]] = []
+    real = HeadDrafter.propose
+
+    def spy(self, rows, k):
+        draft = real(self, rows, k)
+        seen.extend((list(r.tokens), draft.tokens[b][0], draft.probs) for b, r in enumerate(rows) if draft.tokens[b])
+        return draft
+
+    HeadDrafter.propose = spy
+    try:
+        dec.generate(PROMPTS, SamplingParams(max_new_tokens=8), batch_size=3)
+    finally:
+        HeadDrafter.propose = real
+    assert len(seen) > 10
+    with torch.inference_mode():
+        for tokens, drafted, probs in seen:
+            assert probs is None
+            ids = torch.tensor([tokens])
+            states = tiny_target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+            logits = head(ids[:, 1:], states[:, :-1]).logits[0, -1]
+            assert drafted == int(head.d2t[logits.argmax()]) and drafted in head.d2t.tolist()
 
 
 @pytest.fixture(scope="module")
