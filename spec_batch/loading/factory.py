@@ -58,7 +58,7 @@ def build_decoder(
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if drafter_options and draft != "suffix":
         raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
-    if draft_weights not in (None, "auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
+    if resolve_weights_name(draft_weights) not in ("auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
         raise InvalidParameterError(f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded "
                                     f"at its weights by load_decoder")
     if draft == "none":

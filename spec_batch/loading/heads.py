@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..core.drafters import Drafter
 from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, stored_tensors
@@ -19,7 +18,7 @@ from ..core.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import IncompatibleModelsError, InvalidParameterError
 from .quant_linear import Int8Linear
-from .weights import KERNEL_DTYPE, Precision, resolve_weights_name
+from .weights import KERNEL_DTYPE, Precision, plain_linears, resolve_weights_name
 
 HEAD_PREFIX, HYBRID_PREFIX = "head:", "hybrid:"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
@@ -147,8 +146,6 @@ def drafting_head(head: EagleHead, weights: str | None) -> EagleHead:
     own_rows = head._lm_head()
     if own_rows is not lm:  # the head's own LM head, or the target's rows of the draft vocabulary
         quantized.lm_head = own_rows
-    for parent in list(quantized.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear.quantize(child.weight, child.bias, KERNEL_DTYPE, device=head.device))
+    for parent, attr, linear in plain_linears(quantized).values():
+        setattr(parent, attr, Int8Linear.quantize(linear.weight, linear.bias, KERNEL_DTYPE, device=head.device))
     return quantized

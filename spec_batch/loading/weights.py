@@ -92,7 +92,7 @@ class QuantReport:
         self.counts[kind] = self.counts.get(kind, 0) + 1
 
 
-def _linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
+def plain_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
     """name -> (parent, attribute, linear) for every plain nn.Linear of the model."""
     out = {}
     for parent_name, parent in model.named_modules():
@@ -132,7 +132,7 @@ def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype = KERN
     """Replaces every nn.Linear of a loaded model by its weight-only quantized form, in place (weights: int4 | int8).
     A tied input embedding reads the int8 LM head's rows instead of keeping its own copy."""
     report = QuantReport()
-    linears = _linears(model)
+    linears = plain_linears(model)
     device = next(iter(linears.values()))[2].weight.device if linears else torch.device("cpu")
     kept, others = {}, {}
     if gguf_path is not None:

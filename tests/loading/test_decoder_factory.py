@@ -129,6 +129,23 @@ def test_drafter_options_reach_the_suffix_drafter_and_are_checked(tiny_target, f
         build("ngram", {"max_spec_factor": 2})
 
 
+def test_draft_weights_of_build_decoder_apply_to_heads_only(tiny_target, fake_tokenizer):
+    """build_decoder's models are loaded already: draft_weights there chooses how a head drafts; for any other draft
+    only full / auto (any case) pass, and int8 or a name that is no choice at all is refused."""
+    from spec_batch.loading import build_decoder
+
+    def build(weights: str | None) -> Any:
+        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft="suffix", device=torch.device("cpu"),
+                             draft_weights=weights)
+
+    for ok in (None, "auto", "full", "FULL"):
+        build(ok)
+    with pytest.raises(InvalidParameterError, match="applies here to a head"):
+        build("int8")
+    with pytest.raises(InvalidParameterError, match="not supported"):
+        build("int3")
+
+
 # ------------------------------------------------------------------ the oracle on the real default model
 
 
