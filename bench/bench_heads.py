@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -30,7 +31,8 @@ from spec_batch.core.job_memory import JobMemory
 from spec_batch.core.kv_batch import KVBatch
 from spec_batch.jobs.head_training import TrainOptions, train_from_pairs
 from spec_batch.loading import build_decoder
-from spec_batch.loading.heads import HybridHead, drafting_head
+from spec_batch.core.head import EagleHead
+from spec_batch.loading.heads import HybridHead, drafting_head, load_head, save_head
 
 Run = Callable[[], list]
 
@@ -70,17 +72,22 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
 
 
 def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int,
-             full_weights: bool = False) -> dict[str, tuple[Run, list]]:
+             full_weights: bool = False, tree_widths: tuple[int, ...] = ()) -> dict[str, tuple[Run, list]]:
     """row name -> (run, the per-run stats sink). full_weights: a row for the head drafting in float32 too (the
-    default drafts in int8 on the CPU)."""
-    def with_head(draft, weights: str | None = None):
-        return build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=draft, device=none.device,
-                             draft_weights=weights)
+    default drafts in int8 on the CPU). tree_widths: a row for the head drafting trees of each width at this batch."""
+    def with_head(draft, weights: str | None = None, tree_width: int | None = None):
+        dec = build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=draft, device=none.device,
+                            draft_weights=weights)
+        if tree_width is not None:
+            dec.policy.tree_width, dec.policy.tree_batch = tree_width, batch
+        return dec
 
     decoders = {"none": none, "suffix": load_decoder("default", "suffix"), "head": with_head(head),
                 "hybrid": with_head(HybridHead(head))}
     if full_weights:
         decoders["head (full weights)"] = with_head(head, "full")
+    for width in tree_widths:
+        decoders[f"head, tree width {width}"] = with_head(head, tree_width=width)
     rows: dict[str, tuple[Run, list]] = {}
     for name, dec in decoders.items():
         sink: list = []
@@ -140,21 +147,37 @@ def bench_set(none, kind: str, args) -> dict:
     texts = generated_set(kind, args.train + args.test, args.seed)
     prompts = [none.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    t0 = time.perf_counter()
-    history = none.generate(prompts[: args.train], params, batch_size=8)
-    pairs = [(p, r.token_ids) for p, r in zip(prompts, history)]
-    t1 = time.perf_counter()
-    trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed))
-    t2 = time.perf_counter()
-    out = {"set": kind, "history_s": t1 - t0, "train_s": t2 - t1, "heldout_accepted": trained.heldout_accepted_length,
-           "heldout_top1": trained.report.top1, "batches": {},
-           "draft_cost": draft_cost(none, drafting_head(trained.head, None)),
-           "draft_cost_full": draft_cost(none, trained.head)}
+    head, out = _trained_head(none, kind, prompts[: args.train], params, args)
+    out.update(draft_cost=draft_cost(none, drafting_head(head, None)), draft_cost_full=draft_cost(none, head),
+               batches={})
     for batch in args.batch:
-        rows = rows_for(none, trained.head, kind, prompts[args.train:], params, batch, args.compare_full)
+        rows = rows_for(none, head, kind, prompts[args.train:], params, batch, args.compare_full, args.tree_widths)
         out["batches"][batch] = measure(rows, args.rounds)
         _print(kind, batch, out)
     return out
+
+
+def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args) -> tuple[EagleHead, dict]:
+    """The head of this set: trained on the target's answers to prompts (the job history), or with --heads-dir the
+    one a run with the same arguments stored there (training is the slow part of a run; the test prompts differ
+    from the training ones either way)."""
+    key = f"{kind}-train{args.train}-new{args.max_new_tokens}-ep{args.epochs}-seed{args.seed}"
+    stored = Path(args.heads_dir, key) if args.heads_dir else None
+    if stored is not None and (stored / "summary.json").is_file():
+        summary = json.loads((stored / "summary.json").read_text())
+        target = none.target
+        return load_head(stored, none.device).attach(target.get_input_embeddings(), target.get_output_embeddings()), summary
+    t0 = time.perf_counter()
+    history = none.generate(prompts, params, batch_size=8)
+    pairs = [(p, r.token_ids) for p, r in zip(prompts, history)]
+    t1 = time.perf_counter()
+    trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed))
+    summary = {"set": kind, "history_s": t1 - t0, "train_s": time.perf_counter() - t1,
+               "heldout_accepted": trained.heldout_accepted_length, "heldout_top1": trained.report.top1}
+    if stored is not None:
+        save_head(trained.head, stored)
+        (stored / "summary.json").write_text(json.dumps(summary))
+    return trained.head, summary
 
 
 def _print(kind: str, batch: int, out: dict) -> None:
@@ -180,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=10.0, help="training time limit per set")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--compare-full", action="store_true", help="add a row with the head drafting in full weights")
+    ap.add_argument("--tree-widths", type=lambda s: tuple(int(w) for w in s.split(",") if w), default=(),
+                    help="rows for the head drafting at these tree widths (1: chains; `head` drafts at the default)")
+    ap.add_argument("--heads-dir", default=None,
+                    help="store each set's trained head here, and reuse it when a later run has the same arguments")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)

@@ -115,8 +115,11 @@ def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: i
     report: dict = {}
     for batch in (1, 8):
         outputs = {}
-        for draft in ("none", "ngram", "suffix", "head"):
-            dec = build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, draft), device=device)
+        for draft in ("none", "ngram", "suffix", "head", "head tree"):
+            tree = 3 if draft == "head tree" else 1  # trees of width 3 (at every batch here: their masks are checked)
+            dec = build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, draft.split()[0]),
+                                device=device, tree_width=tree)
+            dec.policy.tree_batch = batch
             outputs[draft] = [list(r.token_ids) for r in dec.generate(ps, params, batch_size=batch)]
         for draft, outs in outputs.items():
             report[f"{draft} b{batch}"] = {

@@ -55,6 +55,7 @@ class Settings:
     # a draft model and int8 on the CPU for a draft head (loading/heads.py head_weights).
     weights: str = "full"
     draft_weights: str = "auto"
+    tree_width: int | None = None  # a head's draft trees at batch 1 (load_decoder's tree_width); None: its default
     metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
     metrics_host: str = "127.0.0.1"  # the address /metrics binds to: this machine only unless set (0.0.0.0: all)
     # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
@@ -115,6 +116,7 @@ def get_settings() -> Settings:
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
         weights=(os.environ.get("SPEC_BATCH_WEIGHTS") or "full").strip().lower(),
         draft_weights=(os.environ.get("SPEC_BATCH_DRAFT_WEIGHTS") or "auto").strip().lower(),
+        tree_width=_int_env("SPEC_BATCH_TREE_WIDTH", 0) or None,
         metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,
         metrics_host=(os.environ.get("SPEC_BATCH_METRICS_HOST") or "").strip() or "127.0.0.1",
         suffix_memory_tokens=_int_env("SPEC_BATCH_SUFFIX_MEMORY_TOKENS", 50_000),

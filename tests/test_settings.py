@@ -36,6 +36,16 @@ def test_device_and_threads_come_from_the_environment(monkeypatch):
     assert (get_settings().device, get_settings().torch_threads) == ("cuda:1", 3)
 
 
+def test_tree_width_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("SPEC_BATCH_TREE_WIDTH", raising=False)
+    assert get_settings().tree_width is None  # the head's own default
+    monkeypatch.setenv("SPEC_BATCH_TREE_WIDTH", "3")
+    assert get_settings().tree_width == 3
+    monkeypatch.setenv("SPEC_BATCH_TREE_WIDTH", "wide")
+    with pytest.raises(ValueError, match="SPEC_BATCH_TREE_WIDTH='wide' is not an integer"):
+        get_settings()
+
+
 @pytest.mark.parametrize("args,env", [
     (["jobs"], {"SPEC_BATCH_DATABASE_URL": "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"}),
     (["db", "upgrade", "--url", "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"], {}),

@@ -127,6 +127,7 @@ def generate(
             cache_dir=str(settings.cache_dir),
             weights=weights or settings.weights,
             draft_weights=draft_weights or settings.draft_weights,
+            tree_width=settings.tree_width,
         )
         inputs = [dec.apply_chat_template([{"role": "user", "content": t}]) for t in texts] if chat else texts
         results = dec.generate(inputs, params, batch_size=batch_size)

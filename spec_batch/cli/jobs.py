@@ -44,6 +44,7 @@ def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None
             return load_decoder(
                 target=target, draft=resolve_with_settings(draft, settings), device=device, dtype=dtype, cache_dir=str(settings.cache_dir),
                 weights=weights or settings.weights, draft_weights=draft_weights or settings.draft_weights,
+                tree_width=settings.tree_width,
             )
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc

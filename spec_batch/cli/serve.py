@@ -50,7 +50,7 @@ def serve(host: str | None, port: int | None, target: str | None, draft: str | N
                            device=device or settings.device or "cpu", dtype=dtype,
                            weights=weights or settings.weights, draft_weights=draft_weights or settings.draft_weights,
                            num_draft_tokens=num_draft_tokens if num_draft_tokens is not None else settings.num_draft_tokens,
-                           adaptive=settings.adaptive, max_batch=max_batch)
+                           adaptive=settings.adaptive, max_batch=max_batch, tree_width=settings.tree_width)
     session_factory = open_store_or_exit()
     try:
         ctx = build_context(settings, options, session_factory)

@@ -33,6 +33,7 @@ from .planning import observe_proposal, plan_step
 from .rows import Row
 from .params import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
+from .tree import TreeInput, depths, path_keep, path_logits, walk
 from .verify import verify, verify_input
 
 Request = tuple[int, list[int], SamplingParams, GrammarState | None]  # (index in the prompts, ids, params, matcher)
@@ -82,6 +83,7 @@ class Decoder:
         num_draft_tokens: int = 8,
         adaptive: bool = True,
         chat_template: Callable[[list[dict]], list[int]] | None = None,
+        tree_width: int = 1,
     ):
         why = supports_model(target)
         if why:
@@ -95,7 +97,7 @@ class Decoder:
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self._drafter_factory = drafter_factory
         self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive,
-                                  ragged=skips_padding(target))
+                                  ragged=skips_padding(target), tree_width=tree_width)
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos_ids = eos_ids(target, tokenizer)
@@ -279,30 +281,50 @@ class Decoder:
         t0 = time.perf_counter()
         grammar = GrammarStep(rows, force=self.policy.k_max > 0)  # forced tokens; `none` stays plain decoding
         draft, proposed = plan_step(drafter, self.policy, grammar.views, grammar.room)
-        draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids
+        draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids (trees: no grammar)
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
+        tree = TreeInput.of(draft.parents, ids.shape[1], self.device) if draft.parents is not None else None
         # bias and penalties at each position from the tokens before it, then the grammar's mask
         with capture_hidden(self.target, wants_hidden(drafter), hidden_layers(drafter)) as hidden:  # [B, 1 + k, H] for a head drafter
-            logits = grammar.mask(shape_logits(kv.forward(ids, valid), rows, draft.tokens))  # [B, 1 + k, V]
-        accepted, next_tokens = verify(rows, draft.tokens, draft.probs, logits, self.placeholder_id)
-        logprobs = step_logprobs(rows, logits, draft.tokens, accepted, next_tokens)
+            if tree is None:
+                out = kv.forward(ids, valid)
+            else:
+                out = kv.forward_tree(ids, valid, kv.next_pos.unsqueeze(1) + tree.depth, tree.attend).logits
+            logits = grammar.mask(shape_logits(out, rows, draft.tokens))  # [B, 1 + k, V]
+        drafted = [len(d) for d in draft.tokens]  # verified tokens; a tree's depth is what the policy planned
+        planned = drafted if tree is None else [max(depths(p), default=0) for p in draft.parents]  # type: ignore[union-attr]
+        if tree is None:
+            chains = draft.tokens
+            accepted, next_tokens = verify(rows, chains, draft.probs, logits, self.placeholder_id)
+            positions: list[list[int]] = [list(range(a + 1)) for a in accepted]
+        else:  # greedy rows only (planning.plan_step): the accepted path is a chain from here on
+            positions, next_tokens = walk(draft.tokens, draft.parents, logits.argmax(dim=-1))  # type: ignore[arg-type]
+            chains = [[d[i - 1] for i in p[1:]] for d, p in zip(draft.tokens, positions)]
+            accepted = [len(c) for c in chains]
+            logits = path_logits(logits, positions)
+        logprobs = step_logprobs(rows, logits, chains, accepted, next_tokens)
         drafter.feedback(grammar.views, grammar.drafted(draft.tokens), grammar.drafter_accepted(accepted))
         if hidden:  # only the accepted positions' states (the step's input token and accepted drafts) are valid
-            drafter.observe_hidden(0, [hidden[-1][b, : a + 1] for b, a in enumerate(accepted)])  # type: ignore[attr-defined]
+            drafter.observe_hidden(0, [hidden[-1][b, p] for b, p in enumerate(positions)])  # type: ignore[attr-defined]
         grammar.settle(accepted, next_tokens)
-        kv.rollback(torch.tensor([len(d) - a for d, a in zip(draft.tokens, accepted)], device=self.device))
+        if tree is None:
+            kv.rollback(torch.tensor([n - a for n, a in zip(drafted, accepted)], device=self.device))
+        else:
+            kv.keep_last(path_keep(positions, ids.shape[1], self.device))
         kv.maybe_compact()
 
         events = []
         confidence = proposed.confidence or [None] * len(rows)
-        for row, d, a, proposal, conf, nxt, f, lp in zip(rows, draft.tokens, accepted, proposed.tokens, confidence,
-                                                        next_tokens, map(len, grammar.forced), logprobs):
+        # a tree's proposal counts as its depth: a chain of that length, as far as the policy can tell
+        proposals = proposed.tokens if tree is None else [p[:k] for p, k in zip(proposed.tokens, planned)]
+        for row, d, n, a, proposal, conf, nxt, f, lp in zip(rows, chains, drafted, accepted, proposals, confidence,
+                                                            next_tokens, map(len, grammar.forced), logprobs):
             emitted = d[:a] + [nxt]
-            row.stats.record_step(len(d) - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
+            row.stats.record_step(n - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
             observe_proposal(self.policy, row.acceptance, proposal, conf, emitted[f:], a - f, drafter.free)
             before = row.stats.output_tokens
             new_ids = row.append(emitted, lp)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
-        self.policy.observe_step(len(rows), [len(d) for d in draft.tokens], time.perf_counter() - t0)
+        self.policy.observe_step(len(rows), planned, time.perf_counter() - t0)
         return events

@@ -36,6 +36,8 @@ class Draft:
     forwards: int = 0  # draft-model forward passes spent
     # per row, one confidence in [0, 1] per proposed token (the drafter's estimate that the target agrees), or None
     confidence: list[list[float]] | None = None
+    # per row, each token's parent among them (-1: the row's last token): a tree (core/tree.py); None: chains
+    parents: list[list[int]] | None = None
 
 
 class Drafter(Protocol):

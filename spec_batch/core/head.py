@@ -232,7 +232,7 @@ class EagleHead(nn.Module):
                 position_ids: torch.Tensor | None = None, past_key_values: Any | None = None,
                 logits_to_keep: int = 0, raw: bool = True, **_: Any) -> HeadOutput:
         """input_ids [B, n] (token t+1), features [B, n, W] (state at t: the target's, W = feature_width, when
-        raw; else the head's own predicted [B, n, H]); attention_mask [B, past + n] (1 = the row's token),
+        raw; else the head's own predicted [B, n, H]); attention_mask [B, past + n] (1 = the row's token) or 4-D,
         position_ids [B, n]. Without a cache: one causal pass over the n positions."""
         b, n = input_ids.shape
         device = input_ids.device
@@ -256,7 +256,10 @@ class EagleHead(nn.Module):
 
 def _mask(attention_mask: torch.Tensor, n: int) -> torch.Tensor:
     """[B, n, total] bool: query i (column past + i) sees the row's columns up to itself; every query sees
-    itself, so a padded query (whose output nobody reads) never has an empty row (NaN)."""
+    itself, so a padded query (whose output nobody reads) never has an empty row (NaN). A 4-D attention_mask
+    [B, 1, n, total] (a tree's: KVBatch.forward_tree) is used as it is."""
+    if attention_mask.dim() == 4:
+        return attention_mask[:, 0].bool()
     total = attention_mask.shape[1]
     past = total - n
     cols = torch.arange(total, device=attention_mask.device)

@@ -20,6 +20,7 @@ from .drafters import Draft, DraftRow
 from .head import EagleHead
 from .job_memory import JobMemory
 from .kv_batch import KVBatch
+from .tree import best_nodes
 
 
 class HeadDrafter:
@@ -27,6 +28,7 @@ class HeadDrafter:
     free = False
     wants_hidden = True  # the decoder captures the target's last hidden states for `observe_hidden`
     initial_acceptance = (1.0, 2.0)
+    default_tree_width = 3  # `tree_width` where none is given (core/tree.py; docs/heads.md "Draft trees")
 
     def __init__(self, head: EagleHead, name: str, device: torch.device, placeholder_id: int, vocab_size: int):
         self.head = head
@@ -74,6 +76,57 @@ class HeadDrafter:
         self.fed = [max(0, kb - 1) for kb in k]
         return Draft(tokens=chain.tokens, probs=chain.probs, forwards=chain.forwards)
 
+    def propose_tree(self, rows: Sequence[DraftRow], k: Sequence[int], width: int) -> Draft:
+        """EAGLE-2's dynamic tree (arXiv 2406.16858), for greedy rows without bias, penalties or a grammar: from the
+        root, the `width` likeliest tokens; at each further depth the `width` likeliest nodes (by the summed
+        log-probability of their path) are fed in one forward and each proposes its `width` likeliest children,
+        up to depth k[b]; of all those nodes the k[b] + width - 1 likeliest are the row's tree (best_nodes): the
+        verify step reads width - 1 tokens more than a chain of the same depth (on a CPU at batch 1 each extra token
+        of a verify forward costs a little; nodes by the dozen, as on a GPU, cost more than they bring:
+        docs/heads.md). width 1 is the greedy chain. Each node is fed with its parent's predicted feature, seeing the row's cache and its own
+        ancestors only; like a chain's, the fed entries are dropped at `feedback`."""
+        batch = len(rows)
+        ids, valid, features = self._pending_input(rows)
+        out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=True)
+        self.pending = [p[:0] for p in self.pending]
+        first_column, next_pos = self.kv.length, self.kv.next_pos.clone()  # the depth-1 nodes' position
+        nodes = [_Nodes() for _ in rows]
+        logp, ids = _top(out.logits[:, -1:], width)
+        for b in range(batch):
+            if k[b]:
+                nodes[b].expand(-1, 0.0, logp[b][0], ids[b][0], out.features[b, -1])
+        fed, forwards = [0] * batch, 1
+        for depth in range(1, max(k, default=0)):
+            beams = [n.beam(depth, width) if depth < kb else [] for n, kb in zip(nodes, k)]
+            if not any(beams):
+                break
+            ids = torch.full((batch, width), self.placeholder_id, dtype=torch.long)
+            valid = torch.zeros((batch, width), dtype=torch.bool)
+            feats = out.features.new_zeros((batch, width, out.features.shape[-1]))
+            hidden = torch.ones((batch, width, self.kv.length), dtype=torch.bool)
+            hidden[:, :, :first_column] = False  # the rows' real entries; of the tree's, a node sees its ancestors
+            for b, beam in enumerate(beams):
+                for i, node in enumerate(beam):
+                    ids[b, i], valid[b, i], feats[b, i] = nodes[b].tokens[node], True, nodes[b].feature[node]
+                    for column in nodes[b].ancestor_columns(node):
+                        hidden[b, i, column] = False
+            positions = (next_pos + depth - 1).unsqueeze(1).expand(batch, width)
+            attend = torch.eye(width, dtype=torch.bool, device=self.device).expand(batch, -1, -1)
+            column = self.kv.length
+            out = self.kv.forward_tree(ids.to(self.device), valid.to(self.device), positions, attend,
+                                       hidden_columns=hidden.to(self.device), features=feats, raw=False)
+            forwards += 1
+            logp, top_ids = _top(out.logits, width)
+            for b, beam in enumerate(beams):
+                fed[b] += len(beam)
+                for i, node in enumerate(beam):
+                    nodes[b].column[node] = column + i
+                    nodes[b].expand(node, nodes[b].score[node], logp[b][i], top_ids[b][i], out.features[b, i])
+        self.fed = fed
+        tokens, parents = zip(*(n.tree(kb + width - 1 if kb else 0) for n, kb in zip(nodes, k))) if batch else ((), ())
+        d2t = self.head.d2t.tolist()
+        return Draft(tokens=[[d2t[t] for t in row] for row in tokens], parents=list(parents), forwards=forwards)
+
     def _pending_input(self, rows: Sequence[DraftRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row's unread pairs, right-aligned: ids [B, w] (token t+1), valid [B, w], features [B, w, H]."""
         width = max(1, max(len(p) for p in self.pending))
@@ -108,3 +161,50 @@ class HeadDrafter:
 
     def use_memory(self, memory: JobMemory) -> None:
         pass
+
+
+def _top(logits: torch.Tensor, width: int) -> tuple[list, list]:
+    """logits [B, n, Vd] -> per row and position the `width` likeliest draft ids and their log-probabilities."""
+    logp, ids = logits.float().log_softmax(dim=-1).topk(width, dim=-1)
+    return logp.tolist(), ids.tolist()
+
+
+class _Nodes:
+    """One row's tree while it grows: per node its draft-vocabulary token, parent (-1: the root), summed log-prob,
+    the head's predicted feature it is fed with (its parent's output), and its cache column once fed."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parent: list[int] = []
+        self.score: list[float] = []
+        self.feature: list[torch.Tensor] = []
+        self.depth: list[int] = []
+        self.column: dict[int, int] = {}
+
+    def expand(self, parent: int, score: float, logp: list[float], ids: list[int], feature: torch.Tensor) -> None:
+        """The parent's likeliest children (their log-probabilities and draft ids), fed with its output feature [H]."""
+        depth = 1 if parent < 0 else self.depth[parent] + 1
+        for lp, t in zip(logp, ids):
+            self.tokens.append(t)
+            self.parent.append(parent)
+            self.score.append(score + lp)
+            self.feature.append(feature)
+            self.depth.append(depth)
+
+    def beam(self, depth: int, width: int) -> list[int]:
+        """The `width` likeliest nodes at this depth: the ones fed to grow the next depth."""
+        at = [i for i, d in enumerate(self.depth) if d == depth]
+        return sorted(at, key=lambda i: -self.score[i])[:width]
+
+    def ancestor_columns(self, node: int) -> list[int]:
+        out, p = [], self.parent[node]
+        while p >= 0:
+            out.append(self.column[p])
+            p = self.parent[p]
+        return out
+
+    def tree(self, n: int) -> tuple[list[int], list[int]]:
+        """The n best nodes as a tree draft: tokens (draft vocabulary) and parents (indices among them)."""
+        chosen = best_nodes(self.score, self.parent, n)
+        index = {node: i for i, node in enumerate(chosen)}
+        return [self.tokens[c] for c in chosen], [index[self.parent[c]] if self.parent[c] >= 0 else -1 for c in chosen]

@@ -183,6 +183,47 @@ class KVBatch:
         self.next_pos = self.next_pos + valid_l.sum(dim=1)
         return out
 
+    def forward_tree(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor,
+                     logits_to_keep: int = 0, hidden_columns: torch.Tensor | None = None,
+                     **model_kwargs: Any) -> Any:
+        """`forward_output` for a tree of tokens (core/tree.py): input position q sees the row's cache and the new
+        positions c with attend[b, q, c] (its ancestors and itself), at the given positions [B, n] (a tree's
+        tokens share positions: next_pos + depth).
+        hidden_columns [B, n, L] bool: cache columns a position must not see (a drafter's own tree nodes from earlier
+        forwards that are not its ancestors); None: it sees every valid column. The new entries count as valid
+        until `keep_last` or `rollback` says which stay."""
+        valid_l = valid.long()
+        cached = self.mask.bool().unsqueeze(1).expand(-1, input_ids.shape[1], -1)  # [B, n, L]
+        if hidden_columns is not None:
+            cached = cached & ~hidden_columns
+        mask = torch.cat([cached, attend & valid.unsqueeze(1)], dim=2)
+        n = input_ids.shape[1]
+        cols = torch.arange(n, device=mask.device)
+        mask[:, cols, self.length + cols] = True  # a padded position sees itself: never empty
+        hint = padding.real_positions(valid) if self.skips_padding else contextlib.nullcontext()
+        with hint:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask.unsqueeze(1),  # 4-D: used as it is (transformers' masking_utils)
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                **model_kwargs,
+            )
+        self.mask = torch.cat([self.mask, valid_l], dim=1)
+        self.next_pos = self.next_pos + valid_l.sum(dim=1)
+        return out
+
+    def keep_last(self, keep: torch.Tensor) -> None:
+        """Of the last n columns (a tree forward's), keeps only those with keep [B, n] (an accepted path)."""
+        n = keep.shape[1]
+        last = self.mask[:, -n:]
+        dropped = (last.bool() & ~keep).sum(dim=1)
+        self.mask = torch.cat([self.mask[:, :-n], last * keep.long()], dim=1)
+        self.next_pos = self.next_pos - dropped
+        self._trim_tail()
+
     def rollback(self, drop: torch.Tensor) -> None:
         """Forgets each row's last drop[b] tokens. drop [B] long."""
         if not bool((drop > 0).any()):

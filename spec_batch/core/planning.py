@@ -49,8 +49,20 @@ def plan_step(drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget
             confidence=None if full.confidence is None else [c[:kb] for c, kb in zip(full.confidence, ks)],
         )
         return draft, full
-    draft = drafter.propose(rows, ks) if any(ks) else Draft(tokens=[[] for _ in rows])
+    if not any(ks):
+        return Draft(tokens=[[] for _ in rows]), Draft(tokens=[[] for _ in rows])
+    width = policy.tree_width_for(len(rows))
+    if width > 1 and hasattr(drafter, "propose_tree") and all(_tree_row(r) for r in rows):
+        draft = drafter.propose_tree(rows, ks, width)  # type: ignore[attr-defined]
+    else:
+        draft = drafter.propose(rows, ks)
     return draft, draft
+
+
+def _tree_row(row: Any) -> bool:
+    """Trees are verified greedily by the target's own argmax (core/tree.walk): greedy rows whose logits nothing
+    shapes (bias, penalties) and no grammar constrains. Other batches draft chains."""
+    return row.params.greedy and not row.params.shapes_logits and getattr(row, "grammar", None) is None
 
 
 def observe_proposal(policy: DraftPolicy, acceptance: RowAcceptance, proposal: Sequence[int],

@@ -235,11 +235,21 @@ class DraftPolicy:
         min_reach: float = 0.05,
         ragged: bool = False,
         margin: float = 1.1,
+        tree_width: int = 1,
+        tree_batch: int = 1,
     ):
         if k_max < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
+        if tree_width < 1:
+            raise ValueError(f"tree_width must be >= 1, got {tree_width}")
         self.k_max = k_max
         self.adaptive = adaptive
+        # a drafter that grows trees (a head: core/head_drafter.py) drafts k + width - 1 nodes of depth k in batches of
+        # at most tree_batch rows (1: a verify forward at batch 1 is bound by reading the weights, so extra nodes
+        # cost little there; at larger batches every node is paid in compute). 1: chains. Depth k is planned as for a
+        # chain, and a tree step's cost and accepted run are recorded under its depth.
+        self.tree_width = tree_width
+        self.tree_batch = tree_batch
         self.candidates = sorted({c for c in candidates if c <= k_max} | {k_max})
         self.min_reach = min_reach
         self.ragged = ragged  # a step costs its real tokens (the target skips padding), not its width
@@ -266,6 +276,9 @@ class DraftPolicy:
         # model's head at batch 1 the exploration measured neither a gain nor a cost: docs/benchmarks.md)
         self.explore_every = 8
         self._drafting_steps = 0
+
+    def tree_width_for(self, batch: int) -> int:
+        return self.tree_width if batch <= self.tree_batch else 1
 
     def accept_probs(self, acceptance: RowAcceptance, n: int, confidence: list[float] | None = None) -> list[float]:
         """q[j] for the first n tokens of a row's proposal (confidence: the drafter's, per token, if it has one)."""

@@ -16,6 +16,7 @@ import torch
 from ..core.decoder import Decoder
 from ..core.drafters import DEFAULT_DRAFT_TOKENS, Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from ..core.head import EagleHead
+from ..core.head_drafter import HeadDrafter
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
@@ -48,13 +49,16 @@ def build_decoder(
     ngram_max: int = 3,
     drafter_options: Mapping[str, Any] | None = None,
     draft_weights: str | None = None,
+    tree_width: int | None = None,
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
     (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU).
-    num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
+    tree_width: a head drafts trees of this width at batch 1 (core/tree.py); None: the head's default
+    (HeadDrafter.default_tree_width); other drafters draft chains. num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
     cost nothing, 8 otherwise). drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`:
     max_spec_factor, min_token_prob), to tune it for a workload; checked here, not at the first decode."""
     max_context = context_length(target_model)
+    tree_width = _tree_width(draft, tree_width)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if drafter_options and draft != "suffix":
         raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
@@ -90,7 +94,18 @@ def build_decoder(
         num_draft_tokens=num_draft_tokens,
         adaptive=adaptive,
         chat_template=lambda messages: apply_chat_template(tokenizer, messages, model_name=target_name),
+        tree_width=tree_width,
     )
+
+
+def _tree_width(draft: Any, tree_width: int | None) -> int:
+    """The tree width a drafter gets. Only a head (not a hybrid) grows trees; every other drafter drafts chains
+    whatever is asked (one SPEC_BATCH_TREE_WIDTH serves a worker's head and suffix jobs alike)."""
+    if tree_width is not None and (isinstance(tree_width, bool) or not isinstance(tree_width, int) or tree_width < 1):
+        raise InvalidParameterError(f"tree_width must be a whole number >= 1, got {tree_width!r}")
+    if not isinstance(draft, EagleHead):
+        return 1
+    return HeadDrafter.default_tree_width if tree_width is None else tree_width
 
 
 def _suffix_factory(drafter_options: Mapping[str, Any] | None) -> Callable[[], Drafter]:
@@ -123,13 +138,14 @@ def load_decoder(
     trust_remote_code: bool = False,
     weights: str | None = None,
     draft_weights: str | None = None,
+    tree_width: int | None = None,
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
     draft: "suffix" | "ngram" | "none" | "self[:WEIGHTS]" (the target's own file at other weights, int4 when
     none is named: gpt-fast's pairing) | a model spec like target | a loaded HF model (it shares the target's
     tokenizer unless draft_tokenizer= is given) | "head:DIR" / "hybrid:DIR". weights / draft_weights: full | int8 |
     int4 | auto (loading/weights.py; None: full; a head drafts in full or int8, auto and None: int8 on the CPU);
-    dtype stays the compute dtype. Models named by string are loaded once per process and shared (`shared_model`);
+    dtype stays the compute dtype. tree_width: build_decoder's. Models named by string are loaded once per process and shared (`shared_model`);
     the decoder itself is new: `shared_decoder` is the cached form.
     The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model."""
     device = torch.device(device)
@@ -150,6 +166,7 @@ def load_decoder(
         ngram_max=ngram_max,
         drafter_options=drafter_options,
         draft_weights=draft_weights if isinstance(draft_arg, (EagleHead, HybridHead)) else None,
+        tree_width=tree_width,
     )
     decoder.precision = DecoderPrecision(_precision_of(loaded), draft_precision)
     return decoder
@@ -309,6 +326,7 @@ def shared_decoder(
     cache_dir: str | os.PathLike | None = None,
     weights: str | None = None,
     draft_weights: str | None = None,
+    tree_width: int | None = None,
 ) -> Decoder:
     """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
 
@@ -329,7 +347,7 @@ def shared_decoder(
     precision = resolve_precision(weights, dtype, dev, torch_dtype)
     key = (
         os.fspath(target), os.fspath(draft), str(dev), precision, resolve_weights_name(draft_weights),
-        num_draft_tokens, adaptive, _cache_dir_key(cache_dir),
+        num_draft_tokens, adaptive, _cache_dir_key(cache_dir), tree_width,
     )
     return _decoders.get(
         key,
@@ -343,6 +361,7 @@ def shared_decoder(
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
             weights=precision.weights,
             draft_weights=draft_weights,
+            tree_width=tree_width,
         ),
     )
 

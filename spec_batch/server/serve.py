@@ -32,6 +32,7 @@ class ServeOptions:
     draft_weights: str | None = None
     num_draft_tokens: int | None = None
     adaptive: bool = True
+    tree_width: int | None = None  # a head's draft trees (load_decoder's); None: its default
     max_batch: int = 8  # rows decoding at once in the shared engine (online requests and batch rows together)
 
 
@@ -54,7 +55,7 @@ def build_context(settings: Settings, options: ServeOptions, session_factory: se
         decoder = load_decoder(options.target, resolve_with_settings(options.draft, settings), device=options.device,
                                dtype=options.dtype, num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive,
                                cache_dir=str(settings.cache_dir), weights=options.weights,
-                               draft_weights=options.draft_weights)
+                               draft_weights=options.draft_weights, tree_width=options.tree_width)
         if split_head(options.draft):  # a head keeps the name jobs and queues know it by (head:NAME), not its cache dir
             decoder.draft_name = options.draft
     engine = Engine(decoder, max_batch=options.max_batch)

@@ -91,7 +91,8 @@ class Runtime:
                 pass
         dec = shared_decoder(target, resolve_with_settings(drafter, self.settings), device=self.device, cache_dir=self.settings.cache_dir,
                              num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive,
-                             weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights)
+                             weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights,
+                             tree_width=self.settings.tree_width)
         if key not in self._loaded:
             self._loaded.add(key)
             log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, self.device,

@@ -17,7 +17,7 @@ from batch_lines import completion_line, write_batch
 from spec_batch.store import Request, make_session_factory, queries, summaries
 
 SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
-INTERRUPTS = 3
+INTERRUPTS = 2  # interrupted, resumed and interrupted again, then resumed to the end
 PROMPTS = ["The capital of France is", "One, two, three, four,", "Roses are red, violets are", "Monday, Tuesday,"]
 
 

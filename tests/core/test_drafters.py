@@ -39,7 +39,7 @@ def test_drafter_traits(tiny_llama):
 
 
 def test_draft_fields():
-    assert [f.name for f in fields(Draft)] == ["tokens", "probs", "forwards", "confidence"]
+    assert [f.name for f in fields(Draft)] == ["tokens", "probs", "forwards", "confidence", "parents"]
     assert Draft(tokens=[[1]]).confidence is None
 
 

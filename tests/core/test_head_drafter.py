@@ -270,3 +270,17 @@ def test_hybrid_sampling_follows_the_target_distribution(sharp_target, fake_toke
     exact = _exact_sequence_probs(sharp_target, prompt, 3, 1.0, 0, 1.0)
     assert _chisquare(counts, exact, n).pvalue > 1e-3
     assert 0 < sum(r.stats.accepted_tokens for r in results) < sum(r.stats.draft_tokens for r in results)
+
+
+@pytest.mark.parametrize("width", [2, 3])
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_greedy_tree_equals_none_and_hf(tiny_target, fake_tokenizer, head_decoders, greedy_refs, width, batch_size):
+    decoder = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=random_head(tiny_target, 48),
+                            device=CPU, num_draft_tokens=4, adaptive=False, tree_width=width)
+    decoder.policy.tree_batch = batch_size
+    params = SamplingParams(max_new_tokens=N_NEW)
+    results = decoder.generate(PROMPTS * 2, params, batch_size=batch_size)
+    for prompt, ref, res in zip(PROMPTS * 2, greedy_refs * 2, results):
+        assert res.token_ids == ref
+        check_stats(res, len(prompt))
+    assert sum(r.stats.draft_tokens for r in results) > 0 and sum(r.stats.accepted_tokens for r in results) > 0

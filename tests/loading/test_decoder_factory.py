@@ -97,7 +97,8 @@ def test_shared_decoder_loads_once_under_concurrency_and_does_not_cache_failures
     assert len(calls) == 1 and all(r is results[0] for r in results)
     assert calls[0] == (
         ("some-model", "ngram", torch.device("cpu"), torch.float32),
-        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None, "weights": "full", "draft_weights": None},
+        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None, "weights": "full", "draft_weights": None,
+         "tree_width": None},
     )
     for _ in range(2):
         with pytest.raises(RuntimeError, match="no such model"):
@@ -144,6 +145,25 @@ def test_draft_weights_of_build_decoder_apply_to_heads_only(tiny_target, fake_to
         build("int8")
     with pytest.raises(InvalidParameterError, match="not supported"):
         build("int3")
+
+
+def test_tree_width_goes_to_a_heads_policy_and_other_drafters_draft_chains(tiny_target, fake_tokenizer):
+    from spec_batch.core.head import head_for_target
+    from spec_batch.core.head_drafter import HeadDrafter
+    from spec_batch.loading import build_decoder
+    from spec_batch.loading.heads import HybridHead
+
+    head = head_for_target(tiny_target, torch.arange(0, 64, 2), "tiny")
+
+    def width(draft: Any, tree_width: Any) -> int:
+        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=draft, device=torch.device("cpu"),
+                             tree_width=tree_width).policy.tree_width
+
+    assert width(head, None) == HeadDrafter.default_tree_width and width(head, 3) == 3
+    assert width("suffix", 3) == width(HybridHead(head), 3) == width("suffix", None) == 1
+    for bad in (0, -2, 1.5, True, "3"):
+        with pytest.raises(InvalidParameterError, match="tree_width must be a whole number"):
+            width(head, bad)
 
 
 # ------------------------------------------------------------------ the oracle on the real default model

@@ -205,7 +205,7 @@ def test_keys_isolate_files_and_batches(server, tmp_path):
 def test_a_server_killed_mid_batch_loses_nothing(tmp_path):
     env = api_env()
     db = f"sqlite:///{tmp_path / 'restart.db'}"
-    lines = [chat_line(f"r{i}", f"List facts about the number {i}.", max_tokens=24) for i in range(16)]
+    lines = [chat_line(f"r{i}", f"List facts about the number {i}.", max_tokens=16) for i in range(10)]
     first = ApiServer(db, tmp_path, env).start()
     client = first.client(None)
     f = client.files.create(file=write_lines(tmp_path / "in.jsonl", lines).open("rb"), purpose="batch")
@@ -218,8 +218,8 @@ def test_a_server_killed_mid_batch_loses_nothing(tmp_path):
     try:
         client = second.client(None)
         done = wait_batch(client, batch.id)
-        assert done.status == "completed" and done.request_counts.completed == 16, second.log()
+        assert done.status == "completed" and done.request_counts.completed == 10, second.log()
         outputs = jsonl(client.files.content(done.output_file_id).text)
-        assert sorted(o["custom_id"] for o in outputs) == sorted(f"r{i}" for i in range(16))
+        assert sorted(o["custom_id"] for o in outputs) == sorted(f"r{i}" for i in range(10))
     finally:
         second.stop()
