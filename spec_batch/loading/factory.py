@@ -53,8 +53,7 @@ def build_decoder(
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
     (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU).
-    tree_width: a head drafts trees of this width at batch 1 (core/tree.py); None: the head's default
-    (HeadDrafter.default_tree_width); other drafters draft chains. num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
+    tree_width: a head's draft trees at batch 1 (core/tree.py; None: its default); other drafters draft chains. num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
     cost nothing, 8 otherwise). drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`:
     max_spec_factor, min_token_prob), to tune it for a workload; checked here, not at the first decode."""
     max_context = context_length(target_model)
