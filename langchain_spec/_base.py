@@ -13,7 +13,7 @@ from ._core import CallOptions, check_decoder, check_limits, resolve_options
 
 LS_PROVIDER = "spec_batch"
 
-_LOAD_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights", "num_draft_tokens")
+_LOAD_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights", "num_draft_tokens", "tree_width")
 
 
 class SpeculativeParams(BaseModel):
@@ -36,6 +36,8 @@ class SpeculativeParams(BaseModel):
     """A draft model's weight storage, as `weights` (draft="self:int4" drafts with the target's file at int4)."""
     num_draft_tokens: int | None = Field(default=None, ge=1)
     """Most tokens drafted per step; None keeps the core's default."""
+    tree_width: int | None = Field(default=None, ge=1)
+    """A head's draft trees at batch 1 (docs/heads.md, 1: chains); None keeps the head's default."""
     decoder: Any = Field(default=None, exclude=True)
     """An existing spec_batch Decoder to use instead of loading one (then leave target/draft/... unset)."""
 
@@ -99,7 +101,7 @@ class SpeculativeParams(BaseModel):
         if self.decoder is not None:
             return self.decoder
         # None keeps shared_decoder's default, so it shares that decoder with callers that leave it out.
-        more = {} if self.num_draft_tokens is None else {"num_draft_tokens": self.num_draft_tokens}
+        more = {k: getattr(self, k) for k in ("num_draft_tokens", "tree_width") if getattr(self, k) is not None}
         draft = resolve_with_settings(self.draft)  # head:NAME -> its cached directory (looked up in SQL)
         return shared_decoder(self.target, draft, device=self.device, dtype=self.dtype, weights=self.weights,
                               draft_weights=self.draft_weights, **more)
