@@ -32,6 +32,10 @@ DEFAULT_API_MAX_FILE_LINES = 50_000
 API_RUNNERS = ("local", "queue")
 
 
+class SettingsError(ValueError):
+    """A SPEC_BATCH_* variable holds a value that is no choice; the message names the variable and the value."""
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str
@@ -79,9 +83,9 @@ def _int_env(name: str, default: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
     if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
+        raise SettingsError(f"{name}={raw!r} must be positive")
     return value
 
 
@@ -93,7 +97,7 @@ def _bool_env(name: str, default: bool) -> bool:
         return True
     if raw in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{name}={raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
+    raise SettingsError(f"{name}={raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
 
 
 def get_settings() -> Settings:
@@ -135,7 +139,7 @@ def get_settings() -> Settings:
 def _api_runner() -> str:
     runner = (os.environ.get("SPEC_BATCH_API_RUNNER") or "local").strip().lower()
     if runner not in API_RUNNERS:
-        raise ValueError(f"SPEC_BATCH_API_RUNNER={runner!r} must be one of {', '.join(API_RUNNERS)}")
+        raise SettingsError(f"SPEC_BATCH_API_RUNNER={runner!r} must be one of {', '.join(API_RUNNERS)}")
     return runner
 
 
@@ -148,7 +152,7 @@ def _api_keys() -> tuple[str, ...]:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"SPEC_BATCH_API_KEYS_FILE={path!r} cannot be read: {type(exc).__name__}") from None
+            raise SettingsError(f"SPEC_BATCH_API_KEYS_FILE={path!r} cannot be read: {type(exc).__name__}") from None
         keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
     return tuple(dict.fromkeys(k for k in keys if k))
 

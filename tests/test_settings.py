@@ -46,6 +46,17 @@ def test_tree_width_comes_from_the_environment(monkeypatch):
         get_settings()
 
 
+@pytest.mark.parametrize("command", [["jobs"], ["generate", "Hi"]])
+def test_a_malformed_variable_is_a_one_line_error_of_the_cli(command, tmp_path, monkeypatch):
+    from spec_batch.cli import main
+
+    monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", f"sqlite:///{tmp_path / 'jobs.db'}")
+    monkeypatch.setenv("SPEC_BATCH_TREE_WIDTH", "wide")
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # click's error exit, no traceback
+    assert "Error: SPEC_BATCH_TREE_WIDTH='wide' is not an integer" in result.output
+
+
 @pytest.mark.parametrize("args,env", [
     (["jobs"], {"SPEC_BATCH_DATABASE_URL": "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"}),
     (["db", "upgrade", "--url", "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"], {}),

@@ -9,8 +9,12 @@ class _Group(click.Group):
     error may quote its URL, `?password=` included)."""
 
     def invoke(self, ctx: click.Context):
+        from ..settings import SettingsError
+
         try:
             return super().invoke(ctx)
+        except SettingsError as exc:  # a malformed SPEC_BATCH_* variable: its message, not a traceback
+            raise click.ClickException(str(exc)) from None
         except click.ClickException as exc:
             from ..settings import get_settings, redact
 
