@@ -33,7 +33,7 @@ from .planning import observe_proposal, plan_step
 from .rows import Row
 from .params import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
-from .tree import TreeInput, depths, path_keep, path_logits, walk
+from .tree import TreeInput, path_keep, path_logits, walk
 from .verify import verify, verify_input
 
 Request = tuple[int, list[int], SamplingParams, GrammarState | None]  # (index in the prompts, ids, params, matcher)
@@ -292,7 +292,7 @@ class Decoder:
                 out = kv.forward_tree(ids, valid, kv.next_pos.unsqueeze(1) + tree.depth, tree.attend).logits
             logits = grammar.mask(shape_logits(out, rows, draft.tokens))  # [B, 1 + k, V]
         drafted = [len(d) for d in draft.tokens]  # verified tokens; a tree's depth is what the policy planned
-        planned = drafted if tree is None else [max(depths(p), default=0) for p in draft.parents]  # type: ignore[union-attr]
+        planned = drafted if tree is None else tree.depth.amax(dim=1).tolist()
         if tree is None:
             chains = draft.tokens
             accepted, next_tokens = verify(rows, chains, draft.probs, logits, self.placeholder_id)

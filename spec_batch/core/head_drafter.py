@@ -83,8 +83,8 @@ class HeadDrafter:
         up to depth k[b]; of all those nodes the k[b] + width - 1 likeliest are the row's tree (best_nodes): the
         verify step reads width - 1 tokens more than a chain of the same depth (on a CPU at batch 1 each extra token
         of a verify forward costs a little; nodes by the dozen, as on a GPU, cost more than they bring:
-        docs/heads.md). width 1 is the greedy chain. Each node is fed with its parent's predicted feature, seeing the row's cache and its own
-        ancestors only; like a chain's, the fed entries are dropped at `feedback`."""
+        docs/heads.md). width 1 is the greedy chain. Each node is fed with its parent's predicted feature, seeing the
+        row's cache and its own ancestors only; like a chain's, the fed entries are dropped at `feedback`."""
         batch = len(rows)
         ids, valid, features = self._pending_input(rows)
         out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=True)

@@ -168,20 +168,7 @@ class KVBatch:
         valid_l = valid.long()
         positions = (self.next_pos.unsqueeze(1) + valid_l.cumsum(dim=1) - 1).clamp_min(0)
         mask = torch.cat([self.mask, valid_l], dim=1)
-        hint = padding.real_positions(valid) if self.skips_padding else contextlib.nullcontext()
-        with hint:  # layers that can skip the padded positions do (core/padding.py)
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-                **model_kwargs,
-            )
-        self.mask = mask
-        self.next_pos = self.next_pos + valid_l.sum(dim=1)
-        return out
+        return self._append(input_ids, valid, mask, positions, logits_to_keep, **model_kwargs)
 
     def forward_tree(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor,
                      logits_to_keep: int = 0, hidden_columns: torch.Tensor | None = None,
@@ -192,7 +179,6 @@ class KVBatch:
         hidden_columns [B, n, L] bool: cache columns a position must not see (a drafter's own tree nodes from earlier
         forwards that are not its ancestors); None: it sees every valid column. The new entries count as valid
         until `keep_last` or `rollback` says which stay."""
-        valid_l = valid.long()
         cached = self.mask.bool().unsqueeze(1).expand(-1, input_ids.shape[1], -1)  # [B, n, L]
         if hidden_columns is not None:
             cached = cached & ~hidden_columns
@@ -200,17 +186,24 @@ class KVBatch:
         n = input_ids.shape[1]
         cols = torch.arange(n, device=mask.device)
         mask[:, cols, self.length + cols] = True  # a padded position sees itself: never empty
+        # 4-D: used as it is (transformers' masking_utils)
+        return self._append(input_ids, valid, mask.unsqueeze(1), positions, logits_to_keep, **model_kwargs)
+
+    def _append(self, input_ids: torch.Tensor, valid: torch.Tensor, attention_mask: torch.Tensor,
+                positions: torch.Tensor, logits_to_keep: int, **model_kwargs: Any) -> Any:
+        """One model call appending input_ids to the cache; the valid ones join their rows' columns."""
         hint = padding.real_positions(valid) if self.skips_padding else contextlib.nullcontext()
-        with hint:
+        with hint:  # layers that can skip the padded positions do (core/padding.py)
             out = self.model(
                 input_ids=input_ids,
-                attention_mask=mask.unsqueeze(1),  # 4-D: used as it is (transformers' masking_utils)
+                attention_mask=attention_mask,
                 position_ids=positions,
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
                 **model_kwargs,
             )
+        valid_l = valid.long()
         self.mask = torch.cat([self.mask, valid_l], dim=1)
         self.next_pos = self.next_pos + valid_l.sum(dim=1)
         return out
