@@ -52,10 +52,10 @@ def build_decoder(
     tree_width: int | None = None,
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
-    (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU).
-    tree_width: a head's draft trees at batch 1 (core/tree.py; None: its default); other drafters draft chains. num_draft_tokens: the longest draft per step; None: the drafter's default (16 for "suffix", whose proposals
-    cost nothing, 8 otherwise). drafter_options: keyword arguments of the suffix drafter (`SuffixDrafter.OPTIONS`:
-    max_spec_factor, min_token_prob), to tune it for a workload; checked here, not at the first decode."""
+    (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU);
+    tree_width: a head's draft trees at batch 1 (None: its default; other drafters draft chains). num_draft_tokens:
+    the longest draft per step; None: the drafter's default (16 for "suffix", 8 otherwise). drafter_options: keyword
+    arguments of the suffix drafter (`SuffixDrafter.OPTIONS`), checked here, not at the first decode."""
     max_context = context_length(target_model)
     tree_width = _tree_width(draft, tree_width)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -144,8 +144,8 @@ def load_decoder(
     none is named: gpt-fast's pairing) | a model spec like target | a loaded HF model (it shares the target's
     tokenizer unless draft_tokenizer= is given) | "head:DIR" / "hybrid:DIR". weights / draft_weights: full | int8 |
     int4 | auto (loading/weights.py; None: full; a head drafts in full or int8, auto and None: int8 on the CPU);
-    dtype stays the compute dtype. tree_width: build_decoder's. Models named by string are loaded once per process and shared (`shared_model`);
-    the decoder itself is new: `shared_decoder` is the cached form.
+    dtype stays the compute dtype; tree_width as build_decoder's. Models named by string are loaded once per process
+    and shared (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form.
     The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model."""
     device = torch.device(device)
     target, draft = _fspath(target), _fspath(draft)
