@@ -4,7 +4,7 @@ For each generated set (bench/head_sets.py: templated notices and reports, free-
 target answers the first --train prompts (greedy: the job history a head is distilled from), a head is trained
 on them (the code `spec-batch drafters train` runs), and then every row decodes the other --test prompts, side by
 side, at each batch size: `none`, `suffix`, `head`, `hybrid` (suffix where confident, the head elsewhere), and
-Hugging Face prompt lookup at batch 1 on edits. Each row reports CPU seconds, the speedup over `none`,
+Hugging Face prompt lookup at batch 1 on edits. Each row reports CPU and wall seconds, the speedups over `none`,
 accepted tokens per step, and whether its outputs equal `none`'s. The draft cost of one head token is measured
 against one batch-1 target forward (the issue's bound: 10%).
 
@@ -72,12 +72,15 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
 
 
 def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int,
-             full_weights: bool = False, tree_widths: tuple[int, ...] = ()) -> dict[str, tuple[Run, list]]:
+             full_weights: bool = False, tree_widths: tuple[int, ...] = (), fixed_depths: tuple[int, ...] = ()
+             ) -> dict[str, tuple[Run, list]]:
     """row name -> (run, the per-run stats sink). full_weights: a row for the head drafting in float32 too (the
-    default drafts in int8 on the CPU). tree_widths: a row for the head drafting trees of each width at this batch."""
-    def with_head(draft, weights: str | None = None, tree_width: int | None = None):
+    default drafts in int8 on the CPU). tree_widths: a row for the head drafting trees of each width at this batch.
+    fixed_depths: a row for the head drafting at each depth without the policy (trees: depth + width - 1 nodes)."""
+    def with_head(draft, weights: str | None = None, tree_width: int | None = None, depth: int | None = None):
         dec = build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=draft, device=none.device,
-                            draft_weights=weights)
+                            draft_weights=weights, **({} if depth is None else {"num_draft_tokens": depth,
+                                                                                  "adaptive": False}))
         if tree_width is not None:
             dec.policy.tree_width, dec.policy.tree_batch = tree_width, batch
         return dec
@@ -88,6 +91,8 @@ def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch
         decoders["head (full weights)"] = with_head(head, "full")
     for width in tree_widths:
         decoders[f"head, tree width {width}"] = with_head(head, tree_width=width)
+    for depth in fixed_depths:
+        decoders[f"head, fixed depth {depth}"] = with_head(head, depth=depth)
     rows: dict[str, tuple[Run, list]] = {}
     for name, dec in decoders.items():
         sink: list = []
@@ -126,18 +131,20 @@ def measure(rows: dict[str, tuple[Run, list]], rounds: int) -> list[dict]:
     for run, _ in rows.values():  # untimed: warms kernels and each policy's step costs
         run()
     seconds: dict[str, list[float]] = {name: [] for name in rows}
+    walls: dict[str, list[float]] = {name: [] for name in rows}
     outputs: dict[str, list] = {}
     for _ in range(rounds):
         for name, (run, _) in rows.items():
-            t0 = time.process_time()
+            t0, w0 = time.process_time(), time.perf_counter()
             outputs[name] = run()
             seconds[name].append(time.process_time() - t0)
-    base = statistics.median(seconds["none"])
+            walls[name].append(time.perf_counter() - w0)
+    base, base_wall = statistics.median(seconds["none"]), statistics.median(walls["none"])
     table = []
     for name, (_, sink) in rows.items():
-        s = statistics.median(seconds[name])
+        s, w = statistics.median(seconds[name]), statistics.median(walls[name])
         steps = sum(r.stats.target_forwards for r in sink)
-        table.append({"row": name, "seconds": s, "vs none": base / s,
+        table.append({"row": name, "seconds": s, "vs none": base / s, "wall s": w, "wall vs none": base_wall / w,
                       "accepted/step": (sum(r.stats.accepted_tokens for r in sink) / steps) if steps else None,
                       "same as none": all(o[: len(n)] == n for o, n in zip(outputs[name], outputs["none"]))})
     return table
@@ -151,7 +158,8 @@ def bench_set(none, kind: str, args) -> dict:
     out.update(draft_cost=draft_cost(none, drafting_head(head, None)), draft_cost_full=draft_cost(none, head),
                batches={})
     for batch in args.batch:
-        rows = rows_for(none, head, kind, prompts[args.train:], params, batch, args.compare_full, args.tree_widths)
+        rows = rows_for(none, head, kind, prompts[args.train:], params, batch, args.compare_full, args.tree_widths,
+                        args.fixed_depths)
         out["batches"][batch] = measure(rows, args.rounds)
         _print(kind, batch, out)
     return out
@@ -185,10 +193,12 @@ def _print(kind: str, batch: int, out: dict) -> None:
     print(f"\n## {kind}, batch {batch} (head trained in {out['train_s']:.0f}s; held-out accepted/step "
           f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target "
           f"forward as it drafts, {full['head_vs_target']:.1%} in full weights)")
-    print("| row | CPU s | vs none | accepted/step | output = none's |\n|---|---|---|---|---|")
+    print("| row | CPU s | vs none | wall s | vs none (wall) | accepted/step | output = none's |\n"
+          "|---|---|---|---|---|---|---|")
     for r in out["batches"][batch]:
         acc = "—" if r["accepted/step"] is None else f"{r['accepted/step']:.2f}"
-        print(f"| {r['row']} | {r['seconds']:.2f} | {r['vs none']:.2f}x | {acc} | {'yes' if r['same as none'] else 'NO'} |")
+        print(f"| {r['row']} | {r['seconds']:.2f} | {r['vs none']:.2f}x | {r['wall s']:.2f} | {r['wall vs none']:.2f}x "
+              f"| {acc} | {'yes' if r['same as none'] else 'NO'} |")
     sys.stdout.flush()
 
 
@@ -205,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-full", action="store_true", help="add a row with the head drafting in full weights")
     ap.add_argument("--tree-widths", type=lambda s: tuple(int(w) for w in s.split(",") if w), default=(),
                     help="rows for the head drafting at these tree widths (1: chains; `head` drafts at the default)")
+    ap.add_argument("--fixed-depths", type=lambda s: tuple(int(d) for d in s.split(",") if d), default=(),
+                    help="rows for the head drafting at these depths without the adaptive policy")
     ap.add_argument("--heads-dir", default=None,
                     help="store each set's trained head here, and reuse it when a later run has the same arguments")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

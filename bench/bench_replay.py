@@ -37,7 +37,8 @@ from typing import Callable
 
 from spec_batch.core.drafters import Drafter, NgramDrafter
 from spec_batch.core.job_memory import JobMemory
-from spec_batch.core.policy import DraftPolicy, PaddedCosts, RowAcceptance, StepCosts
+from spec_batch.core.policy import DraftPolicy, RowAcceptance
+from spec_batch.core.step_costs import PaddedCosts, StepCosts
 from spec_batch.core.rows import matched_run
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.planning import observe_proposal, plan_step

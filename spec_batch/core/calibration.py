@@ -20,6 +20,11 @@ def _prior_scale() -> list[float]:
     return [1.0, 0.5, 1.0]
 
 
+def calibration_kind(later: bool, after_hit: bool) -> int:
+    """Which calibration a draft token's confidence goes through (a later token, or a first one after a hit/miss)."""
+    return LATER if later else (FIRST_AFTER_HIT if after_hit else FIRST_AFTER_MISS)
+
+
 @dataclass
 class ConfidenceCalibration:
     bins: int = 10
@@ -37,10 +42,18 @@ class ConfidenceCalibration:
         return min(self.bins - 1, max(0, int(confidence * self.bins)))
 
     def rate(self, kind: int, confidence: float) -> float:
-        """Calibrated P(accepted) of a draft token with this stated confidence."""
+        """Calibrated P(accepted) of a draft token with this stated confidence: the bin's observations, shrunk
+        towards its stated confidence times what the kind's stated confidence has turned out to be worth overall
+        (`scale`). A bin seldom observed (a head's confident deeper nodes: their parents are seldom accepted) takes
+        its kind's measured worth, not the confidence at face value."""
         b = self._bin(confidence)
-        prior = min(1.0, (b + 0.5) / self.bins * self.prior_scale[kind])
+        prior = min(1.0, (b + 0.5) / self.bins * self.scale(kind))
         return (self.hits[kind][b] + self.prior_strength * prior) / (self.tries[kind][b] + self.prior_strength)
+
+    def scale(self, kind: int) -> float:
+        """Observed acceptances over stated confidence, over every bin of a kind (prior_scale before evidence)."""
+        stated = sum(t * (b + 0.5) / self.bins for b, t in enumerate(self.tries[kind]))
+        return (sum(self.hits[kind]) + self.prior_strength * self.prior_scale[kind]) / (stated + self.prior_strength)
 
     def observe(self, kind: int, confidence: float, accepted: bool) -> None:
         b = self._bin(confidence)
@@ -51,10 +64,9 @@ class ConfidenceCalibration:
         """A proposal with these per-token confidences matched the target's tokens for `run` tokens, out of
         `checked` compared (a run shorter than checked ended in a rejection; beyond it nothing is known)."""
         for j in range(min(run + 1, checked, len(confidence))):
-            kind = LATER if j else (FIRST_AFTER_HIT if after_hit else FIRST_AFTER_MISS)
+            kind = calibration_kind(j > 0, after_hit)
             self.observe(kind, confidence[j], j < run)
 
     def accept_probs(self, after_hit: bool, confidence: list[float]) -> list[float]:
         """Calibrated conditional acceptance of each proposed token."""
-        first = FIRST_AFTER_HIT if after_hit else FIRST_AFTER_MISS
-        return [self.rate(LATER if j else first, c) for j, c in enumerate(confidence)]
+        return [self.rate(calibration_kind(j > 0, after_hit), c) for j, c in enumerate(confidence)]

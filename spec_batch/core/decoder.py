@@ -29,7 +29,7 @@ from .logprobs import step_logprobs
 from .outputs import GenerationResult, RequestStats, StreamChunk
 from .padding import skips_padding
 from .policy import DraftPolicy, RowAcceptance
-from .planning import observe_proposal, plan_step
+from .planning import observe_proposal, observe_tree, plan_step
 from .rows import Row
 from .params import SamplingParams, fresh_seed
 from .text import OutputText, eos_ids
@@ -291,8 +291,7 @@ class Decoder:
             else:
                 out = kv.forward_tree(ids, valid, kv.next_pos.unsqueeze(1) + tree.depth, tree.attend).logits
             logits = grammar.mask(shape_logits(out, rows, draft.tokens))  # [B, 1 + k, V]
-        drafted = [len(d) for d in draft.tokens]  # verified tokens; a tree's depth is what the policy planned
-        planned = drafted if tree is None else tree.depth.amax(dim=1).tolist()
+        drafted = [len(d) for d in draft.tokens]  # verified tokens (a tree's nodes)
         if tree is None:
             chains = draft.tokens
             accepted, next_tokens = verify(rows, chains, draft.probs, logits, self.placeholder_id)
@@ -315,16 +314,18 @@ class Decoder:
 
         events = []
         confidence = proposed.confidence or [None] * len(rows)
-        # a tree's proposal counts as its depth: a chain of that length, as far as the policy can tell
-        proposals = proposed.tokens if tree is None else [p[:k] for p, k in zip(proposed.tokens, planned)]
-        for row, d, n, a, proposal, conf, nxt, f, lp in zip(rows, chains, drafted, accepted, proposals, confidence,
-                                                            next_tokens, map(len, grammar.forced), logprobs):
+        for b, (row, d, n, a, conf, nxt, f, lp) in enumerate(zip(rows, chains, drafted, accepted, confidence,
+                                                                  next_tokens, map(len, grammar.forced), logprobs)):
             emitted = d[:a] + [nxt]
             row.stats.record_step(n - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
-            observe_proposal(self.policy, row.acceptance, proposal, conf, emitted[f:], a - f, drafter.free)
+            if proposed.parents is None:
+                observe_proposal(self.policy, row.acceptance, proposed.tokens[b], conf, emitted[f:], a - f,
+                                 drafter.free)
+            else:  # a grown tree (no grammar, so nothing forced): every node is judged, verified or not
+                observe_tree(self.policy, row.acceptance, proposed.tokens[b], proposed.parents[b], conf, emitted)
             before = row.stats.output_tokens
             new_ids = row.append(emitted, lp)
             row.stats.forced_tokens += min(f, row.stats.output_tokens - before)
             events.append(_Event(row, new_ids, row.finished))
-        self.policy.observe_step(len(rows), planned, time.perf_counter() - t0)
+        self.policy.observe_step(len(rows), drafted, time.perf_counter() - t0)
         return events

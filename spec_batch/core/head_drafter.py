@@ -11,7 +11,7 @@ shrinks and grows with the target's, by the same masked rollback.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -20,7 +20,9 @@ from .drafters import Draft, DraftRow
 from .head import EagleHead
 from .job_memory import JobMemory
 from .kv_batch import KVBatch
-from .tree import best_nodes
+
+# (row, depth, the head's probability of a node after its parent) -> P(the node accepted | its parent was)
+NodeRate = Callable[[int, int, float], float]
 
 
 class HeadDrafter:
@@ -76,28 +78,32 @@ class HeadDrafter:
         self.fed = [max(0, kb - 1) for kb in k]
         return Draft(tokens=chain.tokens, probs=chain.probs, forwards=chain.forwards)
 
-    def propose_tree(self, rows: Sequence[DraftRow], k: Sequence[int], width: int) -> Draft:
+    def propose_tree(self, rows: Sequence[DraftRow], k: Sequence[int], width: int, rate: NodeRate | None = None,
+                     floor: float = 0.0, grow: Callable[[list[float]], bool] | None = None) -> Draft:
         """EAGLE-2's dynamic tree (arXiv 2406.16858), for greedy rows without bias, penalties or a grammar: from the
-        root, the `width` likeliest tokens; at each further depth the `width` likeliest nodes (by the summed
-        log-probability of their path) are fed in one forward and each proposes its `width` likeliest children,
-        up to depth k[b]; of all those nodes the k[b] + width - 1 likeliest are the row's tree (best_nodes): the
-        verify step reads width - 1 tokens more than a chain of the same depth (on a CPU at batch 1 each extra token
-        of a verify forward costs a little; nodes by the dozen, as on a GPU, cost more than they bring:
-        docs/heads.md). width 1 is the greedy chain. Each node is fed with its parent's predicted feature, seeing the
-        row's cache and its own ancestors only; like a chain's, the fed entries are dropped at `feedback`."""
+        root, the `width` likeliest tokens; at each further depth the `width` nodes likeliest to be reached are fed
+        in one forward and each proposes its `width` likeliest children, up to depth k[b]. Returns every node grown
+        (parents first) with its confidence (the head's probability of it after its parent); which of them the step
+        verifies is the policy's choice (planning.plan_step). rate(b, depth, confidence): a node's calibrated chance
+        to be accepted once its parent was (None: the confidence itself); a node's reach is the product along its
+        path, and a node reached with less than `floor` grows no children (no use verifying them); grow(reaches of
+        the nodes a row would feed) says whether its next level is worth a head forward (None: always). width 1 is
+        the greedy chain. Each node is fed with its parent's predicted feature, seeing the row's cache and its own
+        ancestors only; like a chain's, the fed entries are dropped at `feedback`."""
         batch = len(rows)
         ids, valid, features = self._pending_input(rows)
         out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=True)
         self.pending = [p[:0] for p in self.pending]
         first_column, next_pos = self.kv.length, self.kv.next_pos.clone()  # the depth-1 nodes' position
-        nodes = [_Nodes() for _ in rows]
-        logp, ids = _top(out.logits[:, -1:], width)
+        nodes = [_Nodes(b, rate) for b in range(batch)]
+        probs, ids = _top(out.logits[:, -1:], width)
         for b in range(batch):
             if k[b]:
-                nodes[b].expand(-1, 0.0, logp[b][0], ids[b][0], out.features[b, -1])
+                nodes[b].expand(-1, probs[b][0], ids[b][0], out.features[b, -1])
         fed, forwards = [0] * batch, 1
         for depth in range(1, max(k, default=0)):
-            beams = [n.beam(depth, width) if depth < kb else [] for n, kb in zip(nodes, k)]
+            beams = [n.beam(depth, width, floor) if depth < kb else [] for n, kb in zip(nodes, k)]
+            beams = [b if grow is None or not b or grow([n.reach[i] for i in b]) else [] for n, b in zip(nodes, beams)]
             if not any(beams):
                 break
             ids = torch.full((batch, width), self.placeholder_id, dtype=torch.long)
@@ -116,16 +122,16 @@ class HeadDrafter:
             out = self.kv.forward_tree(ids.to(self.device), valid.to(self.device), positions, attend,
                                        hidden_columns=hidden.to(self.device), features=feats, raw=False)
             forwards += 1
-            logp, top_ids = _top(out.logits, width)
+            probs, top_ids = _top(out.logits, width)
             for b, beam in enumerate(beams):
                 fed[b] += len(beam)
                 for i, node in enumerate(beam):
                     nodes[b].column[node] = column + i
-                    nodes[b].expand(node, nodes[b].score[node], logp[b][i], top_ids[b][i], out.features[b, i])
+                    nodes[b].expand(node, probs[b][i], top_ids[b][i], out.features[b, i])
         self.fed = fed
-        tokens, parents = zip(*(n.tree(kb + width - 1 if kb else 0) for n, kb in zip(nodes, k))) if batch else ((), ())
         d2t = self.head.d2t.tolist()
-        return Draft(tokens=[[d2t[t] for t in row] for row in tokens], parents=list(parents), forwards=forwards)
+        return Draft(tokens=[[d2t[t] for t in n.tokens] for n in nodes], parents=[list(n.parent) for n in nodes],
+                     confidence=[list(n.confidence) for n in nodes], forwards=forwards)
 
     def _pending_input(self, rows: Sequence[DraftRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row's unread pairs, right-aligned: ids [B, w] (token t+1), valid [B, w], features [B, w, H]."""
@@ -164,37 +170,42 @@ class HeadDrafter:
 
 
 def _top(logits: torch.Tensor, width: int) -> tuple[list, list]:
-    """logits [B, n, Vd] -> per row and position the `width` likeliest draft ids and their log-probabilities."""
-    logp, ids = logits.float().log_softmax(dim=-1).topk(width, dim=-1)
-    return logp.tolist(), ids.tolist()
+    """logits [B, n, Vd] -> per row and position the `width` likeliest draft ids and their probabilities."""
+    probs, ids = logits.float().softmax(dim=-1).topk(width, dim=-1)
+    return probs.tolist(), ids.tolist()
 
 
 class _Nodes:
-    """One row's tree while it grows: per node its draft-vocabulary token, parent (-1: the root), summed log-prob,
+    """Row b's tree while it grows: per node its draft-vocabulary token, parent (-1: the root), confidence (the
+    head's probability of it after its parent), reach (core/tree.reaches: the product of its path's rates), depth,
     the head's predicted feature it is fed with (its parent's output), and its cache column once fed."""
 
-    def __init__(self) -> None:
+    def __init__(self, row: int, rate: NodeRate | None) -> None:
+        self.row, self.rate = row, rate
         self.tokens: list[int] = []
         self.parent: list[int] = []
-        self.score: list[float] = []
+        self.confidence: list[float] = []
+        self.reach: list[float] = []
         self.feature: list[torch.Tensor] = []
         self.depth: list[int] = []
         self.column: dict[int, int] = {}
 
-    def expand(self, parent: int, score: float, logp: list[float], ids: list[int], feature: torch.Tensor) -> None:
-        """The parent's likeliest children (their log-probabilities and draft ids), fed with its output feature [H]."""
+    def expand(self, parent: int, probs: list[float], ids: list[int], feature: torch.Tensor) -> None:
+        """The parent's likeliest children (their probabilities and draft ids), fed with its output feature [H]."""
         depth = 1 if parent < 0 else self.depth[parent] + 1
-        for lp, t in zip(logp, ids):
+        above = 1.0 if parent < 0 else self.reach[parent]
+        for p, t in zip(probs, ids):
             self.tokens.append(t)
             self.parent.append(parent)
-            self.score.append(score + lp)
+            self.confidence.append(p)
+            self.reach.append(above * (p if self.rate is None else self.rate(self.row, depth, p)))
             self.feature.append(feature)
             self.depth.append(depth)
 
-    def beam(self, depth: int, width: int) -> list[int]:
-        """The `width` likeliest nodes at this depth: the ones fed to grow the next depth."""
-        at = [i for i, d in enumerate(self.depth) if d == depth]
-        return sorted(at, key=lambda i: -self.score[i])[:width]
+    def beam(self, depth: int, width: int, floor: float) -> list[int]:
+        """The `width` nodes at this depth likeliest to be reached (at least `floor`): the ones fed to grow the next."""
+        at = [i for i, d in enumerate(self.depth) if d == depth and self.reach[i] >= floor]
+        return sorted(at, key=lambda i: -self.reach[i])[:width]
 
     def ancestor_columns(self, node: int) -> list[int]:
         out, p = [], self.parent[node]
@@ -202,9 +213,3 @@ class _Nodes:
             out.append(self.column[p])
             p = self.parent[p]
         return out
-
-    def tree(self, n: int) -> tuple[list[int], list[int]]:
-        """The n best nodes as a tree draft: tokens (draft vocabulary) and parents (indices among them)."""
-        chosen = best_nodes(self.score, self.parent, n)
-        index = {node: i for i, node in enumerate(chosen)}
-        return [self.tokens[c] for c in chosen], [index[self.parent[c]] if self.parent[c] >= 0 else -1 for c in chosen]

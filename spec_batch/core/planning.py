@@ -9,9 +9,11 @@ the step, the policy learns from how far each row's proposal matched what the st
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import tree
 from .drafters import Draft, Drafter
 from .policy import DraftPolicy, RowAcceptance
 from .rows import matched_run
@@ -27,6 +29,9 @@ def plan_step(drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget
     rows: the drafter's view of the batch (each with `acceptance`, `params`); budget: how many draft tokens each
     row can still take. choose: lengths from the full proposal instead of the policy (free drafters only)."""
     available = [min(a, b) for a, b in zip(drafter.available(rows, policy.k_max), budget)]
+    width = policy.tree_width_for(len(rows))
+    if width > 1 and hasattr(drafter, "propose_tree") and choose is None and all(_tree_row(r) for r in rows):
+        return _plan_tree(drafter, policy, rows, available, width)
     full = drafter.propose(rows, available) if drafter.free and any(available) else None
     if full is not None:
         available = [len(t) for t in full.tokens]
@@ -50,13 +55,44 @@ def plan_step(drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget
         )
         return draft, full
     if not any(ks):
-        return Draft(tokens=[[] for _ in rows]), Draft(tokens=[[] for _ in rows])
-    width = policy.tree_width_for(len(rows))
-    if width > 1 and hasattr(drafter, "propose_tree") and all(_tree_row(r) for r in rows):
-        draft = drafter.propose_tree(rows, ks, width)  # type: ignore[attr-defined]
-    else:
-        draft = drafter.propose(rows, ks)
+        return _nothing(rows), _nothing(rows)
+    draft = drafter.propose(rows, ks)
     return draft, draft
+
+
+def _plan_tree(drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int
+               ) -> tuple[Draft, Draft]:
+    """EAGLE-2's order: grow each row's tree first (as deep as the policy allows, pruned where a node is unlikely
+    to be reached), then verify the nodes likeliest to be reached, as many as pays (DraftPolicy.tree_nodes). The
+    head's confidence, calibrated, says per step how far to go: a chain's length is planned before drafting from
+    the row's recent acceptance, which on free text let a few misses switch drafting off. Returns the verified tree
+    and the grown one (every node is judged against the emitted tokens: DraftPolicy.observe_tree)."""
+    depths = policy.tree_depths(len(rows), available)
+    if not any(depths):
+        return _nothing(rows), _nothing(rows)
+
+    def rate(b: int, depth: int, confidence: float) -> float:
+        return policy.node_rate(rows[b].acceptance, depth, confidence)
+
+    def worth_growing(beam: list[float]) -> bool:
+        return policy.worth_growing(len(rows), beam)
+
+    t0 = time.perf_counter()
+    grown = drafter.propose_tree(rows, depths, width, rate=rate if policy.adaptive else None,
+                                 floor=policy.node_floor(len(rows)), grow=worth_growing)
+    policy.observe_growth((time.perf_counter() - t0) / max(1, grown.forwards))
+    conf, parents = grown.confidence, grown.parents
+    reach = [tree.reaches(p, [rate(b, d, c) if policy.adaptive else c for d, c in zip(tree.depths(p), cs)])
+             for b, (p, cs) in enumerate(zip(parents, conf))]
+    ns = policy.tree_nodes(len(rows), reach, depths)
+    if not any(ns):  # plain decoding pays best this step: the grown tree is still judged
+        return Draft(tokens=[[] for _ in rows], forwards=grown.forwards), grown
+    kept = [tree.subtree(t, p, tree.best_nodes(r, p, n)) for t, p, r, n in zip(grown.tokens, parents, reach, ns)]
+    return Draft(tokens=[t for t, _ in kept], parents=[p for _, p in kept], forwards=grown.forwards), grown
+
+
+def _nothing(rows: Sequence[Any]) -> Draft:
+    return Draft(tokens=[[] for _ in rows])
 
 
 def _tree_row(row: Any) -> bool:
@@ -72,3 +108,14 @@ def observe_proposal(policy: DraftPolicy, acceptance: RowAcceptance, proposal: S
     accepted count is the run. emitted: the step's tokens after any forced ones."""
     run = matched_run(proposal, emitted) if free else accepted
     policy.observe_row(acceptance, confidence, run, checked=min(len(proposal), len(emitted)))
+
+
+def observe_tree(policy: DraftPolicy, acceptance: RowAcceptance, tokens: Sequence[int], parents: Sequence[int],
+                 confidence: Sequence[float], emitted: Sequence[int]) -> None:
+    """One row's grown tree, for the policy: each node judged against the tokens the (greedy) step emitted."""
+    verdicts = tree.checked(tokens, parents, emitted)
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    continued = [any(verdicts[c] for c in children[i]) for i, v in enumerate(verdicts) if v and i in children]
+    policy.observe_tree(acceptance, verdicts, tree.depths(parents), list(confidence), continued)

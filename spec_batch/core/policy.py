@@ -17,13 +17,17 @@ its real tokens cost, not its width: then each row drafts its own length. A row 
 to get there is at least a threshold shared by the batch; the threshold with the best expected tokens per
 second wins. Its cost is looked up at an effective width between 1 + the mean draft (padding free) and 1 + the
 longest (padding as dear as a real token), weighted by what a padded position is measured to cost (PaddedCosts).
+
+Draft trees (a head's, at small batches) are chosen after they are grown: each node's calibrated confidence times
+its ancestors' is its reach, and the nodes of highest reach are verified, as many as the same rule finds best
+(`tree_nodes`); every grown node is judged against the emitted tokens (`observe_tree`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from .calibration import ConfidenceCalibration
+from .calibration import ConfidenceCalibration, calibration_kind
+from .step_costs import PaddedCosts
 
 
 @dataclass
@@ -108,124 +112,6 @@ def _gains(accept_probs: list[float], min_reach: float) -> list[float]:
     return gains
 
 
-@dataclass
-class StepCosts:
-    """Measured seconds of a whole step, by (batch size, input width = 1 + longest draft), as moving averages."""
-
-    seconds: dict[tuple[int, float], float] = field(default_factory=dict)
-    smoothing: float = 0.3
-    # each batch size's (width, seconds), sorted: estimate runs for every candidate plan of every step
-    _by_batch: dict[int, list[tuple[float, float]]] | None = field(default=None, init=False, repr=False)
-
-    def observe(self, batch: int, width: float, seconds: float, replace: bool = False) -> None:
-        """replace: the measurement supersedes the average (a probe's, of a width not measured for a while: what the
-        machine's load was then says nothing of now)."""
-        key = (batch, width)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None or replace else old + self.smoothing * (seconds - old)
-        self._by_batch = None
-
-    def _measured(self) -> dict[int, list[tuple[float, float]]]:
-        if self._by_batch is None:
-            by_batch: dict[int, list[tuple[float, float]]] = {}
-            for (b, w), s in sorted(self.seconds.items()):
-                by_batch.setdefault(b, []).append((w, s))
-            self._by_batch = by_batch
-        return self._by_batch
-
-    def estimate(self, batch: int, width: float) -> float | None:
-        """Measured, else interpolated/extrapolated linearly in width from this batch size's measurements. A batch
-        size with fewer than two widths measured (a job's tail, as rows finish) takes its shape from the nearest
-        batch size that has two, scaled to its own measurement if it has one: the policy compares widths at one
-        batch size, so it needs their relative costs, and a CPU's first draft token can cost 15-30% of a step
-        (more than a made-up prior would say). None: nothing measured at all."""
-        measured = self.seconds.get((batch, width))
-        if measured is not None:
-            return measured
-        by_batch = self._measured()
-        known = by_batch.get(batch, [])
-        if len(known) < 2:
-            shaped = [b for b, points in by_batch.items() if len(points) >= 2 and b != batch]
-            if shaped:
-                nearest = min(shaped, key=lambda b: (abs(b - batch), -b))  # ties: the larger (costlier widths)
-                if not known:
-                    return self.estimate(nearest, width)
-                w0, s0 = known[0]
-                return s0 * self.estimate(nearest, width) / self.estimate(nearest, w0)  # type: ignore[operator]
-            if not known:
-                return None
-            w0, s0 = known[0]
-            # nothing to take the shape from: each extra token per row costs 5% of a step; measuring corrects it
-            return s0 * max(0.05, 1.0 + 0.05 * (width - w0))
-        below = [p for p in known if p[0] < width]
-        above = [p for p in known if p[0] > width]
-        if below and above:
-            (w1, s1), (w2, s2) = below[-1], above[0]  # interpolate
-        elif below:
-            (w1, s1), (w2, s2) = known[-2], known[-1]  # extrapolate past the widest measured
-        else:
-            (w1, s1), (w2, s2) = known[0], known[1]  # extrapolate below the narrowest measured
-        slope = max(0.0, (s2 - s1) / (w2 - w1))
-        return max(1e-6, s1 + slope * (width - w1))
-
-
-class PaddedCosts:
-    """Step costs where a padded position may cost less than a real token, and how much is measured.
-
-    A step of batch b drafting lengths ks computes b * (1 + mean) real tokens and b * (max - mean) padded ones.
-    Where the target skips padding in its linear layers (core/padding.py) a padded position still costs
-    something (attention and the elementwise layers run on the padded width): measured on the default model at
-    batch 8 on a CPU, a row drafting 16 beside seven drafting nothing cost as much as every row drafting 4. So a
-    step's cost is read from a StepCosts table at the effective width u = 1 + mean + rho * (max - mean), for
-    candidate weights rho of a padded position (0: free, 1: as dear as a real token, the dense case). Every
-    table is updated on every step; the one whose predictions erred least lately is used. Keying on the mean
-    alone (rho 0) mistook one long row's padding for the price of drafting at all: the policy stopped drafting
-    for the rest of a job."""
-
-    RHOS = (0.0, 0.25, 0.5, 1.0)
-
-    def __init__(self, ragged: bool, error_decay: float = 0.95):
-        self.tables = {rho: StepCosts() for rho in (self.RHOS if ragged else (1.0,))}
-        self.errors = {rho: 0.0 for rho in self.tables}  # decayed squared log errors of each table's predictions
-        self.error_decay = error_decay
-
-    @classmethod
-    def fixed(cls, table: StepCosts) -> "PaddedCosts":
-        """Given costs by verify width (a replay's, not measured here): a padded position costs a real token's."""
-        costs = cls(ragged=False)
-        costs.tables[1.0] = table
-        return costs
-
-    @staticmethod
-    def width(rho: float, lengths: list[int]) -> float:
-        """The effective verify width of a step drafting these lengths (quarter steps: nearby plans share a key)."""
-        if not lengths:
-            return 1.0
-        longest, mean = max(lengths), sum(lengths) / len(lengths)
-        return 1.0 + round((mean + rho * (longest - mean)) * 4) / 4
-
-    @property
-    def rho(self) -> float:
-        return min(self.tables, key=lambda r: (self.errors[r], -r))  # ties: the dearer padding (the safe side)
-
-    def estimate(self, batch: int, lengths: list[int]) -> float | None:
-        rho = self.rho
-        return self.tables[rho].estimate(batch, self.width(rho, lengths))
-
-    def observe(self, batch: int, lengths: list[int], seconds: float, replace: bool = False) -> None:
-        for rho, table in self.tables.items():
-            width = self.width(rho, lengths)
-            predicted = table.estimate(batch, width)
-            if predicted is not None and len(self.tables) > 1:
-                self.errors[rho] = self.errors[rho] * self.error_decay + math.log(seconds / predicted) ** 2
-            table.observe(batch, width, seconds, replace=replace and width > 1.0)
-
-    def observe_width(self, batch: int, width: float, seconds: float) -> None:
-        """A step in which every row read `width` tokens (no padding: every table's key is the width)."""
-        for table in self.tables.values():
-            table.observe(batch, width, seconds)
-
-
 class DraftPolicy:
     def __init__(
         self,
@@ -244,10 +130,11 @@ class DraftPolicy:
             raise ValueError(f"tree_width must be >= 1, got {tree_width}")
         self.k_max = k_max
         self.adaptive = adaptive
-        # a drafter that grows trees (a head: core/head_drafter.py) drafts k + width - 1 nodes of depth k in batches of
-        # at most tree_batch rows (1: a verify forward at batch 1 is bound by reading the weights, so extra nodes
-        # cost little there; at larger batches every node is paid in compute). 1: chains. Depth k is planned as for a
-        # chain, and a tree step's cost and accepted run are recorded under its depth.
+        # a drafter that grows trees (a head: core/head_drafter.py) drafts them in batches of at most tree_batch rows
+        # (1: a verify forward at batch 1 is bound by reading the weights, so extra nodes cost little there; at larger
+        # batches every node is paid in compute), each node having `tree_width` children at most. 1: chains. How
+        # many nodes a step verifies is chosen after the tree is grown, from its nodes' calibrated confidence
+        # (tree_depths, tree_nodes); a tree step's cost is recorded under its node count.
         self.tree_width = tree_width
         self.tree_batch = tree_batch
         self.candidates = sorted({c for c in candidates if c <= k_max} | {k_max})
@@ -276,9 +163,82 @@ class DraftPolicy:
         # model's head at batch 1 the exploration measured neither a gain nor a cost: docs/benchmarks.md)
         self.explore_every = 8
         self._drafting_steps = 0
+        # trees: seconds of one head forward growing a level, and decayed counts of an accepted node's grown
+        # children having one accepted too (prior 1 in 2): whether a next level pays (worth_growing)
+        self.growth_seconds: float | None = None
+        self.continued = [1.0, 2.0]
 
     def tree_width_for(self, batch: int) -> int:
         return self.tree_width if batch <= self.tree_batch else 1
+
+    def tree_depths(self, batch: int, available: list[int]) -> list[int]:
+        """How deep each row's tree may grow (its nodes are chosen once grown): all 0 before a plain step has been
+        measured (the cost every verify width is weighed against; as in `plan`)."""
+        if self.k_max == 0 or (self.adaptive and self.costs.estimate(batch, [0]) is None):
+            return [0] * len(available)
+        return [min(self.k_max, a) for a in available]
+
+    def node_rate(self, acceptance: RowAcceptance, depth: int, confidence: float) -> float:
+        """A tree node's calibrated chance to be accepted once its parent was, from the drafter's confidence."""
+        return self.calibration.rate(calibration_kind(depth > 1, acceptance.last_hit), confidence)
+
+    def node_floor(self, batch: int) -> float:
+        """The reach below which a node is not worth growing: what verifying one more token costs, as a share of a
+        plain step (a node reached with chance r adds r tokens to a step yielding at least one)."""
+        plain, wide = self.costs.estimate(batch, [0]), self.costs.estimate(batch, [4])
+        if not self.adaptive or plain is None or wide is None:
+            return 0.0
+        return min(0.5, max(self.min_reach, (wide - plain) / 4 / plain))
+
+    def worth_growing(self, batch: int, beam: list[float]) -> bool:
+        """Whether a tree's next level pays for the head forward that grows it: the beam's reaches (the nodes fed)
+        times the measured chance that an accepted node's child is accepted too (`continued`), against that forward's
+        measured share of a plain step, in the step's tokens (1 + what the beam already brings)."""
+        plain = self.costs.estimate(batch, [0])
+        if not self.adaptive or plain is None or self.growth_seconds is None:
+            return True
+        hits, tries = self.continued
+        return sum(beam) * hits / tries >= self.growth_seconds / plain * (1.0 + sum(beam))
+
+    def observe_growth(self, seconds_per_forward: float) -> None:
+        """A drafter's tree forward (one level of the head) took this long."""
+        old = self.growth_seconds
+        self.growth_seconds = seconds_per_forward if old is None else old + 0.1 * (seconds_per_forward - old)
+
+    def tree_nodes(self, batch: int, reach: list[list[float]], depths: list[int]) -> list[int]:
+        """How many of each row's grown nodes the step verifies (the likeliest to be reached: planning.plan_step).
+        Adaptive: by expected tokens per second, as for chains' lengths (`_best_plan` over the nodes' reaches,
+        highest first), 0 where verifying none pays best. Fixed: depth + width - 1 nodes (a chain's depth plus one
+        node for each other first-level choice)."""
+        if not self.adaptive:
+            return [min(len(r), d + self.tree_width - 1) if d else 0 for r, d in zip(reach, depths)]
+        gains = []
+        for r in reach:
+            gains.append([0.0])
+            for x in sorted(r, reverse=True)[: max(self.candidates)]:
+                gains[-1].append(gains[-1][-1] + x)
+        ns = self._best_plan(batch, gains, drafting=False)
+        if any(ns):
+            self._drafting_steps += 1
+            if self.explore_every and self._drafting_steps % self.explore_every == 0:
+                ns = [min(n + 1, len(g) - 1) for n, g in zip(ns, gains)]
+        return ns
+
+    def observe_tree(self, acceptance: RowAcceptance, verdicts: list[bool | None], depths: list[int],
+                     confidence: list[float], continued: list[bool]) -> None:
+        """A tree's nodes judged against the step's emitted tokens (core/tree.checked): calibration learns from
+        every judged node (verified or not), the row's first-token rate and the run lengths from the path.
+        continued: for each accepted node with children grown, whether one of them was accepted too."""
+        for c in continued:
+            self.continued = [self.continued[0] * self.survival.decay + c, self.continued[1] * self.survival.decay + 1]
+        for verdict, d, c in zip(verdicts, depths, confidence):
+            if verdict is not None:
+                self.calibration.observe(calibration_kind(d > 1, acceptance.last_hit), c, verdict)
+        run = max((d for v, d in zip(verdicts, depths) if v), default=0)
+        judged = max((d for v, d in zip(verdicts, depths) if v is not None), default=0)
+        if judged:
+            acceptance.observe(run, rejected=judged > run)
+            self.survival.observe(judged, run)
 
     def accept_probs(self, acceptance: RowAcceptance, n: int, confidence: list[float] | None = None) -> list[float]:
         """q[j] for the first n tokens of a row's proposal (confidence: the drafter's, per token, if it has one)."""

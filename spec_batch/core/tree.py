@@ -98,3 +98,31 @@ def best_nodes(scores: Sequence[float], parents: Sequence[int], n: int) -> list[
     d = depths(parents)
     chosen = sorted(range(len(scores)), key=lambda i: (-scores[i], d[i], i))[:n]
     return sorted(chosen, key=lambda i: (d[i], i))
+
+
+def subtree(tokens: Sequence[int], parents: Sequence[int], chosen: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The chosen nodes (ancestor-closed, parents first) as a tree draft of their own: tokens and re-indexed parents."""
+    index = {node: i for i, node in enumerate(chosen)}
+    return [tokens[c] for c in chosen], [index[parents[c]] if parents[c] >= 0 else -1 for c in chosen]
+
+
+def reaches(parents: Sequence[int], rates: Sequence[float]) -> list[float]:
+    """P(the walk reaches node i) from each node's chance to be accepted once its parent was: the product along
+    its path. Siblings exclude each other, so a tree's expected accepted tokens is the sum of its nodes' reaches."""
+    out: list[float] = []
+    for p, r in zip(parents, rates):
+        out.append(r * (out[p] if p >= 0 else 1.0))
+    return out
+
+
+def checked(tokens: Sequence[int], parents: Sequence[int], emitted: Sequence[int]) -> list[bool | None]:
+    """Against the tokens a greedy step emitted (the accepted path, then the target's next token), each node's
+    verdict: True / False where its parent is on the emitted path (so the target's token after the parent is known)
+    and it matched it or not, None where that is unknown. Nodes the step did not verify are judged too: the
+    target's choice after a matched parent is the same whether or not the node was in the verified tree."""
+    d = depths(parents)
+    out: list[bool | None] = []
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        known = d[i] <= len(emitted) and (p < 0 or out[p] is True)
+        out.append(t == emitted[d[i] - 1] if known else None)
+    return out

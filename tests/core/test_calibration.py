@@ -17,9 +17,11 @@ def test_observations_move_a_bin_towards_what_was_seen():
     cal = ConfidenceCalibration(decay=1.0, prior_strength=2.0)
     for accepted in (True, False, False, False):
         cal.observe(LATER, 1.0, accepted)
-    assert cal.rate(LATER, 1.0) == pytest.approx((1 + 2 * 0.95) / (4 + 2))
-    assert cal.rate(LATER, 0.5) == pytest.approx(0.55)  # other bins keep their prior
-    assert cal.rate(FIRST_AFTER_HIT, 1.0) == pytest.approx(0.95)  # other kinds too
+    scale = (1 + 2 * 1.0) / (4 * 0.95 + 2)  # what a stated LATER confidence turned out to be worth
+    assert cal.scale(LATER) == pytest.approx(scale)
+    assert cal.rate(LATER, 1.0) == pytest.approx((1 + 2 * 0.95 * scale) / (4 + 2))
+    assert cal.rate(LATER, 0.5) == pytest.approx(0.55 * scale)  # other bins: their confidence at the kind's worth
+    assert cal.rate(FIRST_AFTER_HIT, 1.0) == pytest.approx(0.95)  # other kinds keep their prior
 
 
 def test_a_run_observes_its_accepted_tokens_and_the_rejection_only():

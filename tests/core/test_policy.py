@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from spec_batch.core.policy import DepthSurvival, DraftPolicy, PaddedCosts, RowAcceptance, StepCosts, expected_tokens
+from spec_batch.core.policy import DepthSurvival, DraftPolicy, RowAcceptance, expected_tokens
+from spec_batch.core.step_costs import PaddedCosts, StepCosts
 
 
 @pytest.mark.parametrize(
@@ -408,3 +409,61 @@ def test_exploring_drafts_one_token_more_every_explore_every_drafting_steps():
     explored = [i for i, ks in enumerate(plans) if ks != [best]]
     assert explored == [p.explore_every - 1, 2 * p.explore_every - 1]
     assert all(plans[i] == [best + 1] for i in explored)
+
+
+# ---------------------------------------------------------------- trees: nodes chosen after the tree is grown
+
+
+def test_tree_depths_wait_for_a_measured_plain_step():
+    p = DraftPolicy(k_max=4, tree_width=3)
+    assert p.tree_depths(1, [8, 2]) == [0, 0]
+    p.costs.observe_width(1, 1, 1.0)
+    assert p.tree_depths(1, [8, 2]) == [4, 2]
+
+
+def test_tree_nodes_verify_as_many_likely_nodes_as_pay():
+    """Costs 1.0 at width 1, +5% per verified node: a node pays where its reach beats about 5% of the step's
+    tokens. Hopeless nodes are not verified at all; a fixed policy verifies depth + width - 1 whatever they say."""
+    p = _policy_with_costs({w: 1.0 + 0.05 * (w - 1) for w in (1, 2, 3, 4, 5, 7, 9)})
+    p.tree_width, p.explore_every = 3, 0
+    assert p.tree_nodes(1, [[0.02, 0.01, 0.01, 0.005]], [2]) == [0]
+    likely = [0.9, 0.05, 0.02, 0.8, 0.7, 0.01, 0.6]
+    n = p.tree_nodes(1, [likely], [3])[0]
+    assert n == 4  # the four above ~5%: 0.9, 0.8, 0.7, 0.6
+    rates = {k: (1 + sum(sorted(likely, reverse=True)[:k])) / (1.0 + 0.05 * k) for k in (0, 1, 2, 3, 4, 6)}
+    assert max(rates, key=rates.get) == n
+    fixed = DraftPolicy(k_max=4, adaptive=False, tree_width=3)
+    assert fixed.tree_nodes(1, [[0.01] * 9, [0.5] * 3, []], [3, 2, 0]) == [5, 3, 0]
+
+
+def test_node_floor_is_a_verified_tokens_share_of_a_plain_step():
+    p = _policy_with_costs({1: 1.0, 5: 1.4})
+    assert math.isclose(p.node_floor(1), 0.1)
+    assert DraftPolicy().node_floor(1) == 0.0  # nothing measured: every node may grow
+    assert _policy_with_costs({1: 1.0, 5: 1.01}).node_floor(1) == p.min_reach
+
+
+def test_observe_tree_learns_from_every_judged_node():
+    p = DraftPolicy(k_max=4, tree_width=2)
+    row = RowAcceptance()
+    # depths 1, 1, 2, 2: the first-level node 0 matched, its child 2 did not; 1 missed; 3 (under 1) unknown
+    p.observe_tree(row, [True, False, False, None], [1, 1, 2, 2], [0.9, 0.3, 0.7, 0.95], [False])
+    assert p.calibration.tries[0][9] == 1.0 and p.calibration.hits[0][9] == 1.0  # first after a hit, 0.9
+    assert p.calibration.tries[0][3] == 1.0 and p.calibration.hits[0][3] == 0.0
+    assert p.calibration.tries[2][7] == 1.0 and p.calibration.hits[2][7] == 0.0  # a later node
+    assert sum(p.calibration.tries[2]) == 1.0  # node 3 was not judged
+    assert row.last_hit and math.isclose(row.first, (0.9 + 1) / (1.8 + 1))  # one step: a run of 1, then a miss
+    assert p.continued == [1.0 * p.survival.decay, 2.0 * p.survival.decay + 1]  # node 0's child missed
+    p.observe_tree(row, [False, False, None, None], [1, 1, 2, 2], [0.9, 0.3, 0.7, 0.95], [])
+    assert not row.last_hit
+
+
+def test_a_level_grows_where_its_beam_pays_for_the_head_forward():
+    """A head forward costing 5% of a plain step; an accepted node's child accepted one time in 5 (measured)."""
+    p = _policy_with_costs({1: 1.0, 5: 1.2})
+    assert p.worth_growing(1, [0.01])  # nothing measured of growth yet: grow
+    p.observe_growth(0.05)
+    p.continued = [1.0, 5.0]
+    assert p.worth_growing(1, [0.5, 0.2])  # 0.7 * 0.2 = 0.14 >= 0.05 * 1.7
+    assert not p.worth_growing(1, [0.2])  # 0.04 < 0.05 * 1.2
+    assert DraftPolicy(adaptive=False).worth_growing(1, [0.0])

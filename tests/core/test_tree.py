@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from spec_batch import SamplingParams
-from spec_batch.core import head_drafter as head_drafter_module
+from spec_batch.core.calibration import FIRST_AFTER_MISS
 from spec_batch.core.decoder import Decoder
 from spec_batch.core.drafters import Draft
 from spec_batch.core.head_drafter import HeadDrafter
 from spec_batch.core.kv_batch import KVBatch
-from spec_batch.core.tree import TreeInput, ancestors, best_nodes, depths, path_keep, path_logits, walk
+from spec_batch.core.tree import (TreeInput, ancestors, best_nodes, checked, depths, path_keep, path_logits, reaches,
+                                  subtree, walk)
 from test_decoder import N_NEW, PROMPTS, check_stats
 from test_head_drafter import random_head
 
@@ -56,6 +57,23 @@ def test_best_nodes_keeps_ancestors_and_orders_parents_first():
     assert best_nodes(scores, PARENTS, 3) == [0, 2, 4]
     assert best_nodes(scores, PARENTS, 4) == [0, 1, 2, 4]
     assert best_nodes(scores, PARENTS, 9) == [0, 1, 2, 3, 4]
+
+
+def test_subtree_reindexes_parents():
+    assert subtree(TOKENS, PARENTS, [0, 2, 4]) == ([7, 9, 4], [-1, 0, 1])
+    assert subtree(TOKENS, PARENTS, [1, 3]) == ([5, 6], [-1, 0])
+
+
+def test_reaches_multiply_along_the_path():
+    assert reaches(PARENTS, [0.5, 0.25, 0.8, 1.0, 0.5]) == [0.5, 0.25, 0.4, 0.25, 0.2]
+
+
+def test_checked_judges_every_node_whose_parent_is_on_the_emitted_path():
+    # emitted 7, 9, 8: node 0 (7) and its child 2 (9) matched, their sibling 1 (5) and 4 (4, not 8) did not;
+    # 3's parent (5) is off the path, so nothing is known of it
+    assert checked(TOKENS, PARENTS, [7, 9, 8]) == [True, False, True, None, False]
+    # one token emitted (a plain step, nothing verified): only the first level is judged
+    assert checked(TOKENS, PARENTS, [5]) == [False, True, None, None, None]
 
 
 def _prefilled(model, prompt: list[int]) -> KVBatch:
@@ -106,7 +124,7 @@ class OracleTreeDrafter:
     def propose(self, rows, k):
         raise AssertionError("greedy rows in a batch of at most tree_batch rows get trees")
 
-    def propose_tree(self, rows, k, width):
+    def propose_tree(self, rows, k, width, rate=None, floor=0.0, grow=None):
         self.trees += 1
         tokens, parents = [], []
         for row, kb in zip(rows, k):
@@ -124,7 +142,7 @@ class OracleTreeDrafter:
                 last = len(t) - 1
             tokens.append(t)
             parents.append(p)
-        return Draft(tokens=tokens, parents=parents, forwards=1)
+        return Draft(tokens=tokens, parents=parents, confidence=[[0.5] * len(t) for t in tokens], forwards=1)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
@@ -133,7 +151,7 @@ def test_decoding_with_trees_equals_hf_and_accepts_the_hidden_path(tiny_target, 
     drafter = OracleTreeDrafter(refs, tiny_target.config.vocab_size)
     decoder = Decoder(tiny_target, fake_tokenizer, target_name="tiny", drafter_factory=lambda: drafter,
                       draft_name="oracle-tree", device=CPU, max_context=512, num_draft_tokens=4, adaptive=False,
-                      tree_width=2)
+                      tree_width=6)  # fixed: depth 4 + 5 = all 9 nodes verified
     decoder.policy.tree_batch = batch_size
     results = decoder.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=batch_size)
     assert drafter.trees > 0
@@ -145,6 +163,57 @@ def test_decoding_with_trees_equals_hf_and_accepts_the_hidden_path(tiny_target, 
         assert res.stats.draft_tokens > 2 * res.stats.accepted_tokens  # the decoys were verified too
 
 
+class ConfidentOracle(OracleTreeDrafter):
+    """States a confidence for every node: `truth` for the hidden path's nodes, `decoy` for the others (without the
+    hidden path, only its decoys: a drafter whose confidence says nothing)."""
+
+    def __init__(self, references, vocab, truth: float, decoy: float, honest: bool = True):
+        super().__init__(references, vocab)
+        self.truth, self.decoy, self.honest = truth, decoy, honest
+
+    def propose_tree(self, rows, k, width, rate=None, floor=0.0, grow=None):
+        draft = super().propose_tree(rows, k, width)
+        tokens, parents, conf = [], [], []
+        for t, p, row in zip(draft.tokens, draft.parents, rows):
+            ref = self.references[tuple(row.tokens[: row.prompt_len])][len(row.tokens) - row.prompt_len:]
+            on_path = [v is True for v in checked(t, p, ref)]
+            below_truth: list[bool] = []  # the node or an ancestor is on the hidden path
+            for i, q in enumerate(p):
+                below_truth.append(on_path[i] or (q >= 0 and below_truth[q]))
+            keep = [i for i in range(len(t)) if self.honest or not below_truth[i]]
+            kept_t, kept_p = subtree(t, p, keep)
+            tokens.append(kept_t)
+            parents.append(kept_p)
+            conf.append([self.truth if on_path[i] else self.decoy for i in keep])
+        return Draft(tokens=tokens, parents=parents, confidence=conf, forwards=1)
+
+
+def test_adaptive_trees_verify_what_calibrated_confidence_says_pays(tiny_target, fake_tokenizer, hf_greedy):
+    """Adaptive: the tree is grown first and the policy verifies its nodes likeliest to be reached. An honest
+    drafter's hidden path is verified and accepted; a drafter stating 0.9 for decoys only is judged on every step
+    (its nodes against the emitted token, verified or not) and its calibrated rate falls (whether nodes that
+    unlikely are still verified depends on what a wider step costs: test_policy's tree tests)."""
+    refs = {tuple(p): hf_greedy(tiny_target, p, N_NEW) for p in PROMPTS}
+    for honest in (True, False):
+        drafter = ConfidentOracle(refs, tiny_target.config.vocab_size, truth=0.9, decoy=0.9 if not honest else 0.3,
+                                  honest=honest)
+        decoder = Decoder(tiny_target, fake_tokenizer, target_name="tiny", drafter_factory=lambda: drafter,
+                          draft_name="oracle-tree", device=CPU, max_context=512, num_draft_tokens=4, tree_width=2)
+        results = decoder.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=1)
+        assert drafter.trees > 0
+        for prompt, res in zip(PROMPTS, results):
+            assert res.token_ids == refs[tuple(prompt)]
+            check_stats(res, len(prompt))
+        out = sum(r.stats.output_tokens for r in results)
+        accepted = sum(r.stats.accepted_tokens for r in results)
+        verified = sum(r.stats.draft_tokens for r in results)
+        if honest:
+            assert accepted > out / 2
+        else:  # learned from every step's judged nodes, verified (few) or not: what 0.9 is worth here
+            assert accepted == 0 and verified < out
+            assert decoder.policy.calibration.rate(FIRST_AFTER_MISS, 0.9) < 0.05
+
+
 def _head_drafter(target, rows, states) -> HeadDrafter:
     head = random_head(target, 48).attach(target.get_input_embeddings())
     drafter = HeadDrafter(head, "tiny", CPU, 0, target.config.vocab_size)
@@ -153,7 +222,7 @@ def _head_drafter(target, rows, states) -> HeadDrafter:
     return drafter
 
 
-def test_a_heads_tree_grows_each_node_as_a_chain_through_it_would(tiny_target, monkeypatch):
+def test_a_heads_tree_grows_each_node_as_a_chain_through_it_would(tiny_target):
     torch.manual_seed(0)
     rows = [SimpleNamespace(tokens=[3, 17, 22, 5, 9], params=SamplingParams(), seed=0, n_generated=0)]
     states = [torch.randn(4, tiny_target.config.hidden_size)]
@@ -161,8 +230,6 @@ def test_a_heads_tree_grows_each_node_as_a_chain_through_it_would(tiny_target, m
         chain = _head_drafter(tiny_target, rows, states).propose(rows, [3]).tokens[0]
         narrow = _head_drafter(tiny_target, rows, states).propose_tree(rows, [3], 1)
         assert narrow.tokens == [chain] and narrow.parents == [[-1, 0, 1]]  # width 1 is the greedy chain
-        monkeypatch.setattr(head_drafter_module, "best_nodes",
-                            lambda scores, parents, n: sorted(range(len(scores)), key=lambda i: depths(parents)[i]))
         wide = _head_drafter(tiny_target, rows, states).propose_tree(rows, [3], 3)  # every node it grew
     tokens, parents = wide.tokens[0], wide.parents[0]
     assert tokens[0] == chain[0] and parents[:3] == [-1, -1, -1]
@@ -184,8 +251,8 @@ def test_after_tree_steps_the_head_reads_exactly_the_accepted_paths_states(tiny_
     seen: list[tuple[list[int], list[int]]] = []
     real = HeadDrafter.propose_tree
 
-    def spy(self, rows, k, width):
-        draft = real(self, rows, k, width)
+    def spy(self, rows, k, width, **kwargs):
+        draft = real(self, rows, k, width, **kwargs)
         assert draft.parents is not None
         seen.extend((list(r.tokens), [t for t, p in zip(draft.tokens[b], draft.parents[b]) if p < 0])
                     for b, r in enumerate(rows) if k[b] > 0)

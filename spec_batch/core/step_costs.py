@@ -1,0 +1,125 @@
+"""What a step costs, measured: seconds of a whole step by batch size and verify width (StepCosts), and the same
+where a padded position may cost less than a real token (PaddedCosts). The draft policy (core/policy.py) weighs
+expected tokens against these."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds of a whole step, by (batch size, input width = 1 + longest draft), as moving averages."""
+
+    seconds: dict[tuple[int, float], float] = field(default_factory=dict)
+    smoothing: float = 0.3
+    # each batch size's (width, seconds), sorted: estimate runs for every candidate plan of every step
+    _by_batch: dict[int, list[tuple[float, float]]] | None = field(default=None, init=False, repr=False)
+
+    def observe(self, batch: int, width: float, seconds: float, replace: bool = False) -> None:
+        """replace: the measurement supersedes the average (a probe's, of a width not measured for a while: what the
+        machine's load was then says nothing of now)."""
+        key = (batch, width)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None or replace else old + self.smoothing * (seconds - old)
+        self._by_batch = None
+
+    def _measured(self) -> dict[int, list[tuple[float, float]]]:
+        if self._by_batch is None:
+            by_batch: dict[int, list[tuple[float, float]]] = {}
+            for (b, w), s in sorted(self.seconds.items()):
+                by_batch.setdefault(b, []).append((w, s))
+            self._by_batch = by_batch
+        return self._by_batch
+
+    def estimate(self, batch: int, width: float) -> float | None:
+        """Measured, else interpolated/extrapolated linearly in width from this batch size's measurements. A batch
+        size with fewer than two widths measured (a job's tail, as rows finish) takes its shape from the nearest
+        batch size that has two, scaled to its own measurement if it has one: the policy compares widths at one
+        batch size, so it needs their relative costs, and a CPU's first draft token can cost 15-30% of a step
+        (more than a made-up prior would say). None: nothing measured at all."""
+        measured = self.seconds.get((batch, width))
+        if measured is not None:
+            return measured
+        by_batch = self._measured()
+        known = by_batch.get(batch, [])
+        if len(known) < 2:
+            shaped = [b for b, points in by_batch.items() if len(points) >= 2 and b != batch]
+            if shaped:
+                nearest = min(shaped, key=lambda b: (abs(b - batch), -b))  # ties: the larger (costlier widths)
+                if not known:
+                    return self.estimate(nearest, width)
+                w0, s0 = known[0]
+                return s0 * self.estimate(nearest, width) / self.estimate(nearest, w0)  # type: ignore[operator]
+            if not known:
+                return None
+            w0, s0 = known[0]
+            # nothing to take the shape from: each extra token per row costs 5% of a step; measuring corrects it
+            return s0 * max(0.05, 1.0 + 0.05 * (width - w0))
+        below = [p for p in known if p[0] < width]
+        above = [p for p in known if p[0] > width]
+        if below and above:
+            (w1, s1), (w2, s2) = below[-1], above[0]  # interpolate
+        elif below:
+            (w1, s1), (w2, s2) = known[-2], known[-1]  # extrapolate past the widest measured
+        else:
+            (w1, s1), (w2, s2) = known[0], known[1]  # extrapolate below the narrowest measured
+        slope = max(0.0, (s2 - s1) / (w2 - w1))
+        return max(1e-6, s1 + slope * (width - w1))
+
+
+class PaddedCosts:
+    """Step costs where a padded position may cost less than a real token, and how much is measured.
+
+    A step of batch b drafting lengths ks computes b * (1 + mean) real tokens and b * (max - mean) padded ones.
+    Where the target skips padding in its linear layers (core/padding.py) a padded position still costs
+    something (attention and the elementwise layers run on the padded width): measured on the default model at
+    batch 8 on a CPU, a row drafting 16 beside seven drafting nothing cost as much as every row drafting 4. So a
+    step's cost is read from a StepCosts table at the effective width u = 1 + mean + rho * (max - mean), for
+    candidate weights rho of a padded position (0: free, 1: as dear as a real token, the dense case). Every
+    table is updated on every step; the one whose predictions erred least lately is used. Keying on the mean
+    alone (rho 0) mistook one long row's padding for the price of drafting at all: the policy stopped drafting
+    for the rest of a job."""
+
+    RHOS = (0.0, 0.25, 0.5, 1.0)
+
+    def __init__(self, ragged: bool, error_decay: float = 0.95):
+        self.tables = {rho: StepCosts() for rho in (self.RHOS if ragged else (1.0,))}
+        self.errors = {rho: 0.0 for rho in self.tables}  # decayed squared log errors of each table's predictions
+        self.error_decay = error_decay
+
+    @classmethod
+    def fixed(cls, table: StepCosts) -> "PaddedCosts":
+        """Given costs by verify width (a replay's, not measured here): a padded position costs a real token's."""
+        costs = cls(ragged=False)
+        costs.tables[1.0] = table
+        return costs
+
+    @staticmethod
+    def width(rho: float, lengths: list[int]) -> float:
+        """The effective verify width of a step drafting these lengths (quarter steps: nearby plans share a key)."""
+        if not lengths:
+            return 1.0
+        longest, mean = max(lengths), sum(lengths) / len(lengths)
+        return 1.0 + round((mean + rho * (longest - mean)) * 4) / 4
+
+    @property
+    def rho(self) -> float:
+        return min(self.tables, key=lambda r: (self.errors[r], -r))  # ties: the dearer padding (the safe side)
+
+    def estimate(self, batch: int, lengths: list[int]) -> float | None:
+        rho = self.rho
+        return self.tables[rho].estimate(batch, self.width(rho, lengths))
+
+    def observe(self, batch: int, lengths: list[int], seconds: float, replace: bool = False) -> None:
+        for rho, table in self.tables.items():
+            width = self.width(rho, lengths)
+            predicted = table.estimate(batch, width)
+            if predicted is not None and len(self.tables) > 1:
+                self.errors[rho] = self.errors[rho] * self.error_decay + math.log(seconds / predicted) ** 2
+            table.observe(batch, width, seconds, replace=replace and width > 1.0)
+
+    def observe_width(self, batch: int, width: float, seconds: float) -> None:
+        """A step in which every row read `width` tokens (no padding: every table's key is the width)."""
+        for table in self.tables.values():
+            table.observe(batch, width, seconds)
