@@ -9,7 +9,7 @@ demo: setup
 test: setup
 	./scripts/services.sh
 	./scripts/browser.sh
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n auto --maxprocesses 4  # one worker per core (pytest-xdist), at most 4
 
 bench: setup
 	.venv/bin/python -m bench.bench_core

@@ -44,6 +44,11 @@ CPU = torch.device("cpu")
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 
+# What the CLI prints must not depend on the runner's terminal: pytest-xdist's workers inherit COLUMNS=80 (a plain
+# run has none), and the CLI honours COLUMNS, so rows (job ids, paths, commands) wrapped in one and not the other.
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
 
 class FakeTokenizer:
     """Token ids as space-separated integers. Enough for a Decoder over a tiny model."""

@@ -206,11 +206,11 @@ def test_adaptive_trees_verify_what_calibrated_confidence_says_pays(tiny_target,
             check_stats(res, len(prompt))
         out = sum(r.stats.output_tokens for r in results)
         accepted = sum(r.stats.accepted_tokens for r in results)
-        verified = sum(r.stats.draft_tokens for r in results)
         if honest:
             assert accepted > out / 2
-        else:  # learned from every step's judged nodes, verified (few) or not: what 0.9 is worth here
-            assert accepted == 0 and verified < out
+        else:  # learned from every step's judged nodes, verified or not (how many are verified depends on the
+            # measured cost of a wider step, which the machine's load moves): what 0.9 is worth here
+            assert accepted == 0
             assert decoder.policy.calibration.rate(FIRST_AFTER_MISS, 0.9) < 0.05
 
 
