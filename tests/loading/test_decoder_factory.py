@@ -75,6 +75,10 @@ def test_shared_decoder_is_one_per_configuration_over_shared_models(tiny_dir):
     assert len({id(d) for d in [a, *others]}) == 5
     assert [d.policy.k_max for d in others] == [0, 4, 8, 8]  # `none` never drafts; ngram's default is the core's
     assert all(d.target is a.target for d in others)  # one loaded target model under all of them
+    # a tree width only a head uses is no configuration of its own for the others (and is still checked)
+    assert shared_decoder(tiny_dir, "suffix", tree_width=3) is a
+    with pytest.raises(InvalidParameterError, match="tree_width must be a whole number"):
+        shared_decoder(tiny_dir, "suffix", tree_width=0)
     with_draft = shared_decoder(tiny_dir, tiny_dir)  # a draft model: itself, loaded once as well
     assert with_draft.draft_name == str(tiny_dir) and with_draft.target is a.target
     clear_cache()
@@ -179,3 +183,17 @@ def test_default_greedy_equals_hf_generate_on_the_same_model(hf_greedy):
     assert result.token_ids == expected
     assert result.finish_reason == ("length" if len(expected) == 24 else "stop")
     assert "Paris" in result.text  # and the converted GGUF weights are a sensible model, not only a consistent one
+
+
+def test_a_heads_default_tree_width_and_the_same_width_named_are_one_shared_decoder(tiny_dir, tmp_path):
+    from spec_batch.core.head import EagleHead, HeadConfig
+    from spec_batch.core.head_drafter import HeadDrafter
+    from spec_batch.loading.heads import save_head
+
+    target = shared_decoder(tiny_dir, "none").target
+    path = save_head(EagleHead(HeadConfig.for_target(target.config, 16, str(tiny_dir))), tmp_path / "head")
+    default = shared_decoder(tiny_dir, f"head:{path}")
+    assert default.policy.tree_width == HeadDrafter.default_tree_width
+    assert shared_decoder(tiny_dir, f"head:{path}", tree_width=HeadDrafter.default_tree_width) is default
+    chains = shared_decoder(tiny_dir, f"head:{path}", tree_width=1)
+    assert chains is not default and chains.policy.tree_width == 1
