@@ -344,11 +344,11 @@ def shared_decoder(
     if num_draft_tokens is None:  # the default and its value are one configuration
         num_draft_tokens = default_draft_tokens(os.fspath(draft))
     precision = resolve_precision(weights, dtype, dev, torch_dtype)
+    # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
+    width = _tree_width(os.fspath(draft).startswith(HEAD_PREFIX), tree_width)
     key = (
         os.fspath(target), os.fspath(draft), str(dev), precision, resolve_weights_name(draft_weights),
-        # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
-        num_draft_tokens, adaptive, _cache_dir_key(cache_dir), _tree_width(os.fspath(draft).startswith(HEAD_PREFIX),
-                                                                           tree_width),
+        num_draft_tokens, adaptive, _cache_dir_key(cache_dir), width,
     )
     return _decoders.get(
         key,
