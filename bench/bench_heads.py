@@ -72,11 +72,12 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
 
 
 def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int,
-             full_weights: bool = False, tree_widths: tuple[int, ...] = (), fixed_depths: tuple[int, ...] = ()
-             ) -> dict[str, tuple[Run, list]]:
+             full_weights: bool = False, tree_widths: tuple[int, ...] = (), fixed_depths: tuple[int, ...] = (),
+             other_heads: dict[str, EagleHead] | None = None) -> dict[str, tuple[Run, list]]:
     """row name -> (run, the per-run stats sink). full_weights: a row for the head drafting in float32 too (the
     default drafts in int8 on the CPU). tree_widths: a row for the head drafting trees of each width at this batch.
-    fixed_depths: a row for the head drafting at each depth without the policy (trees: depth + width - 1 nodes)."""
+    fixed_depths: a row for the head drafting at each depth without the policy (trees: depth + width - 1 nodes).
+    other_heads: a row `head (LAYOUT)` for each (heads of the other --layouts)."""
     def with_head(draft, weights: str | None = None, tree_width: int | None = None, depth: int | None = None):
         dec = build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=draft, device=none.device,
                             draft_weights=weights, **({} if depth is None else {"num_draft_tokens": depth,
@@ -93,6 +94,8 @@ def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch
         decoders[f"head, tree width {width}"] = with_head(head, tree_width=width)
     for depth in fixed_depths:
         decoders[f"head, fixed depth {depth}"] = with_head(head, depth=depth)
+    for layout, other in (other_heads or {}).items():
+        decoders[f"head ({layout})"] = with_head(other)
     rows: dict[str, tuple[Run, list]] = {}
     for name, dec in decoders.items():
         sink: list = []
@@ -154,22 +157,29 @@ def bench_set(none, kind: str, args) -> dict:
     texts = generated_set(kind, args.train + args.test, args.seed)
     prompts = [none.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    head, out = _trained_head(none, kind, prompts[: args.train], params, args)
+    head, out = _trained_head(none, kind, prompts[: args.train], params, args, args.layouts[0])
+    others = {}
+    for layout in args.layouts[1:]:
+        others[layout], summary = _trained_head(none, kind, prompts[: args.train], params, args, layout)
+        out[f"heldout_accepted ({layout})"] = summary["heldout_accepted"]
+        out[f"train_s ({layout})"] = summary["train_s"]
     out.update(draft_cost=draft_cost(none, drafting_head(head, None)), draft_cost_full=draft_cost(none, head),
                batches={})
     for batch in args.batch:
         rows = rows_for(none, head, kind, prompts[args.train:], params, batch, args.compare_full, args.tree_widths,
-                        args.fixed_depths)
+                        args.fixed_depths, others)
         out["batches"][batch] = measure(rows, args.rounds)
         _print(kind, batch, out)
     return out
 
 
-def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args) -> tuple[EagleHead, dict]:
+def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, layout: str = "eagle"
+                  ) -> tuple[EagleHead, dict]:
     """The head of this set: trained on the target's answers to prompts (the job history), or with --heads-dir the
     one a run with the same arguments stored there (training is the slow part of a run; the test prompts differ
     from the training ones either way)."""
     key = f"{kind}-train{args.train}-new{args.max_new_tokens}-ep{args.epochs}-seed{args.seed}"
+    key += "" if layout == "eagle" else f"-{layout}"
     stored = Path(args.heads_dir, key) if args.heads_dir else None
     if stored is not None and (stored / "summary.json").is_file():
         summary = json.loads((stored / "summary.json").read_text())
@@ -179,7 +189,8 @@ def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args) 
     history = none.generate(prompts, params, batch_size=8)
     pairs = [(p, r.token_ids) for p, r in zip(prompts, history)]
     t1 = time.perf_counter()
-    trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed))
+    trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed,
+                                                         layout=layout))
     summary = {"set": kind, "history_s": t1 - t0, "train_s": time.perf_counter() - t1,
                "heldout_accepted": trained.heldout_accepted_length, "heldout_top1": trained.report.top1}
     if stored is not None:
@@ -193,6 +204,9 @@ def _print(kind: str, batch: int, out: dict) -> None:
     print(f"\n## {kind}, batch {batch} (head trained in {out['train_s']:.0f}s; held-out accepted/step "
           f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target "
           f"forward as it drafts, {full['head_vs_target']:.1%} in full weights)")
+    for key in [k for k in out if k.startswith("heldout_accepted (")]:
+        layout = key[len("heldout_accepted ("):-1]
+        print(f"(head ({layout}) trained in {out[f'train_s ({layout})']:.0f}s; held-out accepted/step {out[key] or 0:.2f})")
     print("| row | CPU s | vs none | wall s | vs none (wall) | accepted/step | output = none's |\n"
           "|---|---|---|---|---|---|---|")
     for r in out["batches"][batch]:
@@ -217,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows for the head drafting at these tree widths (1: chains; `head` drafts at the default)")
     ap.add_argument("--fixed-depths", type=lambda s: tuple(int(d) for d in s.split(",") if d), default=(),
                     help="rows for the head drafting at these depths without the adaptive policy")
+    ap.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=["eagle"],
+                    help="head layouts trained per set (eagle, eagle3): the first drafts `head` and `hybrid`, each "
+                         "other adds a row `head (LAYOUT)`")
     ap.add_argument("--heads-dir", default=None,
                     help="store each set's trained head here, and reuse it when a later run has the same arguments")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

@@ -100,13 +100,15 @@ def hf_greedy(model, ids: list[int], max_new: int, device: torch.device) -> list
 
 
 def _draft(model, draft: str):
-    """A drafter name, or for "head" an untrained draft head over a quarter of the vocabulary (its drafts are
-    mostly wrong: the check is that its outputs are exact, and the speed row what a head step costs)."""
-    if draft != "head":
+    """A drafter name, or for "head" ("head3": EAGLE-3's layout, reading three layers) an untrained draft head over
+    a quarter of the vocabulary (its drafts are mostly wrong: the check is that its outputs are exact, and the speed
+    row what a head step costs)."""
+    if draft not in ("head", "head3"):
         return draft
     torch.manual_seed(0)
     vocab = model.get_output_embeddings().weight.shape[0]
-    return head_for_target(model, torch.arange(0, vocab, 4), "random").to(model.dtype)
+    layout = "eagle3" if draft == "head3" else "eagle"
+    return head_for_target(model, torch.arange(0, vocab, 4), "random", layout=layout).to(model.dtype)
 
 
 def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: int) -> dict:
@@ -115,8 +117,8 @@ def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: i
     report: dict = {}
     for batch in (1, 8):
         outputs = {}
-        for draft in ("none", "ngram", "suffix", "head", "head tree"):
-            tree = 3 if draft == "head tree" else 1  # trees of width 3 (at every batch here: their masks are checked)
+        for draft in ("none", "ngram", "suffix", "head", "head tree", "head3 tree"):
+            tree = 3 if draft.endswith(" tree") else 1  # trees of width 3 (at every batch here: their masks are checked)
             dec = build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, draft.split()[0]),
                                 device=device, tree_width=tree)
             dec.policy.tree_batch = batch

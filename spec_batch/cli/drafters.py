@@ -28,9 +28,12 @@ def drafters() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--own-lm-head", is_flag=True,
               help="Train and store the head's own LM head (default: the target's rows, frozen and not stored).")
+@click.option("--layout", type=click.Choice(["eagle", "eagle3"]), default="eagle", show_default=True,
+              help="eagle: EAGLE-1's head on the last hidden state; eagle3: EAGLE-3's, on a low, a middle and a "
+                   "high layer, trained with training-time test (docs/heads.md).")
 @device_option
 def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: float | None, epochs: int,
-          draft_vocab: int, seed: int, own_lm_head: bool, device: str | None) -> None:
+          draft_vocab: int, seed: int, own_lm_head: bool, layout: str, device: str | None) -> None:
     """Distill a head NAME for the jobs' target from their stored prompts and outputs."""
     from tqdm import tqdm
 
@@ -53,7 +56,7 @@ def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: f
                                  cache_dir=settings.cache_dir)
         pairs = sequences(decoder, outputs) + (prompts_file(decoder, prompts) if prompts else [])
         opts = TrainOptions(draft_vocab=draft_vocab, epochs=epochs, max_minutes=max_minutes, seed=seed,
-                            shared_lm_head=not own_lm_head)
+                            shared_lm_head=not own_lm_head, layout=layout)
         trained = train_from_pairs(decoder, pairs, opts, bar=lambda total, desc: tqdm(total=total, desc=desc))
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -308,13 +308,32 @@ def param_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
 
-def head_for_target(target: Any, d2t: torch.Tensor, target_name: str, shared_lm_head: bool = True) -> EagleHead:
+LAYOUTS = ("eagle", "eagle3")
+
+
+def eagle3_layers(num_hidden_layers: int) -> list[int]:
+    """The target states an EAGLE-3 head reads when its config names none: a low, a middle and a high layer's
+    input, in vLLM's and SGLang's order (a published head's fc reads them so); within 0..num_hidden_layers for a
+    small target."""
+    n = num_hidden_layers
+    return [min(max(i, 0), n) for i in (2, n // 2, n - 3)]
+
+
+def head_for_target(target: Any, d2t: torch.Tensor, target_name: str, shared_lm_head: bool = True,
+                    layout: str = "eagle") -> EagleHead:
     """A new head shaped for target (one of its layers), over the draft vocabulary d2t, started as training
     starts it (`init_from_target`), sharing the target's embedding and (shared_lm_head) the target's LM head rows
     of the draft vocabulary, frozen and never stored (EAGLE's choice: the head regresses onto the target's hidden
-    states, which the target's LM head reads); else its own LM head over them, trained and stored."""
+    states, which the target's LM head reads); else its own LM head over them, trained and stored.
+    layout "eagle3": EAGLE-3's head (arXiv 2503.01840), reading the target's low, middle and high states fused by
+    fc, with its own norm before the LM head."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"head layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     config = HeadConfig.for_target(target.config, len(d2t), target_name)
     config.shared_lm_head = shared_lm_head
+    if layout == "eagle3":
+        config.layout, config.final_norm = "eagle3", True
+        config.target_layers = eagle3_layers(target.config.num_hidden_layers)
     head = EagleHead(config, target.get_input_embeddings())
     head.to(device=target.get_input_embeddings().weight.device)
     init_from_target(head, target, d2t.to(head.device))
@@ -323,7 +342,8 @@ def head_for_target(target: Any, d2t: torch.Tensor, target_name: str, shared_lm_
 
 def init_from_target(head: EagleHead, target: Any, d2t: torch.Tensor) -> None:
     """Starts the LM head as the target's rows for the draft vocabulary (shared, or copied to be trained), and fc's
-    feature half near the identity (a residual start: an untrained head already passes the target's state through)."""
+    feature half near the identity (a residual start: an untrained head already passes the target's state through;
+    EAGLE-3: its highest layer's state)."""
     with torch.no_grad():
         head.d2t.copy_(d2t)
         lm = target.get_output_embeddings()
@@ -332,5 +352,6 @@ def init_from_target(head: EagleHead, target: Any, d2t: torch.Tensor) -> None:
         else:
             head.lm_head.weight.copy_(target_rows(lm, d2t))
         h = head.config.hidden_size
-        head.fc.weight[:, h:] += torch.eye(h, dtype=head.fc.weight.dtype)
-        head.fc.bias.zero_()
+        head.fc.weight[:, -h:] += torch.eye(h, dtype=head.fc.weight.dtype)
+        if head.fc.bias is not None:
+            head.fc.bias.zero_()

@@ -4,6 +4,11 @@ position t, to predict the target's next hidden state f_{t+1} from (f_t, token t
 regression") and the token after it (cross-entropy over the draft vocabulary). No I/O: the jobs layer
 (spec_batch/jobs/head_training.py) reads the history and stores the result.
 
+An EAGLE-3 head (layout "eagle3", arXiv 2503.01840) reads the target's low, middle and high states and predicts
+no state: it learns the tokens only, with training-time test. Drafting feeds it its own output at every depth
+after the first, so training runs it that way too: TTT_STEPS passes, pass j feeding position u the previous
+pass's output at u - 1 and attending as drafting does (the real entries up to u - j, then the chain's own).
+
 The draft vocabulary (FR-Spec, arXiv 2502.14856) is the training data's most frequent tokens plus the EOS ids:
 the head's LM head then costs a fraction of the target's, and a token outside it is simply never drafted
 (rejection sampling stays exact: q = 0 there).
@@ -19,10 +24,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from .head import EagleHead, round_to_storage
+from .head import EagleHead, HeadOutput, round_to_storage
 from .hidden import capture_hidden
 
 CE_WEIGHT = 0.1  # EAGLE's weighting: the regression carries the signal, the token loss aligns the argmax
+TTT_STEPS = 3  # EAGLE-3's training-time test: draft depths trained on the head's own outputs (SpecForge trains 7)
+TTT_DECAY = 0.8  # depth j's loss weighs TTT_DECAY ** j (EAGLE-3's weighting): the first token matters most
 NOISE = 0.05  # uniform noise on input states (x their std): drafting feeds the head its own, imperfect states
 MAX_LEN = 1024  # tokens of one sequence the target reads (longer ones are cut; a head needs no long context)
 
@@ -30,7 +37,9 @@ MAX_LEN = 1024  # tokens of one sequence the target reads (longer ones are cut; 
 @dataclass
 class Example:
     ids: torch.Tensor  # [L] prompt + output tokens
-    states: torch.Tensor  # [L, H] the target's last hidden state at each position (stored in half precision)
+    # [L, W] the target's states the head reads at each position (stored in half precision): the last hidden
+    # state (W = H), or an EAGLE-3 head's layers side by side
+    states: torch.Tensor
 
 
 @dataclass
@@ -54,10 +63,12 @@ def choose_vocabulary(sequences: Iterable[Sequence[int]], size: int, always: Ite
 
 
 def collect_states(target, sequences: Sequence[Sequence[int]], device: torch.device,
-                   progress: Callable[[int], None] | None = None) -> list[Example]:
-    """One target forward per sequence, keeping its last hidden states (the final norm's output)."""
+                   progress: Callable[[int], None] | None = None, layers: Sequence[int] | None = None
+                   ) -> list[Example]:
+    """One target forward per sequence, keeping its last hidden states (the final norm's output), or with
+    `layers` (an EAGLE-3 head's target_layers) those layers' states side by side."""
     out = []
-    with torch.inference_mode(), capture_hidden(target, True) as captured:
+    with torch.inference_mode(), capture_hidden(target, True, layers or None) as captured:
         for seq in sequences:
             ids = torch.tensor([list(seq)[:MAX_LEN]], dtype=torch.long, device=device)
             target(input_ids=ids, logits_to_keep=1)
@@ -85,6 +96,8 @@ def _batch(examples: Sequence[Example], t2d: torch.Tensor, device: torch.device)
 
 
 def _loss(head: EagleHead, batch, noise: float, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if head.config.layout == "eagle3":
+        return _ttt_loss(head, batch)
     ids, feats, want, labels, valid = batch
     if noise:
         scale = feats.std() * noise
@@ -94,6 +107,61 @@ def _loss(head: EagleHead, batch, noise: float, gen: torch.Generator | None) -> 
     reg = F.smooth_l1_loss(out.features[mask], want[mask])
     ce = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     return reg + CE_WEIGHT * ce, out.logits
+
+
+def _ttt_mask(n: int, step: int, device: torch.device) -> torch.Tensor:
+    """[n, (step + 1) * n] bool: at pass `step`, position u sees pass 0's (real) entries up to u - step and pass
+    i's entry at u - step + i (i = 1..step: the chain drafted from u - step, itself last), as a draft of depth
+    step + 1 sees the row's cache and its own ancestors (core/head_drafter.py)."""
+    u = torch.arange(n, device=device)
+    mask = torch.zeros(n, (step + 1) * n, dtype=torch.bool, device=device)
+    mask[:, :n] = u.unsqueeze(0) <= (u - step).unsqueeze(1)
+    for i in range(1, step + 1):
+        at = u - step + i
+        ok = at >= 0
+        mask[u[ok], i * n + at[ok]] = True
+    return mask
+
+
+class _PassCache:
+    """The keys and values of every pass so far, side by side (what a pass's attention reads: _ttt_mask)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, _layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def ttt_passes(head: EagleHead, ids: torch.Tensor, feats: torch.Tensor, steps: int = TTT_STEPS) -> list[HeadOutput]:
+    """EAGLE-3's training-time test over right-padded rows: pass 0 reads the target's states (feats); pass j feeds
+    position u the previous pass's output at u - 1 with the real token u + 1, attending as a draft of depth j + 1
+    from u - j does (_ttt_mask). Pass j's logits at u predict token u + 2, as pass 0's do."""
+    b, n = ids.shape
+    positions = torch.arange(n, device=ids.device).expand(b, n)
+    cache, state, out = _PassCache(), feats, []
+    for step in range(min(steps, n)):
+        mask = _ttt_mask(n, step, ids.device).expand(b, 1, n, (step + 1) * n)
+        out.append(head(ids, state, attention_mask=mask, position_ids=positions, past_key_values=cache, raw=step == 0))
+        state = torch.cat([torch.zeros_like(out[-1].features[:, :1]), out[-1].features[:, :-1]], dim=1)
+    return out
+
+
+def _ttt_loss(head: EagleHead, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of every TTT pass (no state regression: an EAGLE-3 head predicts none), pass j weighted
+    TTT_DECAY ** j. Returns (loss, pass 0's logits)."""
+    ids, feats, _, labels, _ = batch
+    passes = ttt_passes(head, ids, feats)
+    total = ids.new_zeros((), dtype=torch.float32)
+    for step, out in enumerate(passes):
+        want = labels.clone()
+        want[:, :step] = -100  # a chain of depth step + 1 starts at u - step >= 0
+        if (want != -100).any():
+            total = total + TTT_DECAY ** step * F.cross_entropy(out.logits.flatten(0, 1), want.flatten(), ignore_index=-100)
+    return total, passes[0].logits
 
 
 def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Example], *, epochs: int = 8,

@@ -38,6 +38,7 @@ class TrainOptions:
     measure_tokens: int = 96  # longest output the held-out decode produces per request
     num_draft_tokens: int = 5
     shared_lm_head: bool = True  # the target's LM head rows (frozen, not stored); False: the head's own, trained
+    layout: str = "eagle"  # "eagle3": EAGLE-3's head (three target layers, training-time test: core/head_train.py)
 
 
 @dataclass
@@ -103,9 +104,10 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
     train, held = split(pairs, opts.seed)
     seqs = [p + o for p, o in train]
     d2t = choose_vocabulary(seqs, opts.draft_vocab, decoder.eos_ids, decoder.vocab_size)
-    head = head_for_target(target, d2t, decoder.target_name, opts.shared_lm_head)
+    head = head_for_target(target, d2t, decoder.target_name, opts.shared_lm_head, opts.layout)
     progress = bar(len(pairs), "target states") if bar else None
-    examples = collect_states(target, [p + o for p, o in train + held], device, progress.update if progress else None)
+    examples = collect_states(target, [p + o for p, o in train + held], device, progress.update if progress else None,
+                              layers=head.config.target_layers)
     if progress:
         progress.close()
     budget = None if opts.max_minutes is None else opts.max_minutes * 60.0

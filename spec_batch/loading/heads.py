@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..core.drafters import Drafter
-from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, stored_tensors
+from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, eagle3_layers, stored_tensors
 from ..core.head_drafter import HeadDrafter
 from ..core.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
 from ..core.suffix_drafter import SuffixDrafter
@@ -84,9 +84,8 @@ def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, d
     weights: how it drafts (`drafting_head`)."""
     head = draft.head if isinstance(draft, HybridHead) else draft
     check_head(head, target, target_name, aliases=(getattr(target.config, "_name_or_path", "") or "",))
-    if head.config.layout == "eagle3" and not head.config.target_layers:  # vLLM's and SGLang's default layers
-        layers = target.config.get_text_config(decoder=True).num_hidden_layers
-        head.config.target_layers = [2, layers // 2, layers - 3]
+    if head.config.layout == "eagle3" and not head.config.target_layers:
+        head.config.target_layers = eagle3_layers(target.config.get_text_config(decoder=True).num_hidden_layers)
     head.attach(target.get_input_embeddings(), target.get_output_embeddings())
     head.to(device).eval()
     head = drafting_head(head, weights)

@@ -76,6 +76,12 @@ def test_train_list_show_and_use(env, tmp_path, tiny):
     sizes = {r["name"]: r for r in map(json.loads, runner.invoke(main, ["drafters", "list", "--json"]).stdout.splitlines())}
     assert json.loads(runner.invoke(main, ["drafters", "show", "own"]).stdout)["config"]["shared_lm_head"] is False
     assert sizes["own"]["size_bytes"] > sizes["notices"]["size_bytes"]  # its own LM head is stored
+    res = runner.invoke(main, ["drafters", "train", "three", "--job", job, "--epochs", "1", "--draft-vocab", "32",
+                               "--layout", "eagle3"])
+    assert res.exit_code == 0, res.output
+    config = json.loads(runner.invoke(main, ["drafters", "show", "three"]).stdout)["config"]
+    assert config["layout"] == "eagle3" and len(config["target_layers"]) == 3 and config["final_norm"] is True
+    assert runner.invoke(main, ["drafters", "train", "x", "--job", job, "--layout", "medusa"]).exit_code != 0
     res = runner.invoke(main, ["run", str(_lines(tmp_path, 4)), "-o", str(tmp_path / "out2.jsonl"), "--baseline-sample",
                                "0", "--draft", "head:notices"])
     assert res.exit_code == 0, res.output

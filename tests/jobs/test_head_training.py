@@ -39,10 +39,11 @@ def test_split_holds_out_ten_percent_deterministically():
     assert len(held) == 5 and sorted(train + held) == list(range(50)) and split(list(range(50)), 3) == (train, held)
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_training_is_deterministic_and_learns(history, shared):
+@pytest.mark.parametrize("shared, layout", [(True, "eagle"), (False, "eagle"), (True, "eagle3")])
+def test_training_is_deterministic_and_learns(history, shared, layout):
     dec, pairs = history
-    opts = TrainOptions(draft_vocab=48, epochs=6, seed=1, measure_tokens=16, num_draft_tokens=4, shared_lm_head=shared)
+    opts = TrainOptions(draft_vocab=48, epochs=6, seed=1, measure_tokens=16, num_draft_tokens=4, shared_lm_head=shared,
+                        layout=layout)
     a, b = train_from_pairs(dec, pairs, opts), train_from_pairs(dec, pairs, opts)
     for key, value in a.head.state_dict().items():
         assert torch.equal(value, b.head.state_dict()[key]), key
@@ -51,16 +52,18 @@ def test_training_is_deterministic_and_learns(history, shared):
     # they measured as good (docs/heads.md)
     assert a.heldout_accepted_length is not None and a.heldout_accepted_length > 0.25
     assert any(k.startswith("lm_head") for k in a.head.state_dict()) is not shared
+    assert a.head.config.layout == layout
     untrained_opts = TrainOptions(draft_vocab=48, epochs=1, seed=1, max_minutes=1e-6, measure_tokens=16,
-                                  num_draft_tokens=4, shared_lm_head=shared)
+                                  num_draft_tokens=4, shared_lm_head=shared, layout=layout)
     untrained = train_from_pairs(dec, pairs, untrained_opts)
     assert a.heldout_accepted_length > untrained.heldout_accepted_length
     assert a.report.top1 > untrained.report.top1
 
 
-def test_stored_head_loads_by_name_and_keeps_outputs(history, tmp_path, tiny_target, fake_tokenizer, hf_greedy):
+@pytest.mark.parametrize("layout", ["eagle", "eagle3"])
+def test_stored_head_loads_by_name_and_keeps_outputs(history, tmp_path, tiny_target, fake_tokenizer, hf_greedy, layout):
     dec, pairs = history
-    trained = train_from_pairs(dec, pairs, TrainOptions(draft_vocab=48, epochs=2, seed=0, measure_tokens=8))
+    trained = train_from_pairs(dec, pairs, TrainOptions(draft_vocab=48, epochs=2, seed=0, measure_tokens=8, layout=layout))
     url = f"sqlite:///{tmp_path / 'h.db'}"
     factory = open_store(url)
     with factory.begin() as s:
@@ -76,6 +79,7 @@ def test_stored_head_loads_by_name_and_keeps_outputs(history, tmp_path, tiny_tar
     with pytest.raises(Exception, match="no head named"):
         resolve_draft("head:missing", lambda: factory, tmp_path / "cache")
     head = load_head(resolved.removeprefix("head:"))
+    assert (head.config.layout, head.config.target_layers) == (layout, trained.head.config.target_layers)
     spec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, adaptive=False)
     prompts = [p for p, _ in pairs[:8]]
     results = spec.generate(prompts, SamplingParams(max_new_tokens=24), batch_size=8)
