@@ -75,7 +75,8 @@ def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch
              full_weights: bool = False, tree_widths: tuple[int, ...] = (), fixed_depths: tuple[int, ...] = (),
              other_heads: dict[str, EagleHead] | None = None) -> dict[str, tuple[Run, list]]:
     """row name -> (run, the per-run stats sink). full_weights: a row for the head drafting in float32 too (the
-    default drafts in int8 on the CPU). tree_widths: a row for the head drafting trees of each width at this batch.
+    default drafts in int8 on the CPU). tree_widths: a row for the head, and one for the hybrid, drafting trees of
+    each width at this batch (1: chains).
     fixed_depths: a row for the head drafting at each depth without the policy (trees: depth + width - 1 nodes).
     other_heads: a row `head (LAYOUT)` for each (heads of the other --layouts)."""
     def with_head(draft, weights: str | None = None, tree_width: int | None = None, depth: int | None = None):
@@ -92,6 +93,7 @@ def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch
         decoders["head (full weights)"] = with_head(head, "full")
     for width in tree_widths:
         decoders[f"head, tree width {width}"] = with_head(head, tree_width=width)
+        decoders[f"hybrid, tree width {width}"] = with_head(HybridHead(head), tree_width=width)
     for depth in fixed_depths:
         decoders[f"head, fixed depth {depth}"] = with_head(head, depth=depth)
     for layout, other in (other_heads or {}).items():

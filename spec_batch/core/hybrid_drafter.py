@@ -10,12 +10,12 @@ which rejection sampling is the one-hot rule the verifier uses for the n-gram an
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from .drafters import Draft, DraftRow
-from .head_drafter import HeadDrafter
+from .head_drafter import HeadDrafter, NodeRate
 from .job_memory import JobMemory
 from .suffix_drafter import SuffixDrafter
 
@@ -64,6 +64,27 @@ class HybridDrafter:
                 probs[b] = 0.0
                 probs[b, torch.arange(len(tokens[b])), torch.tensor(tokens[b])] = 1.0  # one-hot drafts
         return Draft(tokens=tokens, probs=probs, forwards=learned.forwards)
+
+    def propose_tree(self, rows: Sequence[DraftRow], k: Sequence[int], width: int, rate: NodeRate | None = None,
+                     floor: float = 0.0, grow: Callable[[list[float]], bool] | None = None) -> Draft:
+        """Trees (greedy rows at small batches: planning._plan_tree): a row whose suffix match is confident offers
+        its copy as a chain of nodes (confidence: the suffix's), any other row the head's tree. Where every row
+        copies the head runs no forward; it reads the waiting states at its next one."""
+        copy = self.suffix.propose(rows, k)
+        conf = copy.confidence or [[] for _ in rows]
+        use_copy = [bool(t) and kb > 0 and c[0] >= self.threshold for t, c, kb in zip(copy.tokens, conf, k)]
+        self.suffix_steps += sum(use_copy)
+        self.head_steps += sum(1 for u, kb in zip(use_copy, k) if kb > 0 and not u)
+        if all(u or kb == 0 for u, kb in zip(use_copy, k)):
+            learned = Draft(tokens=[[] for _ in rows], parents=[[] for _ in rows], confidence=[[] for _ in rows])
+        else:
+            learned = self.head.propose_tree(rows, [0 if u else kb for u, kb in zip(use_copy, k)], width, rate, floor, grow)
+        pick = lambda u, c, h: c if u else h  # noqa: E731
+        return Draft(tokens=[pick(u, c, h) for u, c, h in zip(use_copy, copy.tokens, learned.tokens)],
+                     parents=[pick(u, list(range(-1, len(c) - 1)), h)
+                              for u, c, h in zip(use_copy, copy.tokens, learned.parents)],  # type: ignore[arg-type]
+                     confidence=[pick(u, c, h) for u, c, h in zip(use_copy, conf, learned.confidence)],  # type: ignore[arg-type]
+                     forwards=learned.forwards)
 
     def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
         self.head.feedback(rows, k, accepted)

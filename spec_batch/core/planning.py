@@ -80,7 +80,8 @@ def _plan_tree(drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available
     t0 = time.perf_counter()
     grown = drafter.propose_tree(rows, depths, width, rate=rate if policy.adaptive else None,
                                  floor=policy.node_floor(len(rows)), grow=worth_growing)
-    policy.observe_growth((time.perf_counter() - t0) / max(1, grown.forwards))
+    if grown.forwards:  # a hybrid whose rows all copy grows nothing
+        policy.observe_growth((time.perf_counter() - t0) / grown.forwards)
     conf, parents = grown.confidence, grown.parents
     reach = [tree.reaches(p, [rate(b, d, c) if policy.adaptive else c for d, c in zip(tree.depths(p), cs)])
              for b, (p, cs) in enumerate(zip(parents, conf))]

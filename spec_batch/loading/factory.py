@@ -20,7 +20,7 @@ from ..core.head_drafter import HeadDrafter
 from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
-from .heads import HEAD_PREFIX, HybridHead, head_factory, head_precision, load_head_draft
+from .heads import HEAD_PREFIX, HYBRID_PREFIX, HybridHead, head_factory, head_precision, load_head_draft
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
@@ -57,7 +57,7 @@ def build_decoder(
     the longest draft per step; None: the drafter's default (16 for "suffix", 8 otherwise). drafter_options: keyword
     arguments of the suffix drafter (`SuffixDrafter.OPTIONS`), checked here, not at the first decode."""
     max_context = context_length(target_model)
-    tree_width = _tree_width(isinstance(draft, EagleHead), tree_width)
+    tree_width = _tree_width(isinstance(draft, (EagleHead, HybridHead)), tree_width)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if drafter_options and draft != "suffix":
         raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
@@ -98,8 +98,8 @@ def build_decoder(
 
 
 def _tree_width(is_head: bool, tree_width: int | None) -> int:
-    """The tree width a drafter gets. Only a head (not a hybrid) grows trees; every other drafter drafts chains
-    whatever is asked (one SPEC_BATCH_TREE_WIDTH serves a worker's head and suffix jobs alike)."""
+    """The tree width a drafter gets. Only a head (or a hybrid: its head's rows) grows trees; every other drafter
+    drafts chains whatever is asked (one SPEC_BATCH_TREE_WIDTH serves a worker's head and suffix jobs alike)."""
     if tree_width is not None and (isinstance(tree_width, bool) or not isinstance(tree_width, int) or tree_width < 1):
         raise InvalidParameterError(f"tree_width must be a whole number >= 1, got {tree_width!r}")
     if not is_head:
@@ -345,7 +345,7 @@ def shared_decoder(
         num_draft_tokens = default_draft_tokens(os.fspath(draft))
     precision = resolve_precision(weights, dtype, dev, torch_dtype)
     # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
-    width = _tree_width(os.fspath(draft).startswith(HEAD_PREFIX), tree_width)
+    width = _tree_width(os.fspath(draft).startswith((HEAD_PREFIX, HYBRID_PREFIX)), tree_width)
     key = (
         os.fspath(target), os.fspath(draft), str(dev), precision, resolve_weights_name(draft_weights),
         num_draft_tokens, adaptive, _cache_dir_key(cache_dir), width,

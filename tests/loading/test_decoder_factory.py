@@ -164,7 +164,8 @@ def test_tree_width_goes_to_a_heads_policy_and_other_drafters_draft_chains(tiny_
                              tree_width=tree_width).policy.tree_width
 
     assert width(head, None) == HeadDrafter.default_tree_width and width(head, 3) == 3
-    assert width("suffix", 3) == width(HybridHead(head), 3) == width("suffix", None) == 1
+    assert width(HybridHead(head), None) == HeadDrafter.default_tree_width and width(HybridHead(head), 2) == 2
+    assert width("suffix", 3) == width("suffix", None) == 1
     for bad in (0, -2, 1.5, True, "3"):
         with pytest.raises(InvalidParameterError, match="tree_width must be a whole number"):
             width(head, bad)
@@ -197,3 +198,6 @@ def test_a_heads_default_tree_width_and_the_same_width_named_are_one_shared_deco
     assert shared_decoder(tiny_dir, f"head:{path}", tree_width=HeadDrafter.default_tree_width) is default
     chains = shared_decoder(tiny_dir, f"head:{path}", tree_width=1)
     assert chains is not default and chains.policy.tree_width == 1
+    hybrid = shared_decoder(tiny_dir, f"hybrid:{path}")  # a hybrid's head rows grow trees too
+    assert hybrid.policy.tree_width == HeadDrafter.default_tree_width
+    assert shared_decoder(tiny_dir, f"hybrid:{path}", tree_width=HeadDrafter.default_tree_width) is hybrid
