@@ -159,10 +159,11 @@ def bench_set(none, kind: str, args) -> dict:
     texts = generated_set(kind, args.train + args.test, args.seed)
     prompts = [none.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    head, out = _trained_head(none, kind, prompts[: args.train], params, args, args.layouts[0])
+    answers: list = []  # the target's answers to the training prompts, generated once for every layout
+    head, out = _trained_head(none, kind, prompts[: args.train], params, args, args.layouts[0], answers)
     others = {}
     for layout in args.layouts[1:]:
-        others[layout], summary = _trained_head(none, kind, prompts[: args.train], params, args, layout)
+        others[layout], summary = _trained_head(none, kind, prompts[: args.train], params, args, layout, answers)
         out[f"heldout_accepted ({layout})"] = summary["heldout_accepted"]
         out[f"train_s ({layout})"] = summary["train_s"]
     out.update(draft_cost=draft_cost(none, drafting_head(head, None)), draft_cost_full=draft_cost(none, head),
@@ -175,8 +176,8 @@ def bench_set(none, kind: str, args) -> dict:
     return out
 
 
-def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, layout: str = "eagle"
-                  ) -> tuple[EagleHead, dict]:
+def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, layout: str = "eagle",
+                  answers: list | None = None) -> tuple[EagleHead, dict]:
     """The head of this set: trained on the target's answers to prompts (the job history), or with --heads-dir the
     one a run with the same arguments stored there (training is the slow part of a run; the test prompts differ
     from the training ones either way)."""
@@ -188,8 +189,10 @@ def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, 
         target = none.target
         return load_head(stored, none.device).attach(target.get_input_embeddings(), target.get_output_embeddings()), summary
     t0 = time.perf_counter()
-    history = none.generate(prompts, params, batch_size=8)
-    pairs = [(p, r.token_ids) for p, r in zip(prompts, history)]
+    answers = [] if answers is None else answers  # the caller's list: filled here once, reused by the next layout
+    if not answers:
+        answers.extend(r.token_ids for r in none.generate(prompts, params, batch_size=8))
+    pairs = list(zip(prompts, answers))
     t1 = time.perf_counter()
     trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed,
                                                          layout=layout))

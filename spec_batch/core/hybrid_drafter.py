@@ -45,14 +45,20 @@ class HybridDrafter:
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
         return [max(a, b) for a, b in zip(self.head.available(rows, k_max), self.suffix.available(rows, k_max))]
 
-    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+    def _split(self, rows: Sequence[DraftRow], k: Sequence[int]) -> tuple[Draft, list[list[float]], list[bool], list[int]]:
+        """The suffix proposal, its confidences, which rows copy it (first token's confidence >= threshold), and
+        each row's length left to the head (0 for a copying row)."""
         copy = self.suffix.propose(rows, k)
         conf = copy.confidence or [[] for _ in rows]
         use_copy = [bool(t) and kb > 0 and c[0] >= self.threshold for t, c, kb in zip(copy.tokens, conf, k)]
-        learned = self.head.propose(rows, [0 if u else kb for u, kb in zip(use_copy, k)])
-        tokens = [c if u else h for u, c, h in zip(use_copy, copy.tokens, learned.tokens)]
         self.suffix_steps += sum(use_copy)
         self.head_steps += sum(1 for u, kb in zip(use_copy, k) if kb > 0 and not u)
+        return copy, conf, use_copy, [0 if u else kb for u, kb in zip(use_copy, k)]
+
+    def propose(self, rows: Sequence[DraftRow], k: Sequence[int]) -> Draft:
+        copy, _, use_copy, head_k = self._split(rows, k)
+        learned = self.head.propose(rows, head_k)
+        tokens = [c if u else h for u, c, h in zip(use_copy, copy.tokens, learned.tokens)]
         width = max((len(t) for t in tokens), default=0)
         if width == 0 or all(r.params.greedy for r in rows):  # greedy verification reads no distributions
             return Draft(tokens=tokens, forwards=learned.forwards)
@@ -70,15 +76,11 @@ class HybridDrafter:
         """Trees (greedy rows at small batches: planning._plan_tree): a row whose suffix match is confident offers
         its copy as a chain of nodes (confidence: the suffix's), any other row the head's tree. Where every row
         copies the head runs no forward; it reads the waiting states at its next one."""
-        copy = self.suffix.propose(rows, k)
-        conf = copy.confidence or [[] for _ in rows]
-        use_copy = [bool(t) and kb > 0 and c[0] >= self.threshold for t, c, kb in zip(copy.tokens, conf, k)]
-        self.suffix_steps += sum(use_copy)
-        self.head_steps += sum(1 for u, kb in zip(use_copy, k) if kb > 0 and not u)
-        if all(u or kb == 0 for u, kb in zip(use_copy, k)):
+        copy, conf, use_copy, head_k = self._split(rows, k)
+        if not any(head_k):
             learned = Draft(tokens=[[] for _ in rows], parents=[[] for _ in rows], confidence=[[] for _ in rows])
         else:
-            learned = self.head.propose_tree(rows, [0 if u else kb for u, kb in zip(use_copy, k)], width, rate, floor, grow)
+            learned = self.head.propose_tree(rows, head_k, width, rate, floor, grow)
         pick = lambda u, c, h: c if u else h  # noqa: E731
         return Draft(tokens=[pick(u, c, h) for u, c, h in zip(use_copy, copy.tokens, learned.tokens)],
                      parents=[pick(u, list(range(-1, len(c) - 1)), h)
