@@ -11,6 +11,7 @@ its decoder, and its policy, across jobs): both runs must draft.
 Prints draft tokens, acceptance and wall time per run. Timings on a shared machine are noise; the check is that
 drafting happens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,7 @@ import multiprocessing
 import random
 import time
 
-
 from bench.prompts import EDITS, FREE
-
 from spec_batch import JobMemory, SamplingParams, load_decoder
 
 
@@ -43,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", default="suffix")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--runs", type=int, default=2, help="jobs decoded one after another on the same decoder")
-    ap.add_argument("--no-cost-probes", action="store_true",
-                    help="the policy as before issue 23 item 9 (a free drafter never probes): the comparison")
+    ap.add_argument(
+        "--no-cost-probes",
+        action="store_true",
+        help="the policy as before issue 23 item 9 (a free drafter never probes): the comparison",
+    )
     args = ap.parse_args(argv)
     decoder = load_decoder("default", args.drafter)
     if args.no_cost_probes:
@@ -64,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             accepted = sum(r.stats.accepted_tokens for r in results)
             out = sum(len(r.token_ids) for r in results)
             rate = f"{accepted / drafted:.0%}" if drafted else "-"
-            print(f"run {run + 1}: {out} tokens in {wall:.1f} s with {args.burners} burner(s); "
-                  f"drafted {drafted}, accepted {accepted} ({rate})")
+            print(
+                f"run {run + 1}: {out} tokens in {wall:.1f} s with {args.burners} burner(s); "
+                f"drafted {drafted}, accepted {accepted} ({rate})"
+            )
             ok = ok and drafted > 0
     finally:
         for b in burners:

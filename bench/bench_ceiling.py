@@ -14,14 +14,14 @@ proposals or cheaper verify tokens (another accelerator).
 
     python -m bench.bench_ceiling --set edits --batch 1 --rounds 3 --factors 2,16 --threads 1
 """
+
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
-
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.batch == 1:
                 return [list(decoder.generate([p], params, batch_size=1, memory=memory)[0].token_ids) for p in prompts]
             return [list(r.token_ids) for r in decoder.generate(prompts, params, batch_size=args.batch, memory=memory)]
+
         return run
 
     def oracle(factor: float):
@@ -92,13 +93,22 @@ def main(argv: list[str] | None = None) -> int:
         outs = []
         for p in prompts:
             ids = torch.tensor([p], dtype=torch.long)
-            out = none.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                       max_new_tokens=params.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                                       prompt_lookup_num_tokens=10)
-            outs.append(out[0, len(p):].tolist())
+            out = none.target.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                prompt_lookup_num_tokens=10,
+            )
+            outs.append(out[0, len(p) :].tolist())
         return outs
 
-    rows: dict[str, Callable[[], list[list[int]]]] = {"none": core(none), "suffix": core(load_decoder("default", "suffix"))}
+    rows: dict[str, Callable[[], list[list[int]]]] = {
+        "none": core(none),
+        "suffix": core(load_decoder("default", "suffix")),
+    }
     rows.update({f"oracle f{f:g}": core(oracle(f)) for f in factors})
     if args.batch == 1:
         rows["HF PL 10"] = hf_prompt_lookup
@@ -112,11 +122,17 @@ def main(argv: list[str] | None = None) -> int:
             outputs = run()
             seconds[name].append(time.process_time() - t0)
             identical[name] &= all(o[: len(ref)] == ref for o, ref in zip(outputs, reference))
-        print(f"# round {r + 1}: " + ", ".join(f"{n} {s[-1]:.2f}s" for n, s in seconds.items()), file=sys.stderr, flush=True)
+        print(
+            f"# round {r + 1}: " + ", ".join(f"{n} {s[-1]:.2f}s" for n, s in seconds.items()),
+            file=sys.stderr,
+            flush=True,
+        )
 
     med = {name: statistics.median(s) for name, s in seconds.items()}
-    print(f"# {args.set}: {len(prompts)} prompts, {sum(map(len, reference))} output tokens, batch {args.batch}, "
-          f"{args.threads} thread(s), CPU seconds, medians of {args.rounds} interleaved rounds")
+    print(
+        f"# {args.set}: {len(prompts)} prompts, {sum(map(len, reference))} output tokens, batch {args.batch}, "
+        f"{args.threads} thread(s), CPU seconds, medians of {args.rounds} interleaved rounds"
+    )
     base = "HF PL 10" if "HF PL 10" in med else None
     print("| row | seconds | vs none |" + (" vs HF PL |" if base else "") + " output = none's |")
     print("|---|---|---|" + ("---|" if base else "") + "---|")

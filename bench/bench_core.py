@@ -32,6 +32,7 @@ Outputs are compared token for token with Hugging Face greedy at batch 1.
 At the end it prints the issue's targets with PASS/MISS and the measured ratios, and the time a new process
 takes to `load_decoder('default')` once the converted model is cached (issue 3; median of 3).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,16 +44,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
 from bench.prompts import DESCRIPTIONS, MAX_NEW_TOKENS, SETS
-
 from spec_batch import SamplingParams, load_decoder
 from spec_batch.core.job_memory import JobMemory
 
@@ -72,8 +72,16 @@ TARGETS_TEXT = {
 }
 # the rows each target reads, per set: these get --repeats, the rest --other-repeats
 TARGET_ROWS = {
-    "edits": ("core-none-b1", "core-ngram-b1", "hf-pl", "core-ngram-b8", "hf-greedy-b8", "core-suffix-b1",
-              "core-none-b8", "core-suffix-b8"),
+    "edits": (
+        "core-none-b1",
+        "core-ngram-b1",
+        "hf-pl",
+        "core-ngram-b8",
+        "hf-greedy-b8",
+        "core-suffix-b1",
+        "core-none-b8",
+        "core-suffix-b8",
+    ),
     "json": ("core-none-b1", "core-ngram-b1", "hf-pl"),
     "free": ("core-none-b1", "core-ngram-b1", "core-none-b8", "core-ngram-b8", "core-suffix-b1", "core-suffix-b8"),
     "templated": ("core-none-b1", "core-suffix-b1", "core-none-b8", "core-suffix-b8"),
@@ -82,7 +90,10 @@ TARGET_ROWS = {
 
 
 def is_target_row(set_name: str, key: str) -> bool:
-    return any(key == k or (k == "hf-pl" and key.startswith("hf-pl") and key.endswith("-b1")) for k in TARGET_ROWS.get(set_name, ()))
+    return any(
+        key == k or (k == "hf-pl" and key.startswith("hf-pl") and key.endswith("-b1"))
+        for k in TARGET_ROWS.get(set_name, ())
+    )
 
 
 # ---------------------------------------------------------------- results
@@ -153,9 +164,16 @@ class Bench:
         self.self_draft = load_decoder("default", draft=self.target)
         torch.manual_seed(seed)
         tiny_cfg = LlamaConfig(
-            vocab_size=self.dec.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, intermediate_size=128, max_position_embeddings=8192,
-            bos_token_id=self.tok.bos_token_id, eos_token_id=self.eos[0], pad_token_id=self.pad,
+            vocab_size=self.dec.vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=128,
+            max_position_embeddings=8192,
+            bos_token_id=self.tok.bos_token_id,
+            eos_token_id=self.eos[0],
+            pad_token_id=self.pad,
         )
         self.tiny = LlamaForCausalLM(tiny_cfg).to(self.target.dtype).eval()
         self.tiny_draft = load_decoder("default", draft=self.tiny)
@@ -192,11 +210,16 @@ class Bench:
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             st = [r.stats for r in results]
             return RunResult(
-                outputs=[list(r.token_ids) for r in results], wall=wall, cpu=cpu,
-                per_prompt=per_prompt, per_prompt_cpu=per_cpu,
+                outputs=[list(r.token_ids) for r in results],
+                wall=wall,
+                cpu=cpu,
+                per_prompt=per_prompt,
+                per_prompt_cpu=per_cpu,
                 per_prompt_acc=[(s.accepted_tokens, s.draft_tokens) for s in st],
-                draft_tokens=sum(s.draft_tokens for s in st), accepted=sum(s.accepted_tokens for s in st),
-                steps_tokens=sum(s.output_tokens for s in st), steps=sum(s.target_forwards for s in st),
+                draft_tokens=sum(s.draft_tokens for s in st),
+                accepted=sum(s.accepted_tokens for s in st),
+                steps_tokens=sum(s.output_tokens for s in st),
+                steps=sum(s.target_forwards for s in st),
                 has_draft_stats=decoder.draft_name != "none",
             )
 
@@ -222,15 +245,24 @@ class Bench:
                 ids = torch.tensor([p], dtype=torch.long)
                 f0 = self.forwards
                 t1, c1 = time.perf_counter(), time.process_time()
-                out = self.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **self._hf_kwargs(max_new), **extra)
+                out = self.target.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), **self._hf_kwargs(max_new), **extra
+                )
                 per_prompt.append(time.perf_counter() - t1)
                 per_cpu.append(time.process_time() - c1)
                 forwards += self.forwards - f0  # every HF target forward yields >= 1 token (prefill included)
-                o, n = self._strip(out[0, len(p):].tolist())
+                o, n = self._strip(out[0, len(p) :].tolist())
                 outputs.append(o)
                 produced += n
-            return RunResult(outputs, time.perf_counter() - t0, time.process_time() - c0, per_prompt, per_cpu,
-                             steps_tokens=produced, steps=forwards)
+            return RunResult(
+                outputs,
+                time.perf_counter() - t0,
+                time.process_time() - c0,
+                per_prompt,
+                per_cpu,
+                steps_tokens=produced,
+                steps=forwards,
+            )
 
         return run
 
@@ -244,8 +276,8 @@ class Bench:
                 ids = torch.full((len(group), width), self.pad, dtype=torch.long)
                 mask = torch.zeros((len(group), width), dtype=torch.long)
                 for b, p in enumerate(group):  # left padding
-                    ids[b, width - len(p):] = torch.tensor(p)
-                    mask[b, width - len(p):] = 1
+                    ids[b, width - len(p) :] = torch.tensor(p)
+                    mask[b, width - len(p) :] = 1
                 out = self.target.generate(input_ids=ids, attention_mask=mask, **self._hf_kwargs(max_new))
                 outputs += [self._strip(row[width:])[0] for row in out.tolist()]
             return RunResult(outputs, time.perf_counter() - t0, time.process_time() - c0)
@@ -266,11 +298,21 @@ class Bench:
             if b == 1:
                 out.append(Config("hf-greedy-b1", "HF greedy", 1, False, self.hf1()))
                 for n in hf_pl:
-                    out.append(Config(f"hf-pl{n}-b1", f"HF prompt-lookup {n}", 1, False, self.hf1(prompt_lookup_num_tokens=n)))
+                    out.append(
+                        Config(f"hf-pl{n}-b1", f"HF prompt-lookup {n}", 1, False, self.hf1(prompt_lookup_num_tokens=n))
+                    )
                 if with_drafts:
                     out += [
-                        Config("hf-asst-self-b1", "HF assisted self", 1, True, self.hf1(assistant_model=self.assistant_self)),
-                        Config("hf-asst-tiny-b1", "HF assisted tiny random", 1, True, self.hf1(assistant_model=self.tiny)),
+                        Config(
+                            "hf-asst-self-b1",
+                            "HF assisted self",
+                            1,
+                            True,
+                            self.hf1(assistant_model=self.assistant_self),
+                        ),
+                        Config(
+                            "hf-asst-tiny-b1", "HF assisted tiny random", 1, True, self.hf1(assistant_model=self.tiny)
+                        ),
                     ]
             else:
                 out.append(Config(f"hf-greedy-{bl}", "HF greedy batched", b, False, self.hf_batched(b)))
@@ -323,22 +365,34 @@ def acceptance_text(cfg: Config | None) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="edits,json,code,free", help="comma list of: " + ",".join(SETS))
-    ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (HF prompt lookup/assisted: batch 1 only)")
+    ap.add_argument(
+        "--batch", default="1,8", help="comma list of batch sizes (HF prompt lookup/assisted: batch 1 only)"
+    )
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the rows the targets read (median)")
     ap.add_argument("--other-repeats", type=int, default=1, help="repeats of every other row")
-    ap.add_argument("--draft-sets", default="edits",
-                    help="sets on which the draft-model rows run (self-draft, tiny draft, HF assisted); 'all' or a comma list")
+    ap.add_argument(
+        "--draft-sets",
+        default="edits",
+        help="sets on which the draft-model rows run (self-draft, tiny draft, HF assisted); 'all' or a comma list",
+    )
     ap.add_argument("--no-drafts", action="store_true", help="skip the draft-model rows")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="override every set's max_new_tokens")
     ap.add_argument("--prompts", "--limit", type=int, default=None, help="use only the first N prompts of each set")
-    ap.add_argument("--drafter", default="ngram,suffix",
-                    help="comma list of the core's drafters run side by side with core none: ngram, suffix; NAME@K sets "
-                         "num_draft_tokens=K (e.g. suffix@16), +OPTION=VALUE a drafter option (suffix@16+max_spec_factor=2)")
+    ap.add_argument(
+        "--drafter",
+        default="ngram,suffix",
+        help="comma list of the core's drafters run side by side with core none: ngram, suffix; NAME@K sets "
+        "num_draft_tokens=K (e.g. suffix@16), +OPTION=VALUE a drafter option (suffix@16+max_spec_factor=2)",
+    )
     ap.add_argument("--hf-pl", default="10", help="comma list of prompt_lookup_num_tokens values for HF prompt lookup")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="what tok/s and the ratios divide by: wall-clock seconds, or this process's CPU seconds "
-                         "(meaningful with --threads 1 on a machine shared with other work; both are printed)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="what tok/s and the ratios divide by: wall-clock seconds, or this process's CPU seconds "
+        "(meaningful with --threads 1 on a machine shared with other work; both are printed)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="torch seed of the tiny random draft")
     ap.add_argument("--no-load-time", action="store_true", help="skip the new-process load_decoder timing (issue 3)")
     ap.add_argument("--show", type=int, default=1, help="print the first characters of this many outputs per set")
@@ -346,7 +400,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: edits+free, 2 prompts, 32 tokens, 1 repeat")
     args = ap.parse_args(argv)
     if args.other_repeats < 1 or args.repeats < 1:
-        ap.error("--repeats and --other-repeats must be >= 1 (the Hugging Face rows are the reference every output is checked against)")
+        ap.error(
+            "--repeats and --other-repeats must be >= 1 (the Hugging Face rows are the reference every output is checked against)"
+        )
     if args.quick:
         args.sets, args.prompts, args.max_new_tokens, args.repeats = "edits,free", 2, 32, 1
     return args
@@ -360,8 +416,14 @@ def load_time(threads: int) -> list[float]:
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(ROOT),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-c", code],
+            check=True,
+            env=env,
+            cwd=str(ROOT),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         times.append(time.perf_counter() - t0)
     return times
 
@@ -389,21 +451,31 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu_name = platform.processor() or platform.machine()
     try:
-        cpu_name = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        with open("/proc/cpuinfo") as info:
+            cpu_name = next(l.split(":", 1)[1].strip() for l in info if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     load0 = os.getloadavg()
     print(f"# spec-batch core benchmark, {started}")
-    print(f"# CPU: {cpu_name}, {os.cpu_count()} cores; torch {torch.__version__}, {threads} thread(s); "
-          f"transformers {transformers.__version__}; python {platform.python_version()}")
-    print(f"# tok/s and the ratios use the {CLOCK} clock"
-          + (" (CPU seconds of this process; the wall-clock rate is the other column)" if CLOCK == "cpu" else
-             " (the rate per CPU second of this process is the other column)"))
+    print(
+        f"# CPU: {cpu_name}, {os.cpu_count()} cores; torch {torch.__version__}, {threads} thread(s); "
+        f"transformers {transformers.__version__}; python {platform.python_version()}"
+    )
+    print(
+        f"# tok/s and the ratios use the {CLOCK} clock"
+        + (
+            " (CPU seconds of this process; the wall-clock rate is the other column)"
+            if CLOCK == "cpu"
+            else " (the rate per CPU second of this process is the other column)"
+        )
+    )
     print(f"# load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     if load0[0] > (os.cpu_count() or 1):
-        print(f"# WARNING: the machine is busy (load {load0[0]:.1f} on {os.cpu_count()} cores): wall-clock timings are noisy"
-              + ("; consider --threads 1 --clock cpu" if threads > 1 or CLOCK == "wall" else ""))
+        print(
+            f"# WARNING: the machine is busy (load {load0[0]:.1f} on {os.cpu_count()} cores): wall-clock timings are noisy"
+            + ("; consider --threads 1 --clock cpu" if threads > 1 or CLOCK == "wall" else "")
+        )
     bench = Bench(args.seed)
     agc = bench.assistant_self.generation_config
     try:  # what generate() fills in where the model's generation config leaves these unset
@@ -415,13 +487,17 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(agc, name, None)
         return value if value is not None else hf_defaults.get(name)
 
-    print(f"# models loaded in {bench.load_s:.1f} s: target {bench.dec.target_name} ({bench.target.dtype}), eos {bench.eos}; "
-          f"core num_draft_tokens {bench.dec.policy.k_max}, adaptive {bench.dec.policy.adaptive}; HF assisted: "
-          f"num_assistant_tokens {asst('num_assistant_tokens')} ({asst('num_assistant_tokens_schedule')}), "
-          f"confidence threshold {asst('assistant_confidence_threshold')}; HF prompt lookup: "
-          f"max_matching_ngram_size {asst('max_matching_ngram_size') or 2} (HF defaults)")
+    print(
+        f"# models loaded in {bench.load_s:.1f} s: target {bench.dec.target_name} ({bench.target.dtype}), eos {bench.eos}; "
+        f"core num_draft_tokens {bench.dec.policy.k_max}, adaptive {bench.dec.policy.adaptive}; HF assisted: "
+        f"num_assistant_tokens {asst('num_assistant_tokens')} ({asst('num_assistant_tokens_schedule')}), "
+        f"confidence threshold {asst('assistant_confidence_threshold')}; HF prompt lookup: "
+        f"max_matching_ngram_size {asst('max_matching_ngram_size') or 2} (HF defaults)"
+    )
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
-    for d in drafters:  # NAME[@K][+OPTION=VALUE...]: num_draft_tokens=K, drafter_options, e.g. suffix@16+max_spec_factor=2
+    for (
+        d
+    ) in drafters:  # NAME[@K][+OPTION=VALUE...]: num_draft_tokens=K, drafter_options, e.g. suffix@16+max_spec_factor=2
         head, *opts = d.split("+")
         name, _, k = head.partition("@")
         if (k or opts) and name in bench.drafters:
@@ -429,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
             sizes = {"num_draft_tokens": int(k)} if k else {}  # else load_decoder's own default
             bench.drafters[d] = load_decoder("default", name, drafter_options=options, **sizes)
     if set(drafters) - set(bench.drafters):
-        raise SystemExit(f"unknown drafter(s) {sorted(set(drafters) - set(bench.drafters))}; known: {list(bench.drafters)}")
+        raise SystemExit(
+            f"unknown drafter(s) {sorted(set(drafters) - set(bench.drafters))}; known: {list(bench.drafters)}"
+        )
     configs = bench.configs(batches, hf_pl, with_drafts=not args.no_drafts, drafters=drafters)
 
     tw = time.perf_counter()  # warm-up: every configuration once, on short generations
@@ -440,8 +518,17 @@ def main(argv: list[str] | None = None) -> int:
             cfg.run(warm[: cfg.batch], 2)
     print(f"# warm-up: {time.perf_counter() - tw:.1f} s")
 
-    report: dict = {"date": started, "cpu": cpu_name, "cores": os.cpu_count(), "threads": threads, "clock": CLOCK,
-                    "torch": torch.__version__, "transformers": transformers.__version__, "argv": sys.argv[1:], "sets": {}}
+    report: dict = {
+        "date": started,
+        "cpu": cpu_name,
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "clock": CLOCK,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "argv": sys.argv[1:],
+        "sets": {},
+    }
     per_set: dict[str, dict] = {}
     t_all = time.perf_counter()
     for name in sets:
@@ -486,15 +573,22 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
     heavy = [i for i, c in enumerate(copies) if c >= COPY_HEAVY]
     pl = next((c for c in cfgs if c.key.startswith("hf-pl") and c.batch == 1), None)
     print(f"\n## {name}: {DESCRIPTIONS[name]}\n")
-    print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, max_new_tokens={max_new}"
-          + (f"; reference output {sum(map(len, ref_out))} tokens, {statistics.mean(copies):.0%} of them copied from "
-             f"the prompt (runs of >= {COPY_NGRAM} tokens); copy-heavy prompts (>= {COPY_HEAVY:.0%} copied): {len(heavy)}"
-             if ref_out else "")
-          + f"; {seconds:.0f} s\n")
+    print(
+        f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, max_new_tokens={max_new}"
+        + (
+            f"; reference output {sum(map(len, ref_out))} tokens, {statistics.mean(copies):.0%} of them copied from "
+            f"the prompt (runs of >= {COPY_NGRAM} tokens); copy-heavy prompts (>= {COPY_HEAVY:.0%} copied): {len(heavy)}"
+            if ref_out
+            else ""
+        )
+        + f"; {seconds:.0f} s\n"
+    )
     other = "cpu" if CLOCK == "wall" else "wall"
     other_h = "tok/CPU-s" if other == "cpu" else "tok/wall-s"
-    header = (f"| {'engine (runs)':<30} | batch | {'tok/s':>6} | {other_h:>10} | vs none | vs HF greedy | vs HF PL "
-              f"| accept | tok/step | identical |")
+    header = (
+        f"| {'engine (runs)':<30} | batch | {'tok/s':>6} | {other_h:>10} | vs none | vs HF greedy | vs HF PL "
+        f"| accept | tok/step | identical |"
+    )
     print(header)
     print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
     rows_report, notes = [], []
@@ -511,44 +605,76 @@ def print_set(name, prompts, max_new, cfgs: list[Config], bench: Bench, args, se
         ident = f"{'yes' if same == len(prompts) else 'NO'} {same}/{len(prompts)}" + ("" if stable else " varies")
         vs_pl = ratio(c, pl) if c.batch == 1 else None
         label = f"{c.label} ({len(c.results)})"
-        print(f"| {label:<30} | {c.batch:>5} | {c.tok_s():6.1f} | {c.tok_s(other):10.1f} | {fmt_ratio(ratio(c, none)):>7} | "
-              f"{fmt_ratio(ratio(c, hf)):>12} | {fmt_ratio(vs_pl):>8} | {acc:>6} | {tps:>8} | {ident:>9} |")
+        print(
+            f"| {label:<30} | {c.batch:>5} | {c.tok_s():6.1f} | {c.tok_s(other):10.1f} | {fmt_ratio(ratio(c, none)):>7} | "
+            f"{fmt_ratio(ratio(c, hf)):>12} | {fmt_ratio(vs_pl):>8} | {acc:>6} | {tps:>8} | {ident:>9} |"
+        )
         if ref_out and same < len(prompts):
-            diffs = [(i, first_difference(o, rr), len(rr)) for i, (o, rr) in enumerate(zip(r0.outputs, ref_out)) if o != rr]
+            diffs = [
+                (i, first_difference(o, rr), len(rr)) for i, (o, rr) in enumerate(zip(r0.outputs, ref_out)) if o != rr
+            ]
             notes.append(f"{c.label} b{c.batch} differs from HF greedy b1 at (prompt, first token, of): {diffs}")
-        rows_report.append({
-            "key": c.key, "label": c.label, "batch": c.batch, "runs": len(c.results), "tokens": c.tokens,
-            "tok_s": c.tok_s(), "tok_s_wall": c.tok_s("wall"), "tok_s_cpu": c.tok_s("cpu"),
-            "walls": [r.wall for r in c.results], "cpus": [r.cpu for r in c.results],
-            "vs_none": ratio(c, none), "vs_hf": ratio(c, hf), "vs_hf_pl": vs_pl,
-            "acceptance": (r0.accepted / r0.draft_tokens) if r0.draft_tokens else None,
-            "tokens_per_step": (r0.steps_tokens / r0.steps) if r0.steps else None,
-            "identical": same, "of": len(prompts), "stable": stable,
-        })
-    print("\nHF prompt lookup and assisted generation run at batch 1 only (Hugging Face supports nothing else). "
-          "Draft-model rows: no smaller sibling of the default model exists offline, so they use the target as its "
-          "own draft (acceptance must be 100%) and a tiny random Llama (acceptance ~0). identical: token ids equal "
-          "to HF greedy at batch 1.")
+        rows_report.append(
+            {
+                "key": c.key,
+                "label": c.label,
+                "batch": c.batch,
+                "runs": len(c.results),
+                "tokens": c.tokens,
+                "tok_s": c.tok_s(),
+                "tok_s_wall": c.tok_s("wall"),
+                "tok_s_cpu": c.tok_s("cpu"),
+                "walls": [r.wall for r in c.results],
+                "cpus": [r.cpu for r in c.results],
+                "vs_none": ratio(c, none),
+                "vs_hf": ratio(c, hf),
+                "vs_hf_pl": vs_pl,
+                "acceptance": (r0.accepted / r0.draft_tokens) if r0.draft_tokens else None,
+                "tokens_per_step": (r0.steps_tokens / r0.steps) if r0.steps else None,
+                "identical": same,
+                "of": len(prompts),
+                "stable": stable,
+            }
+        )
+    print(
+        "\nHF prompt lookup and assisted generation run at batch 1 only (Hugging Face supports nothing else). "
+        "Draft-model rows: no smaller sibling of the default model exists offline, so they use the target as its "
+        "own draft (acceptance must be 100%) and a tiny random Llama (acceptance ~0). identical: token ids equal "
+        "to HF greedy at batch 1."
+    )
     for n in notes:
         print(f"\n{n}")
     # per prompt at batch 1: how much each answer copies, and what ngram buys there
     ng, no = by_key.get("core-ngram-b1"), by_key.get("core-none-b1")
     per_prompt = []
     if ng and no and ng.results and no.results and ref_out and ng.results[0].per_prompt:
-        print(f"\nper prompt, batch 1: | prompt | tokens | copied | ngram acceptance | ngram vs none | ngram vs HF PL |")
+        print("\nper prompt, batch 1: | prompt | tokens | copied | ngram acceptance | ngram vs none | ngram vs HF PL |")
         for i in range(len(prompts)):
             a, d = ng.results[0].per_prompt_acc[i]  # type: ignore[index]
             vs_none = ng.prompt_tok_s(i) / no.prompt_tok_s(i) if ref_out[i] else float("nan")
             vs_pl = ng.prompt_tok_s(i) / pl.prompt_tok_s(i) if pl and ref_out[i] else None
             acc = f"{a / d:.0%}" if d else "-"
             print(f"  | {i} | {len(ref_out[i])} | {copies[i]:.0%} | {acc} | {vs_none:.2f}x | {fmt_ratio(vs_pl)} |")
-            per_prompt.append({"tokens": len(ref_out[i]), "copied": copies[i], "acceptance": a / d if d else None,
-                               "ngram_vs_none": vs_none, "ngram_vs_hf_pl": vs_pl})
+            per_prompt.append(
+                {
+                    "tokens": len(ref_out[i]),
+                    "copied": copies[i],
+                    "acceptance": a / d if d else None,
+                    "ngram_vs_none": vs_none,
+                    "ngram_vs_hf_pl": vs_pl,
+                }
+            )
     for i in range(min(args.show, len(prompts))):
         text = bench.tok.decode(ref_out[i]) if ref_out else ""
         print(f"\noutput [{i}] ({copies[i]:.0%} copied): {text[:240]!r}{'...' if len(text) > 240 else ''}")
-    report["sets"][name] = {"rows": rows_report, "per_prompt": per_prompt, "copy_heavy": heavy, "max_new_tokens": max_new,
-                            "prompts": len(prompts), "seconds": seconds}
+    report["sets"][name] = {
+        "rows": rows_report,
+        "per_prompt": per_prompt,
+        "copy_heavy": heavy,
+        "max_new_tokens": max_new,
+        "prompts": len(prompts),
+        "seconds": seconds,
+    }
 
 
 def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -> None:
@@ -572,8 +698,13 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
         ng = get(name, "core-ngram-b1")
         pls = [c for c in per_set[name]["configs"] if c.key.startswith("hf-pl") and c.batch == 1 and c.results]
         best = max(pls, key=lambda c: c.tok_s()) if pls else None
-        line("T1", f"{name}: core ngram b1 / {best.label if best else 'HF prompt-lookup'} b1", ratio(ng, best), 1.3,
-             acceptance_text(ng))
+        line(
+            "T1",
+            f"{name}: core ngram b1 / {best.label if best else 'HF prompt-lookup'} b1",
+            ratio(ng, best),
+            1.3,
+            acceptance_text(ng),
+        )
     toks_ng = s_ng = toks_no = s_no = 0.0
     n_heavy = 0
     for name in ("edits", "json"):
@@ -586,11 +717,20 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
             s_ng += ng.prompt_seconds(i)
             toks_no += len(no.results[0].outputs[i])
             s_no += no.prompt_seconds(i)
-        line("T2", f"{name}, whole set (context, not the target): core ngram b1 / core none b1", ratio(ng, no), None,
-             acceptance_text(ng))
+        line(
+            "T2",
+            f"{name}, whole set (context, not the target): core ngram b1 / core none b1",
+            ratio(ng, no),
+            None,
+            acceptance_text(ng),
+        )
     if n_heavy:
-        line("T2", f"copy-heavy edits/JSON prompts ({n_heavy}, >= {COPY_HEAVY:.0%} copied): core ngram b1 / core none b1",
-             (toks_ng / s_ng) / (toks_no / s_no), 2.0)
+        line(
+            "T2",
+            f"copy-heavy edits/JSON prompts ({n_heavy}, >= {COPY_HEAVY:.0%} copied): core ngram b1 / core none b1",
+            (toks_ng / s_ng) / (toks_no / s_no),
+            2.0,
+        )
     for b in ("b1", "b8"):
         ng, no = get("free", f"core-ngram-{b}"), get("free", f"core-none-{b}")
         if ng and no:
@@ -617,8 +757,15 @@ def print_targets(per_set: dict, load_times: list[float] | None, report: dict) -
             line("S3", f"free: core suffix {b} / core none {b}", ratio(sx, no), 0.97, acceptance_text(sx))
     if load_times:
         med = statistics.median(load_times)
-        rows.append(("T5", "new process: load_decoder('default')", f"{med:.2f} s", "PASS" if med <= 5.0 else "MISS",
-                     "runs " + ", ".join(f"{t:.2f}" for t in load_times) + " s (interpreter start and imports included)"))
+        rows.append(
+            (
+                "T5",
+                "new process: load_decoder('default')",
+                f"{med:.2f} s",
+                "PASS" if med <= 5.0 else "MISS",
+                "runs " + ", ".join(f"{t:.2f}" for t in load_times) + " s (interpreter start and imports included)",
+            )
+        )
     print("| target | verdict | measured | what |")
     print("|--------|---------|----------|------|")
     for tid, what, value, verdict, note in rows:

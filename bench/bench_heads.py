@@ -13,6 +13,7 @@ against one batch-1 target forward (the issue's bound: 10%).
 
 Timings are noise on a shared machine: the lead runs this on a quiet one (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,11 @@ import torch
 
 from bench.head_sets import MAKERS, generated_set
 from spec_batch import SamplingParams, load_decoder
+from spec_batch.core.head import EagleHead
 from spec_batch.core.job_memory import JobMemory
 from spec_batch.core.kv_batch import KVBatch
 from spec_batch.jobs.head_training import TrainOptions, train_from_pairs
 from spec_batch.loading import build_decoder
-from spec_batch.core.head import EagleHead
 from spec_batch.loading.heads import HybridHead, drafting_head, load_head, save_head
 
 Run = Callable[[], list]
@@ -42,7 +43,11 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
     reads several nodes) at batch 1, after `context` tokens. The head as given (drafting_head: as it drafts)."""
     cpu_ids = torch.randint(0, 1000, (1, context))
     dev = decoder.device
-    ids, valid, one = cpu_ids.to(dev), torch.ones(1, context, dtype=torch.bool, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev)
+    ids, valid, one = (
+        cpu_ids.to(dev),
+        torch.ones(1, context, dtype=torch.bool, device=dev),
+        torch.ones(1, 1, dtype=torch.bool, device=dev),
+    )
     hidden = head.config.hidden_size
     with torch.inference_mode():
         target, drafts = KVBatch(decoder.target, dev, 1), KVBatch(head, dev, 1)
@@ -56,7 +61,9 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
             target.rollback(torch.ones(1, dtype=torch.long, device=dev))
 
         def step_head() -> None:
-            drafts.forward_output(toks, some, width, features=torch.randn(1, width, hidden, device=dev, dtype=head.dtype))
+            drafts.forward_output(
+                toks, some, width, features=torch.randn(1, width, hidden, device=dev, dtype=head.dtype)
+            )
             drafts.rollback(torch.full((1,), width, dtype=torch.long, device=dev))
 
         out = {}
@@ -71,24 +78,44 @@ def draft_cost(decoder, head, context: int = 200, reps: int = 20, width: int = 1
     return out
 
 
-def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch: int,
-             full_weights: bool = False, tree_widths: tuple[int, ...] = (), fixed_depths: tuple[int, ...] = (),
-             other_heads: dict[str, EagleHead] | None = None) -> dict[str, tuple[Run, list]]:
+def rows_for(
+    none,
+    head,
+    kind: str,
+    prompts: list,
+    params: SamplingParams,
+    batch: int,
+    full_weights: bool = False,
+    tree_widths: tuple[int, ...] = (),
+    fixed_depths: tuple[int, ...] = (),
+    other_heads: dict[str, EagleHead] | None = None,
+) -> dict[str, tuple[Run, list]]:
     """row name -> (run, the per-run stats sink). full_weights: a row for the head drafting in float32 too (the
     default drafts in int8 on the CPU). tree_widths: a row for the head, and one for the hybrid, drafting trees of
     each width at this batch (1: chains).
     fixed_depths: a row for the head drafting at each depth without the policy (trees: depth + width - 1 nodes).
     other_heads: a row `head (LAYOUT)` for each (heads of the other --layouts)."""
+
     def with_head(draft, weights: str | None = None, tree_width: int | None = None, depth: int | None = None):
-        dec = build_decoder(none.target, none.tokenizer, target_name=none.target_name, draft=draft, device=none.device,
-                            draft_weights=weights, **({} if depth is None else {"num_draft_tokens": depth,
-                                                                                  "adaptive": False}))
+        dec = build_decoder(
+            none.target,
+            none.tokenizer,
+            target_name=none.target_name,
+            draft=draft,
+            device=none.device,
+            draft_weights=weights,
+            **({} if depth is None else {"num_draft_tokens": depth, "adaptive": False}),
+        )
         if tree_width is not None:
             dec.policy.tree_width, dec.policy.tree_batch = tree_width, batch
         return dec
 
-    decoders = {"none": none, "suffix": load_decoder("default", "suffix"), "head": with_head(head),
-                "hybrid": with_head(HybridHead(head))}
+    decoders = {
+        "none": none,
+        "suffix": load_decoder("default", "suffix"),
+        "head": with_head(head),
+        "hybrid": with_head(HybridHead(head)),
+    }
     if full_weights:
         decoders["head (full weights)"] = with_head(head, "full")
     for width in tree_widths:
@@ -104,8 +131,11 @@ def rows_for(none, head, kind: str, prompts: list, params: SamplingParams, batch
 
         def run(dec=dec, sink=sink) -> list:
             memory = JobMemory()
-            results = ([dec.generate([p], params, batch_size=1, memory=memory)[0] for p in prompts] if batch == 1
-                       else dec.generate(prompts, params, batch_size=batch, memory=memory))
+            results = (
+                [dec.generate([p], params, batch_size=1, memory=memory)[0] for p in prompts]
+                if batch == 1
+                else dec.generate(prompts, params, batch_size=batch, memory=memory)
+            )
             sink[:] = results
             return [list(r.token_ids) for r in results]
 
@@ -123,10 +153,16 @@ def _hf_prompt_lookup(none, prompts: list, params: SamplingParams) -> Run:
         outs = []
         for p in prompts:
             ids = torch.tensor([p], dtype=torch.long, device=none.device)
-            out = none.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                       max_new_tokens=params.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                                       prompt_lookup_num_tokens=10)
-            outs.append([t for t in out[0, len(p):].tolist() if t not in eos])
+            out = none.target.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                prompt_lookup_num_tokens=10,
+            )
+            outs.append([t for t in out[0, len(p) :].tolist() if t not in eos])
         return outs
 
     return run
@@ -149,9 +185,17 @@ def measure(rows: dict[str, tuple[Run, list]], rounds: int) -> list[dict]:
     for name, (_, sink) in rows.items():
         s, w = statistics.median(seconds[name]), statistics.median(walls[name])
         steps = sum(r.stats.target_forwards for r in sink)
-        table.append({"row": name, "seconds": s, "vs none": base / s, "wall s": w, "wall vs none": base_wall / w,
-                      "accepted/step": (sum(r.stats.accepted_tokens for r in sink) / steps) if steps else None,
-                      "same as none": all(o[: len(n)] == n for o, n in zip(outputs[name], outputs["none"]))})
+        table.append(
+            {
+                "row": name,
+                "seconds": s,
+                "vs none": base / s,
+                "wall s": w,
+                "wall vs none": base_wall / w,
+                "accepted/step": (sum(r.stats.accepted_tokens for r in sink) / steps) if steps else None,
+                "same as none": all(o[: len(n)] == n for o, n in zip(outputs[name], outputs["none"])),
+            }
+        )
     return table
 
 
@@ -166,18 +210,30 @@ def bench_set(none, kind: str, args) -> dict:
         others[layout], summary = _trained_head(none, kind, prompts[: args.train], params, args, layout, answers)
         out[f"heldout_accepted ({layout})"] = summary["heldout_accepted"]
         out[f"train_s ({layout})"] = summary["train_s"]
-    out.update(draft_cost=draft_cost(none, drafting_head(head, None)), draft_cost_full=draft_cost(none, head),
-               batches={})
+    out.update(
+        draft_cost=draft_cost(none, drafting_head(head, None)), draft_cost_full=draft_cost(none, head), batches={}
+    )
     for batch in args.batch:
-        rows = rows_for(none, head, kind, prompts[args.train:], params, batch, args.compare_full, args.tree_widths,
-                        args.fixed_depths, others)
+        rows = rows_for(
+            none,
+            head,
+            kind,
+            prompts[args.train :],
+            params,
+            batch,
+            args.compare_full,
+            args.tree_widths,
+            args.fixed_depths,
+            others,
+        )
         out["batches"][batch] = measure(rows, args.rounds)
         _print(kind, batch, out)
     return out
 
 
-def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, layout: str = "eagle",
-                  answers: list | None = None) -> tuple[EagleHead, dict]:
+def _trained_head(
+    none, kind: str, prompts: list, params: SamplingParams, args, layout: str = "eagle", answers: list | None = None
+) -> tuple[EagleHead, dict]:
     """The head of this set: trained on the target's answers to prompts (the job history), or with --heads-dir the
     one a run with the same arguments stored there (training is the slow part of a run; the test prompts differ
     from the training ones either way)."""
@@ -187,17 +243,25 @@ def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, 
     if stored is not None and (stored / "summary.json").is_file():
         summary = json.loads((stored / "summary.json").read_text())
         target = none.target
-        return load_head(stored, none.device).attach(target.get_input_embeddings(), target.get_output_embeddings()), summary
+        return load_head(stored, none.device).attach(
+            target.get_input_embeddings(), target.get_output_embeddings()
+        ), summary
     t0 = time.perf_counter()
     answers = [] if answers is None else answers  # the caller's list: filled here once, reused by the next layout
     if not answers:
         answers.extend(r.token_ids for r in none.generate(prompts, params, batch_size=8))
     pairs = list(zip(prompts, answers))
     t1 = time.perf_counter()
-    trained = train_from_pairs(none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed,
-                                                         layout=layout))
-    summary = {"set": kind, "history_s": t1 - t0, "train_s": time.perf_counter() - t1,
-               "heldout_accepted": trained.heldout_accepted_length, "heldout_top1": trained.report.top1}
+    trained = train_from_pairs(
+        none, pairs, TrainOptions(epochs=args.epochs, max_minutes=args.max_minutes, seed=args.seed, layout=layout)
+    )
+    summary = {
+        "set": kind,
+        "history_s": t1 - t0,
+        "train_s": time.perf_counter() - t1,
+        "heldout_accepted": trained.heldout_accepted_length,
+        "heldout_top1": trained.report.top1,
+    }
     if stored is not None:
         save_head(trained.head, stored)
         (stored / "summary.json").write_text(json.dumps(summary))
@@ -206,18 +270,26 @@ def _trained_head(none, kind: str, prompts: list, params: SamplingParams, args, 
 
 def _print(kind: str, batch: int, out: dict) -> None:
     cost, full = out["draft_cost"], out["draft_cost_full"]
-    print(f"\n## {kind}, batch {batch} (head trained in {out['train_s']:.0f}s; held-out accepted/step "
-          f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target "
-          f"forward as it drafts, {full['head_vs_target']:.1%} in full weights)")
+    print(
+        f"\n## {kind}, batch {batch} (head trained in {out['train_s']:.0f}s; held-out accepted/step "
+        f"{out['heldout_accepted'] or 0:.2f}; a head token costs {cost['head_vs_target']:.1%} of a batch-1 target "
+        f"forward as it drafts, {full['head_vs_target']:.1%} in full weights)"
+    )
     for key in [k for k in out if k.startswith("heldout_accepted (")]:
-        layout = key[len("heldout_accepted ("):-1]
-        print(f"(head ({layout}) trained in {out[f'train_s ({layout})']:.0f}s; held-out accepted/step {out[key] or 0:.2f})")
-    print("| row | CPU s | vs none | wall s | vs none (wall) | accepted/step | output = none's |\n"
-          "|---|---|---|---|---|---|---|")
+        layout = key[len("heldout_accepted (") : -1]
+        print(
+            f"(head ({layout}) trained in {out[f'train_s ({layout})']:.0f}s; held-out accepted/step {out[key] or 0:.2f})"
+        )
+    print(
+        "| row | CPU s | vs none | wall s | vs none (wall) | accepted/step | output = none's |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for r in out["batches"][batch]:
         acc = "—" if r["accepted/step"] is None else f"{r['accepted/step']:.2f}"
-        print(f"| {r['row']} | {r['seconds']:.2f} | {r['vs none']:.2f}x | {r['wall s']:.2f} | {r['wall vs none']:.2f}x "
-              f"| {acc} | {'yes' if r['same as none'] else 'NO'} |")
+        print(
+            f"| {r['row']} | {r['seconds']:.2f} | {r['vs none']:.2f}x | {r['wall s']:.2f} | {r['wall vs none']:.2f}x "
+            f"| {acc} | {'yes' if r['same as none'] else 'NO'} |"
+        )
     sys.stdout.flush()
 
 
@@ -232,15 +304,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=10.0, help="training time limit per set")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--compare-full", action="store_true", help="add a row with the head drafting in full weights")
-    ap.add_argument("--tree-widths", type=lambda s: tuple(int(w) for w in s.split(",") if w), default=(),
-                    help="rows for the head drafting at these tree widths (1: chains; `head` drafts at the default)")
-    ap.add_argument("--fixed-depths", type=lambda s: tuple(int(d) for d in s.split(",") if d), default=(),
-                    help="rows for the head drafting at these depths without the adaptive policy")
-    ap.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=["eagle"],
-                    help="head layouts trained per set (eagle, eagle3): the first drafts `head` and `hybrid`, each "
-                         "other adds a row `head (LAYOUT)`")
-    ap.add_argument("--heads-dir", default=None,
-                    help="store each set's trained head here, and reuse it when a later run has the same arguments")
+    ap.add_argument(
+        "--tree-widths",
+        type=lambda s: tuple(int(w) for w in s.split(",") if w),
+        default=(),
+        help="rows for the head drafting at these tree widths (1: chains; `head` drafts at the default)",
+    )
+    ap.add_argument(
+        "--fixed-depths",
+        type=lambda s: tuple(int(d) for d in s.split(",") if d),
+        default=(),
+        help="rows for the head drafting at these depths without the adaptive policy",
+    )
+    ap.add_argument(
+        "--layouts",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["eagle"],
+        help="head layouts trained per set (eagle, eagle3): the first drafts `head` and `hybrid`, each "
+        "other adds a row `head (LAYOUT)`",
+    )
+    ap.add_argument(
+        "--heads-dir",
+        default=None,
+        help="store each set's trained head here, and reuse it when a later run has the same arguments",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)

@@ -14,6 +14,7 @@ templated job of issue 26's batch-8 target.
 llama-cpp-python is an optional extra (`pip install -e .[llamacpp]`, docs/weights.md); without it the llama.cpp
 rows are skipped. Prints one JSON line per (round, configuration, mode) and a median table at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,12 @@ def run_spec_batch(config: str, args) -> list[dict]:
         modes.append(("self:int4 b1", load_decoder("default", "self:int4", dtype=dtype, weights=weights), 1))
     prompts = [plain.apply_chat_template([{"role": "user", "content": p}]) for p in _prompts(args.set, args.n)]
     params = SamplingParams(max_new_tokens=args.max_tokens)
-    base = {"config": config, "load_s": round(load_s, 2), "rss_mb": round(_rss_mb(), 1),
-            "weights_mb": round(_weight_mb(plain.target), 1)}
+    base = {
+        "config": config,
+        "load_s": round(load_s, 2),
+        "rss_mb": round(_rss_mb(), 1),
+        "weights_mb": round(_weight_mb(plain.target), 1),
+    }
     rows = []
     plain.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
     for mode, dec, batch in modes:
@@ -78,8 +83,16 @@ def run_spec_batch(config: str, args) -> list[dict]:
         results = dec.generate(prompts, params, batch_size=batch, memory=JobMemory())
         wall = time.perf_counter() - t
         tokens = sum(len(r.token_ids) for r in results)
-        rows.append({**base, "mode": mode, "tokens": tokens, "wall_s": round(wall, 2),
-                     "tokens_per_s": round(tokens / wall, 1), "token_ids": [r.token_ids for r in results]})
+        rows.append(
+            {
+                **base,
+                "mode": mode,
+                "tokens": tokens,
+                "wall_s": round(wall, 2),
+                "tokens_per_s": round(tokens / wall, 1),
+                "token_ids": [r.token_ids for r in results],
+            }
+        )
     return rows
 
 
@@ -94,17 +107,42 @@ def run_llamacpp(args) -> list[dict]:
     tokens = wall = 0.0
     for prompt in _prompts(args.set, args.n):
         t = time.perf_counter()
-        out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
-                                         temperature=0.0, top_k=1)
+        out = llm.create_chat_completion(
+            [{"role": "user", "content": prompt}], max_tokens=args.max_tokens, temperature=0.0, top_k=1
+        )
         wall += time.perf_counter() - t
         tokens += out["usage"]["completion_tokens"]
-    return [{"config": "llamacpp", "mode": "plain b1", "load_s": round(load_s, 2), "rss_mb": round(_rss_mb(), 1),
-             "tokens": int(tokens), "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1)}]
+    return [
+        {
+            "config": "llamacpp",
+            "mode": "plain b1",
+            "load_s": round(load_s, 2),
+            "rss_mb": round(_rss_mb(), 1),
+            "tokens": int(tokens),
+            "wall_s": round(wall, 2),
+            "tokens_per_s": round(tokens / wall, 1),
+        }
+    ]
 
 
 def _child(config: str, args) -> list[dict]:
-    cmd = [sys.executable, "-m", "bench.bench_llamacpp", "--child", config, "--threads", str(args.threads), "--set", args.set,
-           "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--draft", args.draft]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.bench_llamacpp",
+        "--child",
+        config,
+        "--threads",
+        str(args.threads),
+        "--set",
+        args.set,
+        "--n",
+        str(args.n),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--draft",
+        args.draft,
+    ]
     cmd += ["--self-draft"] if args.self_draft else []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
@@ -137,11 +175,13 @@ def main() -> None:
                 print(json.dumps({"round": r, **{k: v for k, v in row.items() if k != "token_ids"}}), flush=True)
                 if "error" not in row:
                     results.setdefault((row["config"], row["mode"]), []).append(row)
-    print(f"\nmedians over {args.rounds} round(s), {args.threads} thread(s), set {args.set!r} x {args.n}, "
-          f"{args.max_tokens} tokens, greedy:")
+    print(
+        f"\nmedians over {args.rounds} round(s), {args.threads} thread(s), set {args.set!r} x {args.n}, "
+        f"{args.max_tokens} tokens, greedy:"
+    )
     print(f"{'config':10s} {'mode':12s} {'tok/s':>7s} {'load s':>7s} {'RSS MB':>7s} {'weights MB':>10s}")
     for (config, mode), rows in results.items():
-        med = lambda k: statistics.median(x[k] for x in rows)  # noqa: E731
+        med = lambda k, rows=rows: statistics.median(x[k] for x in rows)
         weights = f"{med('weights_mb'):10.1f}" if "weights_mb" in rows[0] else f"{'-':>10s}"
         print(f"{config:10s} {mode:12s} {med('tokens_per_s'):7.1f} {med('load_s'):7.1f} {med('rss_mb'):7.0f} {weights}")
 

@@ -7,6 +7,7 @@ under the precision's own model (teacher-forced; fp32's own value is the referen
 
     flock -s /tmp/specbatch-cpu.lock .venv/bin/python -m bench.bench_quality [--sets edits,free] [--n 8] [--max-tokens 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,17 +15,16 @@ import statistics
 
 import torch
 
-from spec_batch import SamplingParams
-from spec_batch.loading import load_decoder
-
 from bench.precisions import PRECISIONS
 from bench.prompts import SETS
+from spec_batch import SamplingParams
+from spec_batch.loading import load_decoder
 
 
 def _mean_logprob(model, prompt: list[int], output: list[int]) -> float:
     ids = torch.tensor([prompt + output])
     with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     logp = torch.log_softmax(logits, -1)[torch.arange(len(output)), torch.tensor(output)]
     return float(logp.mean())
 

@@ -9,6 +9,7 @@ fp32 and bf16 packed for oneDNN (loading/cpu_linear.PackedLinear, today's path),
 
 Prints one line per (shape, kernel, rows): microseconds per call (median of repeats) and weight bytes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,13 @@ from spec_batch.loading.cpu_linear import PackedLinear
 from spec_batch.loading.quant_linear import Int4Linear, Int8Linear
 
 # SmolLM2-135M: attention q/o (576x576), k/v (192x576), MLP gate/up (1536x576), down (576x1536), LM head
-SHAPES = {"q_proj": (576, 576), "k_proj": (192, 576), "gate_proj": (1536, 576), "down_proj": (576, 1536),
-          "lm_head": (49152, 576)}
+SHAPES = {
+    "q_proj": (576, 576),
+    "k_proj": (192, 576),
+    "gate_proj": (1536, 576),
+    "down_proj": (576, 1536),
+    "lm_head": (49152, 576),
+}
 
 
 def _time(fn, x: torch.Tensor, repeats: int) -> float:

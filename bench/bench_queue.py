@@ -23,6 +23,7 @@ The worker gets as many torch threads as this process has (1 worker) or cores / 
 On a shared machine, timings move with the load: --repeats N alternates in-process and queue runs and
 reports each run and the medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import timezone
+from datetime import UTC
 from pathlib import Path
 
 from bench.processes import RedisServer, WorkerProcess, redis_ping, wait_for, worker_env
@@ -46,10 +47,12 @@ def write_batch(path: Path, n: int, max_tokens: int) -> Path:
     prompts = [p for name in ("edits", "json", "code", "free") for p in SETS[name]]
     lines = []
     for i in range(n):
-        body = {"model": "default", "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
-                "max_tokens": max_tokens}
-        lines.append(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
-                                 "body": body}))
+        body = {
+            "model": "default",
+            "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+            "max_tokens": max_tokens,
+        }
+        lines.append(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -64,8 +67,13 @@ def job_wall(factory, job_id: str, t_start_utc) -> dict:
         row = summaries.job_summary_row(s, job_id)
     assert job.status == "completed", (job_id, job.status)
     wall = (job.completed_at - t_start_utc).total_seconds()
-    return {"job": job_id, "wall_s": wall, "output_tokens": int(row["output_tokens"] or 0),
-            "decode_s": float(job.decode_wall_s), "around_s": wall - float(job.decode_wall_s)}
+    return {
+        "job": job_id,
+        "wall_s": wall,
+        "output_tokens": int(row["output_tokens"] or 0),
+        "decode_s": float(job.decode_wall_s),
+        "around_s": wall - float(job.decode_wall_s),
+    }
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -87,17 +95,26 @@ def run_in_process(factory, path: Path, decoder, batch_size: int) -> dict:
     from spec_batch.jobs import create_job_from_file, run_job
 
     c0 = time.process_time()
-    t0 = datetime.now(timezone.utc)
-    job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram", batch_size=batch_size,
-                                     baseline_sample=0)
+    t0 = datetime.now(UTC)
+    job_id, _ = create_job_from_file(
+        factory, path, target="default", drafter="ngram", batch_size=batch_size, baseline_sample=0
+    )
     run_job(factory, job_id, decoder)
     out = job_wall(factory, job_id, t0)
     out["cpu_s"] = time.process_time() - c0
     return out
 
 
-def run_queue(factory, path: Path, broker_url: str, batch_size: int, chunk_size: int, queue: str | None = None,
-              timeout: float = 3600, workers: list[WorkerProcess] = ()) -> dict:
+def run_queue(
+    factory,
+    path: Path,
+    broker_url: str,
+    batch_size: int,
+    chunk_size: int,
+    queue: str | None = None,
+    timeout: float = 3600,
+    workers: list[WorkerProcess] = (),
+) -> dict:
     from datetime import datetime
 
     from spec_batch.store import queries
@@ -105,10 +122,19 @@ def run_queue(factory, path: Path, broker_url: str, batch_size: int, chunk_size:
 
     pids = [p for w in workers for p in (w.pid, *w.children())]
     w0 = cpu_seconds(pids)
-    t0 = datetime.now(timezone.utc)
+    t0 = datetime.now(UTC)
     c0 = time.process_time()
-    res = submit_file(factory, path, target="default", drafter="ngram", batch_size=batch_size, baseline_sample=0,
-                      chunk_size=chunk_size, broker_url=broker_url, queue=queue)
+    res = submit_file(
+        factory,
+        path,
+        target="default",
+        drafter="ngram",
+        batch_size=batch_size,
+        baseline_sample=0,
+        chunk_size=chunk_size,
+        broker_url=broker_url,
+        queue=queue,
+    )
     submit_cpu = time.process_time() - c0
 
     def done():
@@ -134,13 +160,20 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--chunk-size", type=int, default=None, help="default: 4 x batch size (the runner's group)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--torch-threads", type=int, default=None,
-                    help="torch threads in-process and in the 1-worker run (default: torch's default); the "
-                         "2-worker run gives each worker cores / 2. On a busy machine, 1 avoids the collapse of "
-                         "multi-threaded torch when cores are oversubscribed")
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch threads in-process and in the 1-worker run (default: torch's default); the "
+        "2-worker run gives each worker cores / 2. On a busy machine, 1 avoids the collapse of "
+        "multi-threaded torch when cores are oversubscribed",
+    )
     ap.add_argument("--no-two-workers", action="store_true", help="skip the 2-worker throughput run")
-    ap.add_argument("--broker-url", default=None,
-                    help="default: a private redis-server on a free port (needs the redis-server binary)")
+    ap.add_argument(
+        "--broker-url",
+        default=None,
+        help="default: a private redis-server on a free port (needs the redis-server binary)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = ap.parse_args()
     chunk_size = args.chunk_size or 4 * args.batch_size
@@ -171,8 +204,15 @@ def main() -> None:
     threads = torch.get_num_threads()
     cores = os.cpu_count() or 1
     workers: list[WorkerProcess] = []
-    out: dict = {"requests": args.requests, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
-                 "chunk_size": chunk_size, "torch_threads_in_process": threads, "cores": cores, "runs": []}
+    out: dict = {
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "batch_size": args.batch_size,
+        "chunk_size": chunk_size,
+        "torch_threads_in_process": threads,
+        "cores": cores,
+        "runs": [],
+    }
     try:
         t = time.perf_counter()
         decoder = load_decoder("default", "ngram")
@@ -198,12 +238,23 @@ def main() -> None:
             ov = (b["wall_s"] - a["wall_s"]) / b["wall_s"]
             added = (b["around_s"] - a["around_s"]) / b["wall_s"]
             cpu = (b["cpu_s"] - a["cpu_s"]) / b["cpu_s"]
-            out["runs"].append({"repeat": r, "in_process": a, "queue_1_worker": b, "overhead_direct": ov,
-                                "overhead_added": added, "overhead_cpu": cpu})
-            print(f"run {r}: in-process {a['wall_s']:.2f}s (decode {a['decode_s']:.2f}s, CPU {a['cpu_s']:.1f}s), "
-                  f"queue (1 worker) {b['wall_s']:.2f}s (decode {b['decode_s']:.2f}s, CPU {b['cpu_s']:.1f}s); "
-                  f"wall difference {100 * ov:+.1f}%, added around decoding {100 * added:+.2f}%, CPU "
-                  f"{100 * cpu:+.1f}% (output tokens {a['output_tokens']} / {b['output_tokens']})", flush=True)
+            out["runs"].append(
+                {
+                    "repeat": r,
+                    "in_process": a,
+                    "queue_1_worker": b,
+                    "overhead_direct": ov,
+                    "overhead_added": added,
+                    "overhead_cpu": cpu,
+                }
+            )
+            print(
+                f"run {r}: in-process {a['wall_s']:.2f}s (decode {a['decode_s']:.2f}s, CPU {a['cpu_s']:.1f}s), "
+                f"queue (1 worker) {b['wall_s']:.2f}s (decode {b['decode_s']:.2f}s, CPU {b['cpu_s']:.1f}s); "
+                f"wall difference {100 * ov:+.1f}%, added around decoding {100 * added:+.2f}%, CPU "
+                f"{100 * cpu:+.1f}% (output tokens {a['output_tokens']} / {b['output_tokens']})",
+                flush=True,
+            )
         ip = statistics.median(x["wall_s"] for x in inproc)
         q1 = statistics.median(x["wall_s"] for x in queued)
         out["in_process_s"] = ip
@@ -211,8 +262,10 @@ def main() -> None:
         out["queue_overhead_direct"] = (q1 - ip) / q1
         out["queue_overhead"] = statistics.median(r["overhead_added"] for r in out["runs"])
         out["queue_overhead_cpu"] = statistics.median(r["overhead_cpu"] for r in out["runs"])
-        out["around_decoding_s"] = {"in_process": statistics.median(x["around_s"] for x in inproc),
-                                    "queue_1_worker": statistics.median(x["around_s"] for x in queued)}
+        out["around_decoding_s"] = {
+            "in_process": statistics.median(x["around_s"] for x in inproc),
+            "queue_1_worker": statistics.median(x["around_s"] for x in queued),
+        }
         tokens = statistics.median(x["output_tokens"] for x in queued)
         out["throughput_1_worker"] = {"requests_per_s": args.requests / q1, "tokens_per_s": tokens / q1}
 
@@ -226,8 +279,10 @@ def main() -> None:
                 w.wait_ready(300)
             for i in "ab":
                 warm(factory, work, broker_url, f"warm-2{i}", args.batch_size)
-            runs2 = [run_queue(factory, path, broker_url, args.batch_size, chunk_size, workers=ws)
-                     for _ in range(args.repeats)]
+            runs2 = [
+                run_queue(factory, path, broker_url, args.batch_size, chunk_size, workers=ws)
+                for _ in range(args.repeats)
+            ]
             q2 = statistics.median(x["wall_s"] for x in runs2)
             tokens2 = statistics.median(x["output_tokens"] for x in runs2)
             out["queue_2_workers_s"] = q2
@@ -241,24 +296,36 @@ def main() -> None:
             server.stop()
 
     print()
-    print(f"job: {args.requests} chat requests, max_tokens {args.max_tokens}, batch {args.batch_size}, "
-          f"chunk {chunk_size}; {cores} cores")
+    print(
+        f"job: {args.requests} chat requests, max_tokens {args.max_tokens}, batch {args.batch_size}, "
+        f"chunk {chunk_size}; {cores} cores"
+    )
     print(f"in-process            {out['in_process_s']:8.2f} s")
-    print(f"queue, 1 worker       {out['queue_1_worker_s']:8.2f} s   (direct difference "
-          f"{100 * out['queue_overhead_direct']:+.1f}%: decode speed moves with the machine's load)")
+    print(
+        f"queue, 1 worker       {out['queue_1_worker_s']:8.2f} s   (direct difference "
+        f"{100 * out['queue_overhead_direct']:+.1f}%: decode speed moves with the machine's load)"
+    )
     ar = out["around_decoding_s"]
-    print(f"queue overhead        {100 * out['queue_overhead']:+8.2f} % of the job's wall time (target <= 5%): "
-          f"time around decoding {ar['queue_1_worker']:.2f} s through the queue vs {ar['in_process']:.2f} s "
-          f"in-process; CPU seconds {100 * out['queue_overhead_cpu']:+.1f}%")
+    print(
+        f"queue overhead        {100 * out['queue_overhead']:+8.2f} % of the job's wall time (target <= 5%): "
+        f"time around decoding {ar['queue_1_worker']:.2f} s through the queue vs {ar['in_process']:.2f} s "
+        f"in-process; CPU seconds {100 * out['queue_overhead_cpu']:+.1f}%"
+    )
     t1 = out["throughput_1_worker"]
-    print(f"throughput, 1 worker  {t1['requests_per_s']:8.3f} req/s  {t1['tokens_per_s']:8.1f} tokens/s "
-          f"({threads} torch threads)")
+    print(
+        f"throughput, 1 worker  {t1['requests_per_s']:8.3f} req/s  {t1['tokens_per_s']:8.1f} tokens/s "
+        f"({threads} torch threads)"
+    )
     if "throughput_2_workers" in out:
         t2 = out["throughput_2_workers"]
-        print(f"throughput, 2 workers {t2['requests_per_s']:8.3f} req/s  {t2['tokens_per_s']:8.1f} tokens/s "
-              f"({out['torch_threads_per_worker_2']} torch thread(s) each; x{out['scaling_2_vs_1']:.2f} vs 1)")
-    print(f"model load: in-process {out['in_process_load_s']:.1f} s; a worker's first job (load + 2 requests) "
-          f"{out['worker_first_job_s']:.1f} s")
+        print(
+            f"throughput, 2 workers {t2['requests_per_s']:8.3f} req/s  {t2['tokens_per_s']:8.1f} tokens/s "
+            f"({out['torch_threads_per_worker_2']} torch thread(s) each; x{out['scaling_2_vs_1']:.2f} vs 1)"
+        )
+    print(
+        f"model load: in-process {out['in_process_load_s']:.1f} s; a worker's first job (load + 2 requests) "
+        f"{out['worker_first_job_s']:.1f} s"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))

@@ -28,20 +28,20 @@ policy knows each row's accepted run and drafts exactly it (at batch > 1 the bes
 Caveats: SQL keeps output text, so outputs are re-tokenized (a token boundary can differ from the original
 ids); timing noise, caches and the prompt's prefill are not replayed.
 """
+
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
 
 from spec_batch.core.drafters import Drafter, NgramDrafter
 from spec_batch.core.job_memory import JobMemory
-from spec_batch.core.policy import DraftPolicy, RowAcceptance
-from spec_batch.core.step_costs import PaddedCosts, StepCosts
-from spec_batch.core.rows import matched_run
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.planning import observe_proposal, plan_step
+from spec_batch.core.policy import DraftPolicy, RowAcceptance
+from spec_batch.core.rows import matched_run
+from spec_batch.core.step_costs import PaddedCosts, StepCosts
 from spec_batch.core.suffix_drafter import SuffixDrafter
 
 Request = tuple[list[int], list[int]]  # (prompt ids, output ids)
@@ -92,12 +92,26 @@ def width_cost(costs: StepCosts) -> Callable[[list[int]], float]:
     return lambda ks: costs.estimate(1, 1 + ks[0]) or 1.0  # a table from step_costs always has an estimate
 
 
-def replay(requests: list[Request], new_drafter: Callable[[], Drafter], costs: StepCosts, k_max: int,
-           adaptive: bool, initial_acceptance: tuple[float, float]) -> ReplayStats:
+def replay(
+    requests: list[Request],
+    new_drafter: Callable[[], Drafter],
+    costs: StepCosts,
+    k_max: int,
+    adaptive: bool,
+    initial_acceptance: tuple[float, float],
+) -> ReplayStats:
     """Greedy decoding of known outputs at batch 1, request after request, with one policy for the whole job and
     the given costs by verify width (stats.cost in their units)."""
-    return replay_batch(requests, new_drafter, 1, k_max, "adaptive" if adaptive else "fixed", width_cost(costs),
-                        initial_acceptance, fixed_costs=costs)
+    return replay_batch(
+        requests,
+        new_drafter,
+        1,
+        k_max,
+        "adaptive" if adaptive else "fixed",
+        width_cost(costs),
+        initial_acceptance,
+        fixed_costs=costs,
+    )
 
 
 def padded_step_cost(lengths: list[int], per_token: float, per_pad: float, jump: float) -> float:
@@ -107,9 +121,16 @@ def padded_step_cost(lengths: list[int], per_token: float, per_pad: float, jump:
     return 1.0 + per_token * real + per_pad * (len(lengths) * longest - real) + (jump if longest else 0.0)
 
 
-def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], batch: int, k_max: int,
-                 policy_name: str | None, step_cost: Callable[[list[int]], float],
-                 initial_acceptance: tuple[float, float], fixed_costs: StepCosts | None = None) -> ReplayStats:
+def replay_batch(
+    requests: list[Request],
+    new_drafter: Callable[[], Drafter],
+    batch: int,
+    k_max: int,
+    policy_name: str | None,
+    step_cost: Callable[[list[int]], float],
+    initial_acceptance: tuple[float, float],
+    fixed_costs: StepCosts | None = None,
+) -> ReplayStats:
     """Greedy decoding of known outputs `batch` rows at a time, as the decoder's loop runs a job (policy_name None:
     plain decoding). The adaptive policy learns the steps' costs from step_cost, as the decoder from its clock,
     unless fixed_costs gives them by verify width."""
@@ -138,7 +159,7 @@ def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], ba
         cost = step_cost(ks)
         stats.cost += cost
         stats.steps += len(active)  # row steps: tokens per step is per row, as the decoder reports it
-        accepted = [matched_run(p[:k], r.output[r.pos:]) for p, k, r in zip(proposals, ks, active)]
+        accepted = [matched_run(p[:k], r.output[r.pos :]) for p, k, r in zip(proposals, ks, active)]
         drafter.feedback(active, ks, accepted)  # before the tokens are appended, as the decoder calls it
         for row, proposal, conf, k, a in zip(active, proposals, confidence, ks, accepted):
             emitted = row.output[row.pos : row.pos + a + 1]
@@ -162,15 +183,20 @@ def replay_batch(requests: list[Request], new_drafter: Callable[[], Drafter], ba
 
 def _oracle(rows: list[_Row], step_cost: Callable[[list[int]], float]) -> Callable[[list[list[int]]], list[int]]:
     """Lengths that know each row's accepted run: at batch > 1 the shared minimum run with the best tokens per cost."""
+
     def choose(proposals: list[list[int]]) -> list[int]:
-        runs = [matched_run(p, r.output[r.pos:]) for p, r in zip(proposals, rows)]
-        return max(([k if k >= t else 0 for k in runs] for t in sorted(set(runs) | {0})),
-                   key=lambda kk: (len(kk) + sum(kk)) / step_cost(kk))
+        runs = [matched_run(p, r.output[r.pos :]) for p, r in zip(proposals, rows)]
+        return max(
+            ([k if k >= t else 0 for k in runs] for t in sorted(set(runs) | {0})),
+            key=lambda kk: (len(kk) + sum(kk)) / step_cost(kk),
+        )
+
     return choose
 
 
 def drafters() -> dict[str, Callable[[], Callable[[], Drafter]]]:
     """name -> a maker of the per-replay drafter factory (a job memory is one per replay)."""
+
     def with_memory() -> Callable[[], Drafter]:
         memory = JobMemory()
         return lambda: SuffixDrafter(memory)
@@ -192,8 +218,11 @@ def load_requests(database_url: str, job_id: str, limit: int | None) -> tuple[st
     with factory() as s:
         job_id = queries.resolve_job_id(s, job_id)
         target = queries.get_job(s, job_id).target
-        rows = [(r.completed_at, r.id, r.endpoint, r.prompt, r.output) for r in queries.iter_requests(s, job_id)
-                if r.status == "completed" and r.output is not None]
+        rows = [
+            (r.completed_at, r.id, r.endpoint, r.prompt, r.output)
+            for r in queries.iter_requests(s, job_id)
+            if r.status == "completed" and r.output is not None
+        ]
     rows.sort(key=lambda r: (r[0], r[1]))
     rows = rows[:limit] if limit else rows
     decoder = load_decoder(target, "none")  # the tokenizer and chat template the runner used
@@ -213,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-max", type=int, default=16, help="most draft tokens per step")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N completed requests")
     ap.add_argument("--batch", type=int, default=1, help="rows decoded together (spec-batch run --batch-size)")
-    ap.add_argument("--padding-costs", default="0.036,0.003,0.035",
-                    help="T,P,J at --batch > 1: a step costs 1 + T x draft tokens + P x padded positions + J if any drafts")
+    ap.add_argument(
+        "--padding-costs",
+        default="0.036,0.003,0.035",
+        help="T,P,J at --batch > 1: a step costs 1 + T x draft tokens + P x padded positions + J if any drafts",
+    )
     args = ap.parse_args(argv)
     if args.batch < 1:
         raise SystemExit(f"--batch must be >= 1, got {args.batch}")
@@ -233,12 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         step_cost = width_cost(costs)
         cost_text = f"by verify width: {'measured (--costs)' if args.costs else 'assumed 1 + 0.04 (w - 1)'}"
     else:
-        step_cost = lambda ks: padded_step_cost(ks, per_token, per_pad, jump)  # noqa: E731
+        step_cost = lambda ks: padded_step_cost(ks, per_token, per_pad, jump)
         cost_text = f"1 + {per_token} x draft tokens + {per_pad} x padded positions + {jump} if any row drafts"
     prior = (0.2, 2.0)  # the free drafters' prior (Drafter.initial_acceptance)
     plain = replay_batch(requests, NgramDrafter, args.batch, args.k_max, None, step_cost, prior, fixed)
     out_tokens = sum(len(o) for _, o in requests)
-    print(f"# replay of job {args.job_id}: {len(requests)} completed requests, {out_tokens} output tokens, target {target}")
+    print(
+        f"# replay of job {args.job_id}: {len(requests)} completed requests, {out_tokens} output tokens, target {target}"
+    )
     print(f"# step costs {cost_text}; k_max {args.k_max}; batch {args.batch}\n")
     print("| drafter | policy | tokens/step | acceptance | drafted/step | est. speedup vs none |")
     print("|---|---|---|---|---|---|")
@@ -247,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             st = replay_batch(requests, make(), args.batch, args.k_max, policy, step_cost, prior, fixed)
             ratio = plain.cost / st.cost  # the same tokens, costed alike
             acc = f"{st.accepted / st.drafted:.0%}" if st.drafted else "-"
-            print(f"| {name} | {policy} | {st.tokens_per_step:.2f} | {acc} | {st.drafted / max(1, st.steps):.1f} | "
-                  f"{ratio:.2f}x |")
+            print(
+                f"| {name} | {policy} | {st.tokens_per_step:.2f} | {acc} | {st.drafted / max(1, st.steps):.1f} | "
+                f"{ratio:.2f}x |"
+            )
     return 0
 
 

@@ -10,6 +10,7 @@ issue 24: 8 clients >= 3x 1 client, and speculation at 1 client within 10% of th
     python -m bench.bench_server                       # default model, ngram vs none, 1/4/8/16 clients
     python -m bench.bench_server --clients 1,2 --requests 4 --max-tokens 16   # a smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ class Level:
 
 def _one(client, prompt: str, max_tokens: int) -> tuple[int, float]:
     t0 = time.perf_counter()
-    reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=max_tokens, temperature=0)
+    reply = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0
+    )
     return reply.usage.completion_tokens, time.perf_counter() - t0
 
 
@@ -70,15 +72,19 @@ def bench_drafter(workdir: Path, args: argparse.Namespace, draft: str, prompts: 
 
 
 def report(on: list[Level], off: list[Level], draft: str) -> str:
-    lines = [f"{'clients':>7} | {draft + ' tok/s':>12} {'p50 s':>7} {'p95 s':>7} | {'none tok/s':>10} {'p50 s':>7} "
-             f"{'p95 s':>7} | {'speedup':>7} | {'x 1 client':>10}"]
+    lines = [
+        f"{'clients':>7} | {draft + ' tok/s':>12} {'p50 s':>7} {'p95 s':>7} | {'none tok/s':>10} {'p50 s':>7} "
+        f"{'p95 s':>7} | {'speedup':>7} | {'x 1 client':>10}"
+    ]
     base = on[0].tokens_per_s if on else 0.0
     for a, b in zip(on, off):
         speedup = a.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
         scale = a.tokens_per_s / base if base else float("nan")
-        lines.append(f"{a.clients:>7} | {a.tokens_per_s:>12.1f} {a.latency(0.5):>7.2f} {a.latency(0.95):>7.2f} | "
-                     f"{b.tokens_per_s:>10.1f} {b.latency(0.5):>7.2f} {b.latency(0.95):>7.2f} | {speedup:>7.2f} | "
-                     f"{scale:>10.2f}")
+        lines.append(
+            f"{a.clients:>7} | {a.tokens_per_s:>12.1f} {a.latency(0.5):>7.2f} {a.latency(0.95):>7.2f} | "
+            f"{b.tokens_per_s:>10.1f} {b.latency(0.5):>7.2f} {b.latency(0.95):>7.2f} | {speedup:>7.2f} | "
+            f"{scale:>10.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -96,8 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         on = bench_drafter(Path(tmp), args, args.draft, prompts)
         off = bench_drafter(Path(tmp), args, "none", prompts)
-    print(f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
-          f"{args.max_tokens}, engine max_batch {args.max_batch}")
+    print(
+        f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
+        f"{args.max_tokens}, engine max_batch {args.max_batch}"
+    )
     print(report(on, off, args.draft))
     print(f"median latency over levels: {statistics.median(x.latency(0.5) for x in on):.2f} s ({args.draft})")
 

@@ -13,6 +13,7 @@ plain steps of that batch:
     python -m bench.bench_step_costs --batch 4 --threads 1
     python -m bench.bench_replay JOB_ID --batch 8 --padding-costs T,P,J
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,6 @@ import time
 
 import numpy as np
 import torch
-
 
 from bench.bench_replay import padded_step_cost
 from spec_batch import load_decoder
@@ -44,8 +44,17 @@ def fit(samples: list[tuple[list[int], float]]) -> tuple[float, float, float, fl
     return base, float(coef[1]) / base, float(coef[2]) / base, float(coef[3]) / base
 
 
-def time_mixes(model, placeholder_id: int, vocab: int, device: torch.device, batch: int, context: int,
-               plan_mixes: list[list[int]], repeats: int, seed: int = 0) -> list[tuple[list[int], float]]:
+def time_mixes(
+    model,
+    placeholder_id: int,
+    vocab: int,
+    device: torch.device,
+    batch: int,
+    context: int,
+    plan_mixes: list[list[int]],
+    repeats: int,
+    seed: int = 0,
+) -> list[tuple[list[int], float]]:
     """(draft lengths, median seconds) of a verify forward per mix, over `batch` rows with `context` random tokens
     cached each: one untimed round over all mixes, then `repeats` timed ones (a drift of the machine's speed
     spreads over every mix instead of biasing the ones timed first)."""
@@ -89,16 +98,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     decoder = load_decoder(args.target, "none", device=args.device)
-    samples = time_mixes(decoder.target, decoder.placeholder_id, decoder.vocab_size, torch.device(args.device),
-                         args.batch, args.context, mixes(args.batch, args.mixes, random.Random(args.seed)),
-                         args.repeats, args.seed)
+    samples = time_mixes(
+        decoder.target,
+        decoder.placeholder_id,
+        decoder.vocab_size,
+        torch.device(args.device),
+        args.batch,
+        args.context,
+        mixes(args.batch, args.mixes, random.Random(args.seed)),
+        args.repeats,
+        args.seed,
+    )
     for ks, seconds in samples:
         print(f"  {ks}: {seconds * 1000:.1f} ms")
     base, per_token, per_pad, jump = fit(samples)
     residual = statistics.pstdev([s - base * padded_step_cost(k, per_token, per_pad, jump) for k, s in samples])
-    print(f"\n# {args.target} on {args.device}, batch {args.batch}, context {args.context}, "
-          f"{torch.get_num_threads()} thread(s): plain step {base * 1000:.1f} ms (fit residual {residual * 1000:.1f} ms)")
-    print(f"# per real draft token T = {per_token:.4f}, per padded position P = {per_pad:.4f}, once drafting J = {jump:.4f}")
+    print(
+        f"\n# {args.target} on {args.device}, batch {args.batch}, context {args.context}, "
+        f"{torch.get_num_threads()} thread(s): plain step {base * 1000:.1f} ms (fit residual {residual * 1000:.1f} ms)"
+    )
+    print(
+        f"# per real draft token T = {per_token:.4f}, per padded position P = {per_pad:.4f}, once drafting J = {jump:.4f}"
+    )
     print(f"--padding-costs {per_token:.4f},{per_pad:.4f},{jump:.4f}")
     return 0
 

@@ -15,6 +15,7 @@ chains, masks for every verify position, rollback) as a share of a target forwar
     python -m bench.bench_structured                        # batch 1 and 8, every prompt, 3 repeats
     python -m bench.bench_structured --limit 2 --repeats 1  # a smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,7 @@ from pathlib import Path
 import jsonschema
 import torch
 
-
 from bench.structured_prompts import SET
-
 from spec_batch import SamplingParams, load_decoder
 from spec_batch.core import grammar_step
 from spec_batch.core.kv_batch import KVBatch
@@ -125,18 +124,28 @@ def main(argv=None) -> int:
     items = SET[: args.limit] if args.limit else SET
     prompts = [spec.apply_chat_template([{"role": "user", "content": text}]) for _, text, _ in items]
     schemas = [schema for _, _, schema in items]
-    constrained = [SamplingParams(max_new_tokens=args.max_new_tokens, response_format={
-        "type": "json_schema", "json_schema": {"name": kind, "schema": schema, "strict": True}})
-        for kind, _, schema in items]
+    constrained = [
+        SamplingParams(
+            max_new_tokens=args.max_new_tokens,
+            response_format={"type": "json_schema", "json_schema": {"name": kind, "schema": schema, "strict": True}},
+        )
+        for kind, _, schema in items
+    ]
     free = [SamplingParams(max_new_tokens=args.max_new_tokens)] * len(items)
     sync = torch.cuda.synchronize if spec.device.type == "cuda" else (lambda: None)
     batches = [int(b) for b in args.batch.split(",")]
     rows: dict[tuple[str, int], Row] = {}
-    configs = [("constrained none", base, constrained), (f"constrained {drafter}", spec, constrained),
-               ("unconstrained none", base, free)]
+    configs = [
+        ("constrained none", base, constrained),
+        (f"constrained {drafter}", spec, constrained),
+        ("unconstrained none", base, free),
+    ]
     for _, decoder, params in configs:  # warm-up: every row once, short (and every grammar compiled)
-        decoder.generate(prompts, [SamplingParams(max_new_tokens=4, response_format=p.response_format) for p in params],
-                         batch_size=max(batches))
+        decoder.generate(
+            prompts,
+            [SamplingParams(max_new_tokens=4, response_format=p.response_format) for p in params],
+            batch_size=max(batches),
+        )
     for rep in range(args.repeats):
         for batch in batches:
             for label, decoder, params in configs:
@@ -155,10 +164,14 @@ def main(argv=None) -> int:
 
 
 def print_table(rows, batches, drafter, schemas, n_prompts, args) -> dict:
-    print(f"# JSON-schema set: {n_prompts} prompts (extraction, classification, invoices), greedy, "
-          f"max_new_tokens={args.max_new_tokens}, median of {args.repeats}, device {args.device}")
-    head = f"{'batch':>5}  {'row':<24} {'tok/s':>8} {'ratio':>7} {'tok/step':>8} {'forced':>7} {'valid':>7} " \
-           f"{'stop/length':>11} {'grammar ms/step':>15} {'target ms/fwd':>13} {'share':>6}"
+    print(
+        f"# JSON-schema set: {n_prompts} prompts (extraction, classification, invoices), greedy, "
+        f"max_new_tokens={args.max_new_tokens}, median of {args.repeats}, device {args.device}"
+    )
+    head = (
+        f"{'batch':>5}  {'row':<24} {'tok/s':>8} {'ratio':>7} {'tok/step':>8} {'forced':>7} {'valid':>7} "
+        f"{'stop/length':>11} {'grammar ms/step':>15} {'target ms/fwd':>13} {'share':>6}"
+    )
     print(head)
     report: dict = {"drafter": drafter, "prompts": n_prompts, "rows": []}
     for batch in batches:
@@ -180,17 +193,33 @@ def print_table(rows, batches, drafter, schemas, n_prompts, args) -> dict:
             ratio = row.tok_s / plain.tok_s
             # an output cut by max_new_tokens inside the structure is invalid by design (finish_reason "length")
             ends = f"{sum(r.finish_reason == 'stop' for r in res)}/{sum(r.finish_reason == 'length' for r in res)}"
-            print(f"{batch:>5}  {label:<24} {row.tok_s:>8.1f} {ratio:>6.2f}x {out / per_row_steps:>8.2f} {forced:>6.0%} "
-                  f"{valid:>7} {ends:>11} {grammar_ms:>15.2f} {target_ms:>13.1f} {share:>6.1%}")
-            report["rows"].append({"batch": batch, "row": label, "tok_s": row.tok_s, "ratio_to_constrained_none": ratio,
-                                   "tokens_per_step": out / per_row_steps, "forced_share": forced, "valid": valid,
-                                   "finish_stop_length": ends,
-                                   "grammar_ms_per_step": grammar_ms, "target_ms_per_forward": target_ms})
-        same = all(a.token_ids == b.token_ids for a, b in
-                   zip(rows[("constrained none", batch)].results, rows[(f"constrained {drafter}", batch)].results))
+            print(
+                f"{batch:>5}  {label:<24} {row.tok_s:>8.1f} {ratio:>6.2f}x {out / per_row_steps:>8.2f} {forced:>6.0%} "
+                f"{valid:>7} {ends:>11} {grammar_ms:>15.2f} {target_ms:>13.1f} {share:>6.1%}"
+            )
+            report["rows"].append(
+                {
+                    "batch": batch,
+                    "row": label,
+                    "tok_s": row.tok_s,
+                    "ratio_to_constrained_none": ratio,
+                    "tokens_per_step": out / per_row_steps,
+                    "forced_share": forced,
+                    "valid": valid,
+                    "finish_stop_length": ends,
+                    "grammar_ms_per_step": grammar_ms,
+                    "target_ms_per_forward": target_ms,
+                }
+            )
+        same = all(
+            a.token_ids == b.token_ids
+            for a, b in zip(rows[("constrained none", batch)].results, rows[(f"constrained {drafter}", batch)].results)
+        )
         free = rows[("unconstrained none", batch)]
-        print(f"{'':>5}  constrained {drafter} == constrained none token for token: {same}; "
-              f"constraint cost (constrained none / unconstrained none): {plain.tok_s / free.tok_s:.2f}x")
+        print(
+            f"{'':>5}  constrained {drafter} == constrained none token for token: {same}; "
+            f"constraint cost (constrained none / unconstrained none): {plain.tok_s / free.tok_s:.2f}x"
+        )
     return report
 
 

@@ -19,6 +19,7 @@ wins little over the best chain, building trees in the core does not pay on this
 
     python -m bench.bench_tree_ceiling --set free --train 100 --test 16 --max-new-tokens 64
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ def _logits(head: EagleHead, ids: torch.Tensor, feats: torch.Tensor) -> tuple[to
     return logp, out.features[:, -1]
 
 
-def expand(head: EagleHead, prefix_ids: torch.Tensor, prefix_feats: torch.Tensor, nodes: list[Node | None],
-           k: int) -> list[Node]:
+def expand(
+    head: EagleHead, prefix_ids: torch.Tensor, prefix_feats: torch.Tensor, nodes: list[Node | None], k: int
+) -> list[Node]:
     """The k most likely children of each node (None: the root), from one head forward over all of them."""
     depth = 0 if nodes[0] is None else len(nodes[0].tokens)
     ids = prefix_ids.expand(len(nodes), -1)
@@ -87,8 +89,16 @@ def accepted_in(tree: list[list[int]], truth: list[int]) -> int:
     return a
 
 
-def step_starts(head: EagleHead, ids: torch.Tensor, states: torch.Tensor, prompt_len: int, depth: int, k: int,
-                budgets: list[int], chains: list[int]) -> tuple[dict[str, list], int]:
+def step_starts(
+    head: EagleHead,
+    ids: torch.Tensor,
+    states: torch.Tensor,
+    prompt_len: int,
+    depth: int,
+    k: int,
+    budgets: list[int],
+    chains: list[int],
+) -> tuple[dict[str, list], int]:
     """Accepted lengths of every chain and tree at each output position of one sequence."""
     out: dict[str, list] = {f"chain {c}": [] for c in chains}
     out.update({f"tree {n}/{k}/{d}": [] for d in range(2, depth + 1) for n in budgets})
@@ -146,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [(p, r.token_ids) for p, r in zip(prompts, outputs)]
     t0 = time.perf_counter()
     head = train_from_pairs(none, pairs[: args.train], TrainOptions(epochs=args.epochs, seed=args.seed)).head.float()
-    print(f"# {args.set}: head trained on {args.train} requests in {time.perf_counter() - t0:.0f} s; "
-          f"measured on {args.test} unseen ones, greedy, {args.max_new_tokens} tokens")
+    print(
+        f"# {args.set}: head trained on {args.train} requests in {time.perf_counter() - t0:.0f} s; "
+        f"measured on {args.test} unseen ones, greedy, {args.max_new_tokens} tokens"
+    )
     test = pairs[args.train :]
     examples = collect_states(none.target, [p + o for p, o in test], none.device)
     totals: dict[str, list] = {}
@@ -160,13 +172,19 @@ def main(argv: list[str] | None = None) -> int:
             n_starts += starts
         widths = sorted({1, *(1 + c for c in chains), *(1 + n for n in budgets)})
         vocab = none.target.get_output_embeddings().weight.shape[0]
-        costs = dict((ks[0] + 1, s) for ks, s in time_mixes(none.target, none.placeholder_id, vocab, none.device, 1,
-                                                            200, [[w - 1] for w in widths], 7))
+        costs = dict(
+            (ks[0] + 1, s)
+            for ks, s in time_mixes(
+                none.target, none.placeholder_id, vocab, none.device, 1, 200, [[w - 1] for w in widths], 7
+            )
+        )
         drafting = drafting_head(head, None)  # timed as it drafts (int8 on the CPU); acceptance is the float head's
         h1, hk = (draft_cost(none, drafting, CONTEXT, reps=30, width=w)["head_ms"] / 1000 for w in (1, args.topk))
     plain = costs[1]
-    print(f"plain step {plain * 1000:.1f} ms; head forward {h1 / plain:.1%} (1 node), {hk / plain:.1%} "
-          f"({args.topk} nodes) of it; {n_starts} step starts\n")
+    print(
+        f"plain step {plain * 1000:.1f} ms; head forward {h1 / plain:.1%} (1 node), {hk / plain:.1%} "
+        f"({args.topk} nodes) of it; {n_starts} step starts\n"
+    )
     print("| draft | nodes | accepted/step | verify cost | draft cost | expected vs none |\n|---|---|---|---|---|---|")
     for name, values in totals.items():
         if name.startswith("confident"):  # per step: its own width; forwards: up to the one that said stop
@@ -175,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             verify = sum(costs[1 + n] for n, _ in values) / plain
             draft = sum(min(n + 1, longest) for n, _ in values) * h1 / plain
             drafted = statistics.fmean(n for n, _ in values)
-            print(f"| {name} | {drafted:.2f} | {statistics.fmean(a for _, a in values):.2f} | {verify / len(values):.2f} | "
-                  f"{draft / len(values):.2f} | {tokens / (verify + draft):.2f}x |")
+            print(
+                f"| {name} | {drafted:.2f} | {statistics.fmean(a for _, a in values):.2f} | {verify / len(values):.2f} | "
+                f"{draft / len(values):.2f} | {tokens / (verify + draft):.2f}x |"
+            )
             continue
         acc = statistics.fmean(values)
         if name.startswith("chain"):
@@ -186,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             n, _, depth = (int(x) for x in name.split()[1].split("/"))
             draft = h1 + (depth - 1) * hk
         verify = costs[1 + n] / plain
-        print(f"| {name} | {n} | {acc:.2f} | {verify:.2f} | {draft / plain:.2f} | {(1 + acc) / (verify + draft / plain):.2f}x |")
+        print(
+            f"| {name} | {n} | {acc:.2f} | {verify:.2f} | {draft / plain:.2f} | {(1 + acc) / (verify + draft / plain):.2f}x |"
+        )
     return 0
 
 

@@ -36,6 +36,7 @@ Checked here in a fresh virtual environment holding only torch and the device's 
 (huggingface_hub 1.33, tokenizers 0.23.2, safetensors 0.8) plus those three wheels. Exit status 1 if
 speculation changed any float32 token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,9 +55,19 @@ from spec_batch.core.params import SamplingParams
 from spec_batch.loading import build_decoder
 from spec_batch.loading.load import resolve_dtype
 
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
-                    rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=100000.0)
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+)
 EOS = 2
 
 
@@ -94,8 +105,14 @@ def prompts(count: int, seed: int, vocab: int = SMOLLM2_135M["vocab_size"]) -> l
 def hf_greedy(model, ids: list[int], max_new: int, device: torch.device) -> list[int]:
     x = torch.tensor([ids], device=device)
     with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=EOS, pad_token_id=EOS)[0, len(ids):].tolist()
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+        )[0, len(ids) :].tolist()
     return out[: out.index(EOS)] if EOS in out else out
 
 
@@ -118,9 +135,17 @@ def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: i
     for batch in (1, 8):
         outputs = {}
         for draft in ("none", "ngram", "suffix", "head", "head tree", "head3 tree"):
-            tree = 3 if draft.endswith(" tree") else 1  # trees of width 3 (at every batch here: their masks are checked)
-            dec = build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, draft.split()[0]),
-                                device=device, tree_width=tree)
+            tree = (
+                3 if draft.endswith(" tree") else 1
+            )  # trees of width 3 (at every batch here: their masks are checked)
+            dec = build_decoder(
+                model,
+                IdTokenizer(),
+                target_name="random",
+                draft=_draft(model, draft.split()[0]),
+                device=device,
+                tree_width=tree,
+            )
             dec.policy.tree_batch = batch
             outputs[draft] = [list(r.token_ids) for r in dec.generate(ps, params, batch_size=batch)]
         for draft, outs in outputs.items():
@@ -134,8 +159,12 @@ def check_exactness(model, device: torch.device, ps: list[list[int]], max_new: i
 
 def speed(model, device: torch.device, ps: list[list[int]], max_new: int, rounds: int) -> dict:
     params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
-    decs = {d: build_decoder(model, IdTokenizer(), target_name="random", draft=_draft(model, d), device=device,
-                             adaptive=d != "head") for d in ("none", "suffix", "head")}
+    decs = {
+        d: build_decoder(
+            model, IdTokenizer(), target_name="random", draft=_draft(model, d), device=device, adaptive=d != "head"
+        )
+        for d in ("none", "suffix", "head")
+    }
     seconds: dict[str, list[float]] = {d: [] for d in decs}
     for r in range(rounds + 1):  # the first round warms kernels and the policy's step costs
         for name, dec in decs.items():
@@ -148,7 +177,11 @@ def speed(model, device: torch.device, ps: list[list[int]], max_new: int, rounds
             if r:
                 seconds[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(s) for name, s in seconds.items()}
-    return {"seconds": med, "suffix vs none": med["none"] / med["suffix"], "head (always drafting) vs none": med["none"] / med["head"]}
+    return {
+        "seconds": med,
+        "suffix vs none": med["none"] / med["suffix"],
+        "head (always drafting) vs none": med["none"] / med["head"],
+    }
 
 
 def check_int4(model, device: torch.device, ps: list[list[int]], max_new: int, rounds: int) -> dict:
@@ -167,8 +200,12 @@ def check_int4(model, device: torch.device, ps: list[list[int]], max_new: int, r
     err = float((layer(x).float() - want).abs().max() / want.abs().max().clamp_min(1e-6))
     exact = {k: v for k, v in check_exactness(qmodel, device, ps, max_new).items()}
     ok = all(v["same as none at this batch"] == v["prompts"] for v in exact.values())
-    return {"layer relative error": err, "exactness": exact, "exact": ok,
-            "speed b8": speed(qmodel, device, ps, max_new, rounds)}
+    return {
+        "layer relative error": err,
+        "exactness": exact,
+        "exact": ok,
+        "speed b8": speed(qmodel, device, ps, max_new, rounds),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 for the exactness check
         torch.backends.cudnn.allow_tf32 = False
     ps = prompts(args.prompts, args.seed)
-    result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "torch": torch.__version__}
+    result: dict = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
     exact_ok = True
     for dtype in dict.fromkeys([torch.float32, resolve_dtype("auto", device)]):
         model = random_model(device, dtype, args.seed, args.sharpen)
@@ -196,15 +235,17 @@ def main(argv: list[str] | None = None) -> int:
         result[f"exactness {dtype}"] = report
         if dtype == torch.float32:
             exact_ok = all(v["same as none at this batch"] == v["prompts"] for v in report.values())
-        samples = time_mixes(model, EOS, SMOLLM2_135M["vocab_size"], device, 8, 300,
-                             mixes(8, 30, random.Random(args.seed)), 5, args.seed)
+        samples = time_mixes(
+            model, EOS, SMOLLM2_135M["vocab_size"], device, 8, 300, mixes(8, 30, random.Random(args.seed)), 5, args.seed
+        )
         base, t, p, j = fit(samples)
         result[f"step costs b8 {dtype}"] = {"plain step ms": base * 1000, "padding-costs": f"{t:.4f},{p:.4f},{j:.4f}"}
         result[f"speed b8 {dtype}"] = speed(model, device, ps, args.max_new_tokens, args.rounds)
         print(json.dumps({k: v for k, v in result.items() if str(dtype) in k}, indent=1), flush=True)
     if args.int4:
-        result["int4"] = check_int4(random_model(device, torch.float32, args.seed, args.sharpen), device, ps,
-                                    args.max_new_tokens, args.rounds)
+        result["int4"] = check_int4(
+            random_model(device, torch.float32, args.seed, args.sharpen), device, ps, args.max_new_tokens, args.rounds
+        )
         exact_ok = exact_ok and result["int4"]["exact"]
         print(json.dumps({"int4": result["int4"]}, indent=1), flush=True)
     if args.out:

@@ -6,34 +6,107 @@ random fields, so a head can be trained on one part and measured on requests it 
 - free: free-text questions on many topics (new text: nothing to copy);
 - edits: fix the typos in a sentence (the output copies the input, with corrections).
 """
+
 from __future__ import annotations
 
 import random
 
-_BUILDINGS = ["Maple Court", "Harbor View", "Oak Street 12", "Riverside Tower", "Elm House", "Northgate Flats",
-              "Cedar Lane 4", "Parkside", "The Old Mill", "Station Square"]
+_BUILDINGS = [
+    "Maple Court",
+    "Harbor View",
+    "Oak Street 12",
+    "Riverside Tower",
+    "Elm House",
+    "Northgate Flats",
+    "Cedar Lane 4",
+    "Parkside",
+    "The Old Mill",
+    "Station Square",
+]
 _SERVICES = ["water supply", "electricity", "heating", "elevator", "internet connection", "hot water", "gas supply"]
 _DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
 _HOURS = ["8 am", "9 am", "10 am", "11 am", "1 pm", "2 pm", "3 pm"]
-_REASONS = ["scheduled maintenance", "a pipe replacement", "safety inspections", "a meter upgrade", "repairs after the storm"]
-_ACTIONS = ["store some water in advance", "use the stairs", "charge their devices beforehand", "keep windows closed",
-            "contact the caretaker with questions"]
-_PROJECTS = ["Apollo", "Billing v2", "Mobile app", "Data lake", "Search revamp", "Onboarding", "Payments API", "Help center"]
-_DONE = ["finished the design review", "shipped the beta", "fixed the login bug", "migrated the database",
-         "wrote the test plan", "hired two engineers", "closed 40 tickets"]
-_NEXT = ["start the public launch", "run the load tests", "update the documentation", "train the support team",
-         "remove the old endpoints", "plan the next quarter"]
+_REASONS = [
+    "scheduled maintenance",
+    "a pipe replacement",
+    "safety inspections",
+    "a meter upgrade",
+    "repairs after the storm",
+]
+_ACTIONS = [
+    "store some water in advance",
+    "use the stairs",
+    "charge their devices beforehand",
+    "keep windows closed",
+    "contact the caretaker with questions",
+]
+_PROJECTS = [
+    "Apollo",
+    "Billing v2",
+    "Mobile app",
+    "Data lake",
+    "Search revamp",
+    "Onboarding",
+    "Payments API",
+    "Help center",
+]
+_DONE = [
+    "finished the design review",
+    "shipped the beta",
+    "fixed the login bug",
+    "migrated the database",
+    "wrote the test plan",
+    "hired two engineers",
+    "closed 40 tickets",
+]
+_NEXT = [
+    "start the public launch",
+    "run the load tests",
+    "update the documentation",
+    "train the support team",
+    "remove the old endpoints",
+    "plan the next quarter",
+]
 _RISKS = ["a vendor delay", "limited QA time", "an open security review", "budget approval", "none so far"]
-_TOPICS = ["photosynthesis", "inflation", "black holes", "the immune system", "machine learning", "volcanoes",
-           "the water cycle", "compound interest", "plate tectonics", "vaccines", "electric cars", "the printing press",
-           "climate change", "DNA", "the stock market", "rainbows", "earthquakes", "recycling", "sleep", "the moon"]
+_TOPICS = [
+    "photosynthesis",
+    "inflation",
+    "black holes",
+    "the immune system",
+    "machine learning",
+    "volcanoes",
+    "the water cycle",
+    "compound interest",
+    "plate tectonics",
+    "vaccines",
+    "electric cars",
+    "the printing press",
+    "climate change",
+    "DNA",
+    "the stock market",
+    "rainbows",
+    "earthquakes",
+    "recycling",
+    "sleep",
+    "the moon",
+]
 _AUDIENCES = ["a ten-year-old", "a busy manager", "a first-year student", "my grandmother", "a new employee"]
-_QUESTIONS = ["Explain {t} to {a} in three sentences.", "What are two surprising facts about {t}?",
-              "Write a short paragraph about why {t} matters.", "Give {a} one practical tip related to {t}."]
+_QUESTIONS = [
+    "Explain {t} to {a} in three sentences.",
+    "What are two surprising facts about {t}?",
+    "Write a short paragraph about why {t} matters.",
+    "Give {a} one practical tip related to {t}.",
+]
 _SUBJECTS = ["The new manager", "Our neighbour", "The delivery driver", "My sister", "The committee", "The teacher"]
 _VERBS = ["announced", "explained", "confirmed", "forgot", "reported", "suggested"]
-_OBJECTS = ["that the meeting moves to Thursday", "the results of the survey", "a change to the schedule",
-            "that the library closes early", "the plan for the summer festival", "the price of the tickets"]
+_OBJECTS = [
+    "that the meeting moves to Thursday",
+    "the results of the survey",
+    "a change to the schedule",
+    "that the library closes early",
+    "the plan for the summer festival",
+    "the price of the tickets",
+]
 
 
 def _typos(sentence: str, rng: random.Random, n: int = 2) -> str:
@@ -46,15 +119,19 @@ def _typos(sentence: str, rng: random.Random, n: int = 2) -> str:
 
 
 def notice(rng: random.Random) -> str:
-    return (f"Write a short notice for the residents of {rng.choice(_BUILDINGS)}: the {rng.choice(_SERVICES)} will be "
-            f"off on {rng.choice(_DAYS)} from {rng.choice(_HOURS)} to {rng.choice(_HOURS)} because of "
-            f"{rng.choice(_REASONS)}. Ask them to {rng.choice(_ACTIONS)}. Use a title line and sign as 'The caretaker'.")
+    return (
+        f"Write a short notice for the residents of {rng.choice(_BUILDINGS)}: the {rng.choice(_SERVICES)} will be "
+        f"off on {rng.choice(_DAYS)} from {rng.choice(_HOURS)} to {rng.choice(_HOURS)} because of "
+        f"{rng.choice(_REASONS)}. Ask them to {rng.choice(_ACTIONS)}. Use a title line and sign as 'The caretaker'."
+    )
 
 
 def report(rng: random.Random) -> str:
     done, nxt = rng.sample(_DONE, 2), rng.choice(_NEXT)
-    return (f"Write a status report for project {rng.choice(_PROJECTS)} with the sections Done, Next and Risks. "
-            f"Done: we {done[0]} and {done[1]}. Next: {nxt}. Risks: {rng.choice(_RISKS)}.")
+    return (
+        f"Write a status report for project {rng.choice(_PROJECTS)} with the sections Done, Next and Risks. "
+        f"Done: we {done[0]} and {done[1]}. Next: {nxt}. Risks: {rng.choice(_RISKS)}."
+    )
 
 
 def free(rng: random.Random) -> str:
@@ -62,7 +139,9 @@ def free(rng: random.Random) -> str:
 
 
 def edit(rng: random.Random) -> str:
-    sentence = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} during the {rng.choice(_DAYS)} call."
+    sentence = (
+        f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} during the {rng.choice(_DAYS)} call."
+    )
     return f"Fix the typos and return only the corrected sentence: {_typos(sentence, rng)}"
 
 

@@ -6,6 +6,7 @@
   the whole worker, or only its pool child), with its log in a file; stopped at teardown.
 - ``worker_env(db_url, broker_url, lease_seconds)``: the environment of a worker (one torch thread each).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ def redis_ping(url: str, timeout: float = 1.0) -> bool:
 
     try:
         return bool(redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping())
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 
@@ -48,12 +49,27 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
+    def start(self, timeout: float = 10.0) -> RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(self.workdir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         wait_for(lambda: redis_ping(self.url, 0.2), timeout, what=f"redis-server on port {self.port}")
         return self
@@ -110,12 +126,16 @@ class WorkerProcess:
         self._log = None
         self._log_start = 0
 
-    def start(self) -> "WorkerProcess":
-        self._log = open(self.log_path, "ab")
+    def start(self) -> WorkerProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop())
         self._log_start = self._log.tell()  # wait_ready looks at this run's lines only
         self.proc = subprocess.Popen(
             [SPEC_BATCH, "worker", "-n", f"{self.name}@%h", "-c", "1", "-l", "INFO", *self.args],
-            cwd=str(REPO), env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=str(REPO),
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         return self
 
@@ -133,7 +153,7 @@ class WorkerProcess:
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log().splitlines()[-n:])
 
-    def wait_ready(self, timeout: float = 120.0) -> "WorkerProcess":
+    def wait_ready(self, timeout: float = 120.0) -> WorkerProcess:
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")

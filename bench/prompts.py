@@ -5,6 +5,7 @@ sets supply the text the answer is made of, the way editing a given document wor
 lookup (the `ngram` drafter) has something to copy. `free` is the control: answers the prompt does not
 contain, where speculation must not make things slower.
 """
+
 from __future__ import annotations
 
 # ---------------------------------------------------------------- edits / rewrites of a supplied text
@@ -42,7 +43,7 @@ _NOTICE = (
     "a late fee. We apologize for the inconvenience and thank you for your patience."
 )
 
-_CODE_RENAME = '''def calc(a, b):
+_CODE_RENAME = """def calc(a, b):
     t = 0
     for x in a:
         if x > b:
@@ -55,7 +56,7 @@ def avg(a):
     for x in a:
         t = t + x
     return t / len(a)
-'''
+"""
 
 _README = (
     "## Installation\n\n"
@@ -71,12 +72,9 @@ EDITS = [
     'Rewrite the following paragraph, replacing the word "revenue" with "turnover". Return the whole '
     "paragraph.\n\n" + _REPORT,
     "Change the day of the meeting in this email from Tuesday to Thursday. Return the full email.\n\n" + _EMAIL,
-    "Replace every number written in words with digits in this recipe. Keep everything else the same.\n\n"
-    + _RECIPE,
-    "Rename the variable t to total and the variable x to value in this code. Return the full code.\n\n"
-    + _CODE_RENAME,
-    "Edit this notice so that the library is closed on Monday instead of Friday. Return the full notice.\n\n"
-    + _NOTICE,
+    "Replace every number written in words with digits in this recipe. Keep everything else the same.\n\n" + _RECIPE,
+    "Rename the variable t to total and the variable x to value in this code. Return the full code.\n\n" + _CODE_RENAME,
+    "Edit this notice so that the library is closed on Monday instead of Friday. Return the full notice.\n\n" + _NOTICE,
     "Add a step 6 to these instructions that says to start the server with make run. Return all the "
     "instructions.\n\n" + _README,
     "Proofread this paragraph. Return the corrected paragraph only.\n\n" + _REPORT.replace(" the ", " teh ", 2),
@@ -96,7 +94,7 @@ JSON = [
     "Convert this CSV to JSON, one object per line of data. Output only the JSON.\n\n"
     "city,country,population\nTokyo,Japan,37400000\nDelhi,India,31000000\nShanghai,China,27100000\n"
     "Sao Paulo,Brazil,22000000\nMexico City,Mexico,21800000",
-    "Return this JSON with the status of every task set to \"done\". Output only the JSON.\n\n"
+    'Return this JSON with the status of every task set to "done". Output only the JSON.\n\n'
     '{"tasks": [{"id": 1, "title": "Write the report", "status": "open"}, '
     '{"id": 2, "title": "Review the budget", "status": "open"}, '
     '{"id": 3, "title": "Send the invoices", "status": "in progress"}, '
@@ -186,31 +184,73 @@ _PRODUCT = (
 _SUPPORT = (
     "Write a reply to a customer support ticket. Greet the customer by name, apologize for the problem, "
     "explain the next steps in a numbered list, and end with our standard sign-off: "
-    "\"Kind regards, the Brightline Support Team\".\n"
+    '"Kind regards, the Brightline Support Team".\n'
     "Customer: {customer}\nProblem: {problem}\nNext steps: {steps}"
 )
 
 _STATUS_FIELDS = [
-    ("Payments", "migrated the invoice service to the new database; fixed the duplicate refund bug",
-     "load test the checkout flow; start the currency conversion work", "the bank API sandbox is unstable"),
-    ("Mobile", "released version 4.2 to the app stores; added dark mode to the settings screen",
-     "fix crash reports from older Android phones; review the onboarding design", "one developer is on leave"),
-    ("Data Platform", "moved the nightly jobs to the new scheduler; cut storage costs by 15 percent",
-     "document the new pipelines; add alerts for late jobs", "the old cluster must be shut down by the 30th"),
-    ("Search", "improved ranking for product names; reduced query latency to 120 ms",
-     "add spelling suggestions; run an A/B test on the new ranking", "the test traffic may be too low"),
-    ("Security", "rotated all service credentials; finished the phishing training for new hires",
-     "review third-party access; update the incident response plan", "two audits fall in the same week"),
-    ("Customer Success", "onboarded five new enterprise customers; closed 140 tickets",
-     "prepare the quarterly business reviews; update the help center articles", "ticket volume is rising"),
-    ("Infrastructure", "upgraded the load balancers; removed unused virtual machines",
-     "test the disaster recovery plan; patch the database servers", "the patch window is short"),
-    ("Marketing", "launched the spring campaign; published two customer case studies",
-     "plan the webinar series; refresh the pricing page", "the agency contract ends next month"),
+    (
+        "Payments",
+        "migrated the invoice service to the new database; fixed the duplicate refund bug",
+        "load test the checkout flow; start the currency conversion work",
+        "the bank API sandbox is unstable",
+    ),
+    (
+        "Mobile",
+        "released version 4.2 to the app stores; added dark mode to the settings screen",
+        "fix crash reports from older Android phones; review the onboarding design",
+        "one developer is on leave",
+    ),
+    (
+        "Data Platform",
+        "moved the nightly jobs to the new scheduler; cut storage costs by 15 percent",
+        "document the new pipelines; add alerts for late jobs",
+        "the old cluster must be shut down by the 30th",
+    ),
+    (
+        "Search",
+        "improved ranking for product names; reduced query latency to 120 ms",
+        "add spelling suggestions; run an A/B test on the new ranking",
+        "the test traffic may be too low",
+    ),
+    (
+        "Security",
+        "rotated all service credentials; finished the phishing training for new hires",
+        "review third-party access; update the incident response plan",
+        "two audits fall in the same week",
+    ),
+    (
+        "Customer Success",
+        "onboarded five new enterprise customers; closed 140 tickets",
+        "prepare the quarterly business reviews; update the help center articles",
+        "ticket volume is rising",
+    ),
+    (
+        "Infrastructure",
+        "upgraded the load balancers; removed unused virtual machines",
+        "test the disaster recovery plan; patch the database servers",
+        "the patch window is short",
+    ),
+    (
+        "Marketing",
+        "launched the spring campaign; published two customer case studies",
+        "plan the webinar series; refresh the pricing page",
+        "the agency contract ends next month",
+    ),
 ]
 _PRODUCT_FIELDS = [
-    ("TrailLite 2 Tent", "hikers who want a light shelter", "weighs 1.2 kg; sets up in five minutes; two doors", "189 EUR"),
-    ("AquaPure Bottle", "commuters and gym goers", "filters tap water; keeps drinks cold for 24 hours; 750 ml", "35 EUR"),
+    (
+        "TrailLite 2 Tent",
+        "hikers who want a light shelter",
+        "weighs 1.2 kg; sets up in five minutes; two doors",
+        "189 EUR",
+    ),
+    (
+        "AquaPure Bottle",
+        "commuters and gym goers",
+        "filters tap water; keeps drinks cold for 24 hours; 750 ml",
+        "35 EUR",
+    ),
     ("QuietDesk Fan", "people working from home", "almost silent; three speeds; USB powered", "29 EUR"),
     ("ChefPro Knife Set", "home cooks", "five stainless steel knives; wooden block; dishwasher safe", "120 EUR"),
     ("SleepWell Pillow", "side sleepers", "memory foam; washable cover; keeps its shape", "59 EUR"),
@@ -219,22 +259,46 @@ _PRODUCT_FIELDS = [
     ("BrewMate Kettle", "tea lovers", "five temperature settings; keep-warm mode; 1.7 litres", "69 EUR"),
 ]
 _SUPPORT_FIELDS = [
-    ("Anna Berg", "she was charged twice for her March subscription",
-     "we refund the second charge; the refund appears within 5 days; we add a free month"),
-    ("David Kim", "his order arrived with a broken screen",
-     "he sends a photo of the damage; we ship a replacement; he returns the broken unit with our label"),
-    ("Maria Lopez", "she cannot log in after changing her email address",
-     "we reset her login; she confirms the new address; she sets a new password"),
-    ("Tom Fischer", "the app crashes when he uploads a photo",
-     "he updates the app to the latest version; he sends us the crash report; we follow up within 2 days"),
-    ("Priya Shah", "her delivery is a week late",
-     "we contact the carrier; we send her the new delivery date; we refund the shipping cost"),
-    ("Lukas Meyer", "he received the wrong size of shoes",
-     "he returns the shoes with our label; we send the right size; the exchange is free"),
-    ("Sofia Rossi", "her discount code was not applied at checkout",
-     "we apply the discount as a refund; she receives a confirmation email; the code stays valid"),
-    ("James Carter", "he wants to cancel his subscription but cannot find the button",
-     "we cancel it for him; he receives a confirmation; his data is kept for 30 days"),
+    (
+        "Anna Berg",
+        "she was charged twice for her March subscription",
+        "we refund the second charge; the refund appears within 5 days; we add a free month",
+    ),
+    (
+        "David Kim",
+        "his order arrived with a broken screen",
+        "he sends a photo of the damage; we ship a replacement; he returns the broken unit with our label",
+    ),
+    (
+        "Maria Lopez",
+        "she cannot log in after changing her email address",
+        "we reset her login; she confirms the new address; she sets a new password",
+    ),
+    (
+        "Tom Fischer",
+        "the app crashes when he uploads a photo",
+        "he updates the app to the latest version; he sends us the crash report; we follow up within 2 days",
+    ),
+    (
+        "Priya Shah",
+        "her delivery is a week late",
+        "we contact the carrier; we send her the new delivery date; we refund the shipping cost",
+    ),
+    (
+        "Lukas Meyer",
+        "he received the wrong size of shoes",
+        "he returns the shoes with our label; we send the right size; the exchange is free",
+    ),
+    (
+        "Sofia Rossi",
+        "her discount code was not applied at checkout",
+        "we apply the discount as a refund; she receives a confirmation email; the code stays valid",
+    ),
+    (
+        "James Carter",
+        "he wants to cancel his subscription but cannot find the button",
+        "we cancel it for him; he receives a confirmation; his data is kept for 30 days",
+    ),
 ]
 
 _STATUS_PROMPTS = [_STATUS.format(team=t, done=d, planned=p, risks=r) for t, d, p, r in _STATUS_FIELDS]

@@ -1,5 +1,6 @@
 """`spec-batch serve` as a subprocess, for bench/bench_server.py and the server tests: a free port, a SQLite file
 of its own, the repository's code through PYTHONPATH, its log in a file; ready once /health answers."""
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,14 @@ class ServeProcess:
         self.workdir = workdir
         self.args = args
         self.log_path = workdir / f"serve-{self.port}.log"
-        self.env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    "SPEC_BATCH_DATABASE_URL": f"sqlite:///{workdir / f'serve-{self.port}.db'}",
-                    "SPEC_BATCH_API_KEYS": keys, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "SPEC_BATCH_DATABASE_URL": f"sqlite:///{workdir / f'serve-{self.port}.db'}",
+            "SPEC_BATCH_API_KEYS": keys,
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self.process: subprocess.Popen | None = None
 
     @property
@@ -37,11 +43,12 @@ class ServeProcess:
         except OSError:
             return ""
 
-    def start(self, timeout: float = 180) -> "ServeProcess":
+    def start(self, timeout: float = 180) -> ServeProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [SPEC_BATCH, "serve", "--port", str(self.port), *self.args]
-        self.process = subprocess.Popen(cmd, env=self.env, cwd=self.workdir, stdout=self.log_path.open("w"),
-                                        stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            cmd, env=self.env, cwd=self.workdir, stdout=self.log_path.open("w"), stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

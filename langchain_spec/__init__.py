@@ -1,4 +1,5 @@
 """LangChain models on the spec-batch core: SpeculativeLLM (text completion) and ChatSpeculative (chat)."""
+
 from spec_batch.loading import clear_cache as clear_decoder_cache
 
 from ._core import GenerationTimeout
@@ -6,9 +7,9 @@ from .chat_models import ChatSpeculative, UnsupportedMessageError
 from .llms import SpeculativeLLM
 
 __all__ = [
-    "SpeculativeLLM",
     "ChatSpeculative",
     "GenerationTimeout",
+    "SpeculativeLLM",
     "UnsupportedMessageError",
     "clear_decoder_cache",
 ]

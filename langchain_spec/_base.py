@@ -1,4 +1,5 @@
 """The fields and helpers SpeculativeLLM and ChatSpeculative share."""
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -69,7 +70,7 @@ class SpeculativeParams(BaseModel):
     """True: invoke() decodes through the streaming path, so callbacks get every new token as it is accepted."""
 
     @model_validator(mode="after")
-    def _check_configuration(self) -> "SpeculativeParams":
+    def _check_configuration(self) -> SpeculativeParams:
         check_decoder(self.decoder)
         if self.decoder is not None:
             # Values other than the defaults (LangChain re-creates models with every field filled in, e.g. for
@@ -103,8 +104,15 @@ class SpeculativeParams(BaseModel):
         # None keeps shared_decoder's default, so it shares that decoder with callers that leave it out.
         more = {k: getattr(self, k) for k in ("num_draft_tokens", "tree_width") if getattr(self, k) is not None}
         draft = resolve_with_settings(self.draft)  # head:NAME -> its cached directory (looked up in SQL)
-        return shared_decoder(self.target, draft, device=self.device, dtype=self.dtype, weights=self.weights,
-                              draft_weights=self.draft_weights, **more)
+        return shared_decoder(
+            self.target,
+            draft,
+            device=self.device,
+            dtype=self.dtype,
+            weights=self.weights,
+            draft_weights=self.draft_weights,
+            **more,
+        )
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> CallOptions:
         return resolve_options(self, stop, kwargs)

@@ -2,6 +2,7 @@
 
 Nothing here imports LangChain; `llms.py` and `chat_models.py` turn these results into LangChain objects.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -93,9 +94,7 @@ def resolve_options(model: Any, stop: list[str] | None, kwargs: dict[str, Any]) 
         )
     values = {name: kwargs.get(name, getattr(model, name)) for name in CALL_OPTIONS}
     timeout = values.pop("timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise InvalidParameterError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
     chosen_stop = stop if stop is not None else model.stop
     check_limits(values["temperature"], values["top_p"], values["seed"])
@@ -126,9 +125,7 @@ class GenerationTimeout(TimeoutError):
 
 
 def _timeout_error(timeout: float | None, what: str) -> GenerationTimeout:
-    return GenerationTimeout(
-        f"{what} did not finish within timeout={timeout} s; raise timeout= or lower max_tokens"
-    )
+    return GenerationTimeout(f"{what} did not finish within timeout={timeout} s; raise timeout= or lower max_tokens")
 
 
 _CHUNK, _END, _ERROR = 0, 1, 2
@@ -177,7 +174,7 @@ class StreamWorker:
                 if close is not None:
                     close()
             self._emit((_END, None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
+        except BaseException as exc:
             self._emit((_ERROR, exc))
 
     def close(self) -> None:
@@ -284,7 +281,7 @@ def _start_batch(
                     should_stop=stop_event.is_set,
                 )
             )
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+        except BaseException as exc:
             future.set_exception(exc)
 
     threading.Thread(target=run, name="spec-batch-generate", daemon=True).start()
@@ -344,4 +341,3 @@ def usage(stats: RequestStats | None) -> dict[str, int]:
         "output_tokens": s.output_tokens,
         "total_tokens": s.prompt_tokens + s.output_tokens,
     }
-

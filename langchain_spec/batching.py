@@ -4,6 +4,7 @@ results where the per-input _generate calls that LangChain then makes pick them 
 sampling parameters). LangChain's own path still runs callbacks, tracing, message ids and output_version handling
 for each input. Results nobody picks up (say, an input that a cache answered) are dropped with the batch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,13 +105,13 @@ class PrefetchingBatches:
         try:
             options, plan = self._call(stop, {k: v for k, v in kwargs.items() if k != "stop"})
             decoder = self._get_decoder()
-        except Exception:  # noqa: BLE001 - reported per input by LangChain's path
+        except Exception:
             return None
         prompts: list[list[int]] = []
         for messages in message_lists:
             try:
                 prompts.append(self._prompt_ids(decoder, messages, plan))
-            except Exception:  # noqa: BLE001 - that input raises the same error on its own path
+            except Exception:
                 continue
         return _BatchPlan(decoder, options, prompts) if len(prompts) >= 2 else None
 
@@ -138,7 +139,7 @@ class PrefetchingBatches:
         if plan is not None:
             try:
                 store = self._store(plan, decode_many(*plan.args(self.batch_size), return_errors=True))
-            except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
+            except Exception as exc:
                 store = self._store(plan, exc)
         with _visible(store):
             yield
@@ -152,7 +153,7 @@ class PrefetchingBatches:
         if plan is not None:
             try:
                 store = self._store(plan, await adecode_many(*plan.args(self.batch_size), return_errors=True))
-            except Exception as exc:  # noqa: BLE001 - handed to the inputs by _store
+            except Exception as exc:
                 store = self._store(plan, exc)
         with _visible(store):
             yield
@@ -160,7 +161,7 @@ class PrefetchingBatches:
     def _input_messages(self, inputs: Sequence[LanguageModelInput]) -> list[list[BaseMessage]]:
         try:
             return [self._convert_input(x).to_messages() for x in inputs]
-        except Exception:  # noqa: BLE001 - LangChain's path reports the bad input
+        except Exception:
             return []
 
     def batch(

@@ -2,6 +2,7 @@
 
 Its jobs live beside it: messages.py (LangChain messages -> chat messages), batching.py (batch() as one core
 call), structured.py (with_structured_output), tools.py (bind_tools), _core.py (options, deadlines, metadata)."""
+
 from __future__ import annotations
 
 import asyncio

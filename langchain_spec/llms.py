@@ -1,4 +1,5 @@
 """SpeculativeLLM: a LangChain text-completion model (BaseLLM) on the spec-batch core."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """LangChain messages -> the chat messages of spec-batch's one chat-message validator (ChatSpeculative's input)."""
+
 from __future__ import annotations
 
 import json
@@ -58,13 +59,21 @@ def _with_calls(message: AIMessage, calls_in_content: bool) -> tuple[str | list[
     content: str | list[Any] = message.content
     if isinstance(content, list):  # Anthropic-style content repeats each call as a tool_use block
         content = [b for b in content if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_call"))]
-    calls = [{"id": c.get("id") or "", "type": "function",
-              "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)}}
-             for c in message.tool_calls]
+    calls = [
+        {
+            "id": c.get("id") or "",
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)},
+        }
+        for c in message.tool_calls
+    ]
     if calls_in_content:
         written = "\n".join(call_text(c["name"], c["args"]) for c in message.tool_calls)
-        text = content if isinstance(content, str) else "".join(
-            b if isinstance(b, str) else str(b.get("text", "")) for b in content)
+        text = (
+            content
+            if isinstance(content, str)
+            else "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content)
+        )
         content = f"{text}\n{written}" if text else written
     return content, {"tool_calls": calls}
 

@@ -15,13 +15,19 @@ The grammar is built from the schema itself, not from LangChain's function-calli
 (spec_batch.core.response_format): an invalid schema raises InvalidParameterError here. TypedDicts and other
 types still go through LangChain's conversion.
 """
+
 from __future__ import annotations
 
 from operator import itemgetter
 from typing import Any, Literal
 
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
+from langchain_core.output_parsers import (
+    JsonOutputKeyToolsParser,
+    JsonOutputParser,
+    PydanticOutputParser,
+    PydanticToolsParser,
+)
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass

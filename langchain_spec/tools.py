@@ -1,5 +1,6 @@
 """Tool calling for ChatSpeculative: LangChain tools (functions, Pydantic models, BaseTools) converted to OpenAI's
 function specs, then the one tool-call grammar of spec_batch.openai_format.tools (batch lines use it too)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,7 +18,7 @@ class ToolPlan(_tools.ToolPlan):
     """The tools of one call (LangChain's bind_tools arguments) and what the model may answer with."""
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> "ToolPlan | None":
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> ToolPlan | None:
         """Pops `tools` and `tool_choice` (bind_tools' arguments) from a call's kwargs; None without tools."""
         tools = kwargs.pop("tools", None)
         choice = kwargs.pop("tool_choice", None)

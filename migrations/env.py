@@ -2,18 +2,18 @@
 
 `render_as_batch=True` so ALTERs on SQLite are done by table copy.
 """
+
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from logging.config import fileConfig
 
 from alembic import context
 
+import spec_batch.store
 from spec_batch.settings import get_settings
 from spec_batch.store.db import make_engine, normalize_url
-import importlib
-import pkgutil
-
-import spec_batch.store
 from spec_batch.store.models import Base
 
 # Every module of spec_batch.store that declares tables (models, queue, ...) adds them to Base.metadata.

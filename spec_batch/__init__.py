@@ -3,6 +3,7 @@
 The names below are imported on first use (PEP 562), so `import spec_batch.store` or a CLI command that only
 reads the database does not pay for torch and transformers (seconds at every `spec-batch status`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -39,19 +40,19 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
+    "ChatTemplateError",
     "Decoder",
-    "JobMemory",
-    "load_decoder",
-    "SamplingParams",
+    "DefaultModelMissingError",
     "GenerationResult",
+    "IncompatibleModelsError",
+    "InvalidParameterError",
+    "JobMemory",
+    "PromptTooLongError",
     "RequestStats",
+    "SamplingParams",
+    "SpecBatchError",
     "StreamChunk",
     "TokenLogprob",
-    "SpecBatchError",
     "UnknownModelError",
-    "DefaultModelMissingError",
-    "IncompatibleModelsError",
-    "ChatTemplateError",
-    "PromptTooLongError",
-    "InvalidParameterError",
+    "load_decoder",
 ]

@@ -1,5 +1,6 @@
 """Package attributes imported on first use (PEP 562): a package's public names can point at modules that
 import torch and transformers without every `import spec_batch...` paying for them."""
+
 from __future__ import annotations
 
 import importlib

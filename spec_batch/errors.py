@@ -1,4 +1,5 @@
 """Errors a user can cause. Each message names the offending value and says what to do."""
+
 from __future__ import annotations
 
 

@@ -5,6 +5,7 @@ The core's `SamplingParams` is deliberately wider (any temperature >= 0, any int
 are not users of the OpenAI contract (tests, benches). Boundaries call `check_range` / the helpers below, which
 name the field in the error.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

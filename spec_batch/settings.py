@@ -2,6 +2,7 @@
 
 The decoding core never reads the environment; only the CLI, the runner's callers and the workers do, here.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The scripts of bench/ as modules, for their tests: bench/ is a package (run its scripts as `python -m bench.NAME`),
 so this is a plain import; kept so a test can name a bench script by its file name."""
+
 from __future__ import annotations
 
 import importlib

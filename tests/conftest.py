@@ -13,6 +13,7 @@ Keep this file to fixtures that are generally useful; test-specific helpers live
 - ``fake_decoder`` / ``fake_decoder_cls``: the Decoder interface without a model (tests of what wraps the core).
 - Database fixtures (``db_url``, ``empty_db_url``, ``pg_admin``, ``pg_url``): tests/db_fixtures.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,8 +76,27 @@ class FakeTokenizer:
 BYTE_VOCAB: list[bytes] = (
     [b"<eos>", b"{", b"}", b"[", b"]", b'"', b":", b",", b" "]
     + [bytes([c]) for c in b"0123456789abcdefghijklmnopqrstuvwxyz"]
-    + [b'{"', b'": ', b'", "', b'"}', b', "', b"true", b"false", b"null", b"yes", b"no", b"ye", b"name", b"age",
-       b"-", b".", b"ab", b"abc", b"\n", b'"]']
+    + [
+        b'{"',
+        b'": ',
+        b'", "',
+        b'"}',
+        b', "',
+        b"true",
+        b"false",
+        b"null",
+        b"yes",
+        b"no",
+        b"ye",
+        b"name",
+        b"age",
+        b"-",
+        b".",
+        b"ab",
+        b"abc",
+        b"\n",
+        b'"]',
+    ]
 )
 assert len(BYTE_VOCAB) == 64
 
@@ -249,7 +269,9 @@ class FakeDecoder:
     max_context = 4096
     vocab_size = 0x110000  # its token ids are characters
 
-    def __init__(self, step_delay: float = 0.0, *, draft_name: str = "ngram", interrupt_after: int | None = None) -> None:
+    def __init__(
+        self, step_delay: float = 0.0, *, draft_name: str = "ngram", interrupt_after: int | None = None
+    ) -> None:
         self.tokenizer = FakeTokenizer()  # for token counting only; the prompts' token ids are characters
         self.step_delay = step_delay
         self.draft_name = draft_name
@@ -308,8 +330,9 @@ class FakeDecoder:
         self.steps_run += 1
 
     # --- the core's interface ---
-    def generate(self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None, should_stop=None,
-                 memory=None):
+    def generate(
+        self, prompts, params=None, batch_size=8, *, return_errors=False, on_result=None, should_stop=None, memory=None
+    ):
         prompts = list(prompts)
         self.generate_calls.append((prompts, params))
         self.memories.append(memory)
@@ -368,7 +391,7 @@ class FakeDecoder:
             raise ChatTemplateError(f"the fake chat template rejects {self.BAD_TEMPLATE!r}")
         return [ord(c) for c in text]
 
-    def without_speculation(self) -> "FakeDecoder":
+    def without_speculation(self) -> FakeDecoder:
         return type(self)(self.step_delay, draft_name="none")
 
 

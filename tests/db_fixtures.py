@@ -5,6 +5,7 @@
   ``db_url`` (function, parametrized sqlite | postgresql): a migrated database URL of that backend;
   ``empty_db_url`` (function, parametrized): an empty database (for migrations).
 """
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ def _find_pg_user() -> tuple[str | None, str]:
         try:
             with _try_connect(user):
                 return user, ""
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             last = f"{type(exc).__name__}: {exc}".strip()
     return None, last
 
@@ -49,7 +50,9 @@ def _start_pg() -> str:
         return "no cluster in /etc/postgresql"
     proc = subprocess.run(
         ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "start"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return (proc.stderr or proc.stdout).strip()
 
@@ -65,7 +68,9 @@ def pg_admin() -> str:
                 break
             time.sleep(0.5)
         if user is None:
-            pytest.skip(f"PostgreSQL at {PG_HOST}:{PG_PORT} cannot be reached ({why}); starting it: {started or 'no output'}")
+            pytest.skip(
+                f"PostgreSQL at {PG_HOST}:{PG_PORT} cannot be reached ({why}); starting it: {started or 'no output'}"
+            )
     return f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/postgres"
 
 

@@ -1,6 +1,7 @@
 """ChatSpeculative's capability flags for LangChain's standard suites, declared once for the unit and the
 integration suite. Tool calls, tool choice, structured output and JSON mode are decoded under a grammar
 (docs/structured-output.md); image, audio and PDF inputs and a per-call model override are not offered."""
+
 from __future__ import annotations
 
 from langchain_spec import ChatSpeculative

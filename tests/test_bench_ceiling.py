@@ -1,12 +1,12 @@
 """bench/bench_ceiling.py's oracle drafter (no model): the suffix drafter's proposal, cut to what the target accepts."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench import bench_ceiling
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.suffix_drafter import SuffixDrafter
-
-from bench import bench_ceiling
 
 
 @dataclass

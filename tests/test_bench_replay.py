@@ -1,4 +1,5 @@
 """bench/bench_replay.py's simulation (no model, no database): known outputs replayed through the drafters."""
+
 from __future__ import annotations
 
 import random
@@ -20,8 +21,9 @@ def _copying_job(n: int = 6) -> list[tuple[list[int], list[int]]]:
 
 def _free_job(n: int = 6) -> list[tuple[list[int], list[int]]]:
     rng = random.Random(1)
-    return [([rng.randrange(10, 5000) for _ in range(40)], [rng.randrange(10, 5000) for _ in range(60)])
-            for _ in range(n)]
+    return [
+        ([rng.randrange(10, 5000) for _ in range(40)], [rng.randrange(10, 5000) for _ in range(60)]) for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("name", ["ngram", "suffix", "suffix + job memory"])

@@ -1,4 +1,5 @@
 """bench/bench_step_costs.py's fit (no model): the padding costs it reports are the ones that made the timings."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,10 @@ from bench import bench_step_costs
 
 def test_fit_recovers_the_costs_that_made_the_timings():
     base, t, p, j = 0.2, 0.03, 0.008, 0.15
-    samples = [(ks, base * bench_step_costs.padded_step_cost(ks, t, p, j))
-               for ks in bench_step_costs.mixes(8, 20, random.Random(0))]
+    samples = [
+        (ks, base * bench_step_costs.padded_step_cost(ks, t, p, j))
+        for ks in bench_step_costs.mixes(8, 20, random.Random(0))
+    ]
     got = bench_step_costs.fit(samples)
     for want, value in zip((base, t, p, j), got):
         assert math.isclose(value, want, rel_tol=1e-6, abs_tol=1e-9)

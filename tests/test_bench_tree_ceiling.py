@@ -1,7 +1,10 @@
 """bench/bench_tree_ceiling.py's bookkeeping on a tiny random head: where the target's output is the head's own
 greedy chain, every chain is accepted whole, and EAGLE-2's tree (which always keeps the most likely first token)
 accepts at least its first token; a tree's children are each node's most likely tokens."""
+
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -33,7 +36,7 @@ def test_chains_and_trees_on_the_heads_own_continuation(tiny_target):
         for _ in range(4):
             chain += tc.expand(head, prefix_ids, prefix_feats, [chain[-1]], 1)
         assert [len(c.tokens) for c in chain] == [1, 2, 3, 4, 5]
-        assert all(a.logp >= b.logp for a, b in zip(chain, chain[1:]))  # cumulative log-probabilities
+        assert all(a.logp >= b.logp for a, b in itertools.pairwise(chain))  # cumulative log-probabilities
         ids = torch.cat([prompt, torch.tensor(chain[-1].tokens)])
         out, starts = tc.step_starts(head, ids, states, len(prompt), depth=3, k=2, budgets=[4], chains=[1, 3])
     assert starts == 5

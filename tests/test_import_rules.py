@@ -12,6 +12,7 @@ those inside functions included (only `if TYPE_CHECKING:` blocks, which never ru
   nothing of workers, jobs, loading or the CLI;
 - no import cycles among the project's modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -88,27 +89,82 @@ def _within(module: str, package: str) -> bool:
 
 
 RULES = [
-    ("spec_batch.core", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
-                         "langchain_spec", "workers"},
-     ("spec_batch.loading", "spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports",
-      "spec_batch.openai_format", "spec_batch.workers", "spec_batch.server")),
+    (
+        "spec_batch.core",
+        {
+            "sqlalchemy",
+            "alembic",
+            "celery",
+            "kombu",
+            "redis",
+            "langchain",
+            "langchain_core",
+            "langchain_spec",
+            "workers",
+        },
+        (
+            "spec_batch.loading",
+            "spec_batch.jobs",
+            "spec_batch.store",
+            "spec_batch.cli",
+            "spec_batch.reports",
+            "spec_batch.openai_format",
+            "spec_batch.workers",
+            "spec_batch.server",
+        ),
+    ),
     # the request parser of batch lines and the server: no SQL, no queue, no LangChain
-    ("spec_batch.openai_format", {"sqlalchemy", "alembic", "celery", "kombu", "redis", "langchain", "langchain_core",
-                                  "langchain_spec", "workers"},
-     ("spec_batch.jobs", "spec_batch.store", "spec_batch.cli", "spec_batch.reports", "spec_batch.workers",
-      "spec_batch.server")),
-    ("spec_batch.jobs", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.cli", "spec_batch.workers", "spec_batch.server")),
-    ("spec_batch.store", {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.core", "spec_batch.workers",
-      "spec_batch.server")),
-    ("spec_batch.reports", {"celery", "kombu", "redis", "langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.workers", "spec_batch.server")),
-    ("spec_batch.workers", {"langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.cli", "spec_batch.server")),
+    (
+        "spec_batch.openai_format",
+        {
+            "sqlalchemy",
+            "alembic",
+            "celery",
+            "kombu",
+            "redis",
+            "langchain",
+            "langchain_core",
+            "langchain_spec",
+            "workers",
+        },
+        (
+            "spec_batch.jobs",
+            "spec_batch.store",
+            "spec_batch.cli",
+            "spec_batch.reports",
+            "spec_batch.workers",
+            "spec_batch.server",
+        ),
+    ),
+    (
+        "spec_batch.jobs",
+        {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
+        ("spec_batch.cli", "spec_batch.workers", "spec_batch.server"),
+    ),
+    (
+        "spec_batch.store",
+        {"celery", "kombu", "langchain", "langchain_core", "langchain_spec", "workers"},
+        (
+            "spec_batch.jobs",
+            "spec_batch.loading",
+            "spec_batch.cli",
+            "spec_batch.core",
+            "spec_batch.workers",
+            "spec_batch.server",
+        ),
+    ),
+    (
+        "spec_batch.reports",
+        {"celery", "kombu", "redis", "langchain", "langchain_core", "langchain_spec", "workers"},
+        ("spec_batch.jobs", "spec_batch.loading", "spec_batch.cli", "spec_batch.workers", "spec_batch.server"),
+    ),
+    (
+        "spec_batch.workers",
+        {"langchain", "langchain_core", "langchain_spec", "workers"},
+        ("spec_batch.cli", "spec_batch.server"),
+    ),
     # the HTTP server sits beside the CLI: it may use every layer below, never the CLI or LangChain
-    ("spec_batch.server", {"langchain", "langchain_core", "langchain_spec", "workers"},
-     ("spec_batch.cli",)),
+    ("spec_batch.server", {"langchain", "langchain_core", "langchain_spec", "workers"}, ("spec_batch.cli",)),
 ]
 
 

@@ -1,4 +1,5 @@
 """Settings from the environment, and URLs shown without their secrets."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,9 +9,15 @@ from spec_batch.settings import get_settings, redact, shown_url
 
 SECRET_URLS = [
     ("postgresql://spec:pw-secret@db:5432/jobs", "postgresql://spec:***@db:5432/jobs"),
-    ("postgresql://spec@db/jobs?sslmode=require&password=q-secret", "postgresql://spec@db/jobs?sslmode=require&password=***"),
+    (
+        "postgresql://spec@db/jobs?sslmode=require&password=q-secret",
+        "postgresql://spec@db/jobs?sslmode=require&password=***",
+    ),
     ("redis://:r-secret@broker:6379/0", "redis://:***@broker:6379/0"),
-    ("rediss://broker:6380/0?password=t-secret&ssl_cert_reqs=none", "rediss://broker:6380/0?password=***&ssl_cert_reqs=none"),
+    (
+        "rediss://broker:6380/0?password=t-secret&ssl_cert_reqs=none",
+        "rediss://broker:6380/0?password=***&ssl_cert_reqs=none",
+    ),
     ("sqlite:////var/lib/spec/jobs.db", "sqlite:////var/lib/spec/jobs.db"),
 ]
 
@@ -23,8 +30,10 @@ def test_shown_urls_mask_passwords_and_secret_parameters(url, shown):
 def test_redact_masks_a_secret_wherever_a_message_quotes_it():
     url = "postgresql://spec@db/jobs?password=q-secret"
     msg = f"connection to {url} failed: password authentication failed (sent 'q-secret')"
-    assert redact(msg, url) == "connection to postgresql://spec@db/jobs?password=*** failed: password " \
-                               "authentication failed (sent '***')"
+    assert (
+        redact(msg, url) == "connection to postgresql://spec@db/jobs?password=*** failed: password "
+        "authentication failed (sent '***')"
+    )
 
 
 def test_device_and_threads_come_from_the_environment(monkeypatch):
@@ -57,19 +66,26 @@ def test_a_malformed_variable_is_a_one_line_error_of_the_cli(command, tmp_path, 
     assert "Error: SPEC_BATCH_TREE_WIDTH='wide' is not an integer" in result.output
 
 
-@pytest.mark.parametrize("args,env", [
-    (["jobs"], {"SPEC_BATCH_DATABASE_URL": "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"}),
-    (["db", "upgrade", "--url", "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"], {}),
-    (["submit", "{batch}"], {"SPEC_BATCH_BROKER_URL": "redis://:pw-secret@127.0.0.1:1/0?password=q-secret"}),
-], ids=["database", "db-url-option", "broker"])
+@pytest.mark.parametrize(
+    "args,env",
+    [
+        (["jobs"], {"SPEC_BATCH_DATABASE_URL": "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"}),
+        (["db", "upgrade", "--url", "postgresql://spec:pw-secret@127.0.0.1:1/jobs?password=q-secret"], {}),
+        (["submit", "{batch}"], {"SPEC_BATCH_BROKER_URL": "redis://:pw-secret@127.0.0.1:1/0?password=q-secret"}),
+    ],
+    ids=["database", "db-url-option", "broker"],
+)
 def test_cli_errors_never_print_a_secret(args, env, tmp_path, monkeypatch):
     from spec_batch.cli import main
 
     batch = tmp_path / "b.jsonl"
     batch.write_text('{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
     monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", f"sqlite:///{tmp_path / 'j.db'}")
-    res = CliRunner().invoke(main, [a.replace("{batch}", str(batch)) for a in args] + (
-        ["--no-model-check"] if args[0] == "submit" else []), env=env)
+    res = CliRunner().invoke(
+        main,
+        [a.replace("{batch}", str(batch)) for a in args] + (["--no-model-check"] if args[0] == "submit" else []),
+        env=env,
+    )
     assert res.exit_code != 0
     assert "secret" not in res.output and "***" in res.output, res.output
 

@@ -8,6 +8,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2025-01-01
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -140,9 +141,7 @@ def upgrade() -> None:
         sa.Column("completed_at", TS, nullable=True),
         sa.Column("lease_expires_at", TS, nullable=True),
         sa.CheckConstraint(_in("status", REQUEST_STATUSES), name=op.f("ck_requests_status")),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_requests_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_requests_job_id_jobs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_requests")),
         sa.UniqueConstraint("job_id", "custom_id", name=op.f("uq_requests_job_id_custom_id")),
         sa.UniqueConstraint("job_id", "line_number", name=op.f("uq_requests_job_id_line_number")),

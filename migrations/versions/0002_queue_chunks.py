@@ -4,6 +4,7 @@ Revision ID: 0002_queue
 Revises: 0001
 Create Date: 2025-01-02
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -43,16 +44,12 @@ def upgrade() -> None:
         sa.CheckConstraint(
             "state IN (" + ", ".join(repr(s) for s in CHUNK_STATES) + ")", name=op.f("ck_queue_chunks_state")
         ),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_queue_chunks_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_queue_chunks_job_id_jobs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_queue_chunks")),
     )
     with op.batch_alter_table("queue_chunks") as batch_op:
         batch_op.create_index(batch_op.f("ix_queue_chunks_job_id"), ["job_id"], unique=False)
-        batch_op.create_index(
-            "ix_queue_chunks_state_lease_expires_at", ["state", "lease_expires_at"], unique=False
-        )
+        batch_op.create_index("ix_queue_chunks_state_lease_expires_at", ["state", "lease_expires_at"], unique=False)
 
 
 def downgrade() -> None:

@@ -10,6 +10,7 @@ Revision ID: 0003_positions
 Revises: 0002_queue
 Create Date: 2026-12-01
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,7 +25,6 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-
 
 
 def _view_sql(with_forced: bool) -> str:

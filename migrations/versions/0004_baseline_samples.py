@@ -7,6 +7,7 @@ Revision ID: 0004_baseline_samples
 Revises: 0003_positions
 Create Date: 2026-12-02
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,7 +36,9 @@ def upgrade() -> None:
             ["job_id"], ["jobs.id"], name=op.f("fk_baseline_samples_job_id_jobs"), ondelete="CASCADE"
         ),
         sa.ForeignKeyConstraint(
-            ["request_id"], ["requests.id"], name=op.f("fk_baseline_samples_request_id_requests"),
+            ["request_id"],
+            ["requests.id"],
+            name=op.f("fk_baseline_samples_request_id_requests"),
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_baseline_samples")),

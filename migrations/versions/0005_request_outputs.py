@@ -13,6 +13,7 @@ Revision ID: 0005_request_outputs
 Revises: 0004_baseline_samples
 Create Date: 2026-12-02
 """
+
 from __future__ import annotations
 
 import json

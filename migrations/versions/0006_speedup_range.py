@@ -11,6 +11,7 @@ Revision ID: 0006_speedup_range
 Revises: 0005_request_outputs
 Create Date: 2026-12-02
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -31,14 +32,18 @@ SPEEDUP = """(CAST(j.sample_output_tokens AS DOUBLE PRECISION) / NULLIF(j.sample
 
 def _view_sql(with_range: bool) -> str:
     """0003's view, with the speedup's range appended (a copy: migrations never import each other)."""
-    range_cols = f""",
+    range_cols = (
+        f""",
     j.speedup_low AS speedup_low,
     j.speedup_high AS speedup_high,
     CASE
         WHEN j.speedup_low IS NULL OR j.speedup_high IS NULL OR ({SPEEDUP}) IS NULL THEN NULL
         WHEN (j.speedup_high - j.speedup_low) > {UNRELIABLE_SPREAD} * ({SPEEDUP}) THEN FALSE
         ELSE TRUE
-    END AS speedup_reliable""" if with_range else ""
+    END AS speedup_reliable"""
+        if with_range
+        else ""
+    )
     return f"""
 CREATE VIEW job_summary AS
 SELECT

@@ -10,6 +10,7 @@ Revision ID: 0007_job_weights
 Revises: 0006_speedup_range
 Create Date: 2026-12-02
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -7,6 +7,7 @@ Revision ID: 0008_files
 Revises: 0007_job_weights
 Create Date: 2026-12-03
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -7,6 +7,7 @@ Revision ID: 0009_drafters
 Revises: 0008_files
 Create Date: 2026-12-03
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,5 +1,6 @@
 """Helpers shared by the `spec-batch` command modules: the model options, opening the store, naming a job,
 --metadata, and the exit codes."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,56 +32,74 @@ def limit_type(allowed: Range, *, integer: bool = False) -> click.ParamType:
 def temperature_option(f: F) -> F:
     """--temperature of `run` and `submit`: for lines without one."""
     return click.option(
-        "--temperature", type=limit_type(TEMPERATURE), default=0.0, show_default=True,
+        "--temperature",
+        type=limit_type(TEMPERATURE),
+        default=0.0,
+        show_default=True,
         help="For lines without temperature (0 = greedy).",
     )(f)
 
 
 def target_option(f: F) -> F:
     return click.option(
-        "--target", default=None,
+        "--target",
+        default=None,
         help='Target model: "default", a hub id, a local dir or a .gguf file (default: $SPEC_BATCH_DEFAULT_TARGET '
-             'or "default").',
+        'or "default").',
     )(f)
 
 
 def draft_option(f: F) -> F:
     return click.option(
-        "--draft", default=None,
+        "--draft",
+        default=None,
         help='Drafter: "suffix", "ngram", "none", a draft model (hub id, dir, .gguf), "head:NAME" (a head trained by '
-             '`spec-batch drafters train`, or head:/path/dir) or "hybrid:NAME" (suffix where confident, the head '
-             'elsewhere) (default: $SPEC_BATCH_DEFAULT_DRAFT or "suffix").',
+        '`spec-batch drafters train`, or head:/path/dir) or "hybrid:NAME" (suffix where confident, the head '
+        'elsewhere) (default: $SPEC_BATCH_DEFAULT_DRAFT or "suffix").',
     )(f)
 
 
 def device_option(f: F) -> F:
     return click.option(
-        "--device", default=None,
+        "--device",
+        default=None,
         help="cpu, cuda, cuda:1, ... (default: $SPEC_BATCH_DEVICE, else cpu; a worker: else cuda when available).",
     )(f)
 
 
-WEIGHT_CHOICES = ("full", "int8", "int4", "auto")  # spec_batch.loading.weights.WEIGHT_CHOICES (not imported: fast --help)
+WEIGHT_CHOICES = (
+    "full",
+    "int8",
+    "int4",
+    "auto",
+)  # spec_batch.loading.weights.WEIGHT_CHOICES (not imported: fast --help)
 
 
 def weights_options(f: F) -> F:
     """--weights and --draft-weights: the weight storage of the target and of a draft model."""
     choice = click.Choice(WEIGHT_CHOICES, case_sensitive=False)
     f = click.option(
-        "--draft-weights", type=choice, default=None,
+        "--draft-weights",
+        type=choice,
+        default=None,
         help="A draft model's weights, as --weights (default: $SPEC_BATCH_DRAFT_WEIGHTS or auto: full for a draft "
-             "model, int8 on the CPU for a head). --draft self:int4 drafts with the target's own file at int4.",
+        "model, int8 on the CPU for a head). --draft self:int4 drafts with the target's own file at int4.",
     )(f)
     return click.option(
-        "--weights", type=choice, default=None,
+        "--weights",
+        type=choice,
+        default=None,
         help="Target weights: full (dtype, as today) | int8 | int4 (weight-only; GGUF Q4/Q8 tensors as they ship; "
-             "need bfloat16) | auto (default: $SPEC_BATCH_WEIGHTS or full). docs/weights.md.",
+        "need bfloat16) | auto (default: $SPEC_BATCH_WEIGHTS or full). docs/weights.md.",
     )(f)
 
 
 def max_tokens_option(f: F) -> F:
     return click.option(
-        "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+        "--max-tokens",
+        type=click.IntRange(min=1),
+        default=256,
+        show_default=True,
         help="For lines without max_tokens.",
     )(f)
 
@@ -103,7 +122,7 @@ def open_store_or_exit(*, must_exist: bool = False):
         return open_store(url, create=not must_exist)
     except SpecBatchError as exc:
         raise click.ClickException(redact(str(exc), url)) from exc
-    except Exception as exc:  # noqa: BLE001  (a server that cannot be reached, a bad URL)
+    except Exception as exc:
         raise click.ClickException(f"cannot open the database {shown_url(url)}: {redact(str(exc), url)}") from exc
 
 

@@ -1,4 +1,5 @@
 """The `spec-batch` click group. Each command lives in the module named for its area."""
+
 from __future__ import annotations
 
 import click

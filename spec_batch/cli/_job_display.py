@@ -1,4 +1,5 @@
 """How the job commands print: status colours, number and time formats, the job_summary table."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +13,6 @@ from ..store.models import (
     JOB_IN_PROGRESS,
     JOB_VALIDATING,
 )
-
 
 STATUS_STYLE = {
     JOB_COMPLETED: "green",
@@ -67,8 +67,10 @@ def _summary_table(row: dict, title: str):
     t.add_row("tokens per step", _fmt(row["tokens_per_step"]))
     t.add_row("tokens/s", _fmt(row["tokens_per_s"], ".1f"))
     t.add_row("baseline tokens/s", _fmt(row["baseline_tokens_per_s"], ".1f"))
-    t.add_row("speedup (measured)", describe_speedup(row["speedup"], row.get("speedup_low"),
-                                                     row.get("speedup_high"), row.get("speedup_reliable")))
+    t.add_row(
+        "speedup (measured)",
+        describe_speedup(row["speedup"], row.get("speedup_low"), row.get("speedup_high"), row.get("speedup_reliable")),
+    )
     t.add_row("created / completed", f"{_when(row['created_at'])} / {_when(row['completed_at'])}")
     return t
 

@@ -1,4 +1,5 @@
 """`spec-batch db upgrade | current | downgrade`: the job database's schema (Alembic migrations)."""
+
 from __future__ import annotations
 
 import click
@@ -23,7 +24,9 @@ def _engine(url: str | None, *, create: bool = True):
 
 
 @db_group.command("upgrade")
-@click.option("--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db).")
+@click.option(
+    "--url", default=None, help="Database URL (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db)."
+)
 def db_upgrade(url: str | None) -> None:
     """Migrate the database to the newest schema (what `alembic upgrade head` does)."""
     from ..settings import shown_url
@@ -34,7 +37,7 @@ def db_upgrade(url: str | None) -> None:
     try:
         before = current_revision(engine)
         head = migrate_to_head(engine)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise click.ClickException(f"cannot migrate {shown}: {exc}") from exc
     click.echo(f"{shown}: {before or '(empty)'} -> {head}" if before != head else f"{shown}: already at {head}")
 

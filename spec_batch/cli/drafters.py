@@ -1,5 +1,6 @@
 """`spec-batch drafters train | list | show`: draft heads learned from the job history, stored in SQL
 (docs/heads.md)."""
+
 from __future__ import annotations
 
 import json
@@ -19,21 +20,48 @@ def drafters() -> None:
 @drafters.command("train")
 @click.argument("name")
 @click.option("--job", "jobs", multiple=True, required=True, help="A job whose outputs to learn from (repeatable).")
-@click.option("--prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="More prompts (JSONL: batch lines, or {messages} / {prompt}); the target answers them first.")
+@click.option(
+    "--prompts",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="More prompts (JSONL: batch lines, or {messages} / {prompt}); the target answers them first.",
+)
 @click.option("--max-minutes", type=click.FloatRange(min=0.1), default=None, help="Stop training after this long.")
 @click.option("--epochs", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--draft-vocab", type=click.IntRange(min=16), default=8192, show_default=True,
-              help="Tokens the head can propose (the most frequent in the data; FR-Spec).")
+@click.option(
+    "--draft-vocab",
+    type=click.IntRange(min=16),
+    default=8192,
+    show_default=True,
+    help="Tokens the head can propose (the most frequent in the data; FR-Spec).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--own-lm-head", is_flag=True,
-              help="Train and store the head's own LM head (default: the target's rows, frozen and not stored).")
-@click.option("--layout", type=click.Choice(["eagle", "eagle3"]), default="eagle", show_default=True,
-              help="eagle: EAGLE-1's head on the last hidden state; eagle3: EAGLE-3's, on a low, a middle and a "
-                   "high layer, trained with training-time test (docs/heads.md).")
+@click.option(
+    "--own-lm-head",
+    is_flag=True,
+    help="Train and store the head's own LM head (default: the target's rows, frozen and not stored).",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["eagle", "eagle3"]),
+    default="eagle",
+    show_default=True,
+    help="eagle: EAGLE-1's head on the last hidden state; eagle3: EAGLE-3's, on a low, a middle and a "
+    "high layer, trained with training-time test (docs/heads.md).",
+)
 @device_option
-def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: float | None, epochs: int,
-          draft_vocab: int, seed: int, own_lm_head: bool, layout: str, device: str | None) -> None:
+def train(
+    name: str,
+    jobs: tuple[str, ...],
+    prompts: Path | None,
+    max_minutes: float | None,
+    epochs: int,
+    draft_vocab: int,
+    seed: int,
+    own_lm_head: bool,
+    layout: str,
+    device: str | None,
+) -> None:
     """Distill a head NAME for the jobs' target from their stored prompts and outputs."""
     from tqdm import tqdm
 
@@ -52,11 +80,18 @@ def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: f
         raise click.ClickException(f"jobs {job_ids} have targets {sorted(targets)}: a head is trained for one target")
     settings = get_settings()
     try:
-        decoder = shared_decoder(targets.pop(), "none", device=device or settings.device or "cpu",
-                                 cache_dir=settings.cache_dir)
+        decoder = shared_decoder(
+            targets.pop(), "none", device=device or settings.device or "cpu", cache_dir=settings.cache_dir
+        )
         pairs = sequences(decoder, outputs) + (prompts_file(decoder, prompts) if prompts else [])
-        opts = TrainOptions(draft_vocab=draft_vocab, epochs=epochs, max_minutes=max_minutes, seed=seed,
-                            shared_lm_head=not own_lm_head, layout=layout)
+        opts = TrainOptions(
+            draft_vocab=draft_vocab,
+            epochs=epochs,
+            max_minutes=max_minutes,
+            seed=seed,
+            shared_lm_head=not own_lm_head,
+            layout=layout,
+        )
         trained = train_from_pairs(decoder, pairs, opts, bar=lambda total, desc: tqdm(total=total, desc=desc))
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -64,9 +99,11 @@ def train(name: str, jobs: tuple[str, ...], prompts: Path | None, max_minutes: f
     with factory.begin() as s:
         store.save_drafter(s, row)
     shown = "—" if trained.heldout_accepted_length is None else f"{trained.heldout_accepted_length:.2f}"
-    click.echo(f"head {name!r} for {row.target}: {trained.n_train} requests ({row.tokens_trained} tokens), "
-               f"{len(row.weights) / 1e6:.1f} MB; held out {trained.n_heldout}: accepted length {shown} per step "
-               f"(top-1 {trained.report.top1 or 0:.0%}). Use it: --draft head:{name}")
+    click.echo(
+        f"head {name!r} for {row.target}: {trained.n_train} requests ({row.tokens_trained} tokens), "
+        f"{len(row.weights) / 1e6:.1f} MB; held out {trained.n_heldout}: accepted length {shown} per step "
+        f"(top-1 {trained.report.top1 or 0:.0%}). Use it: --draft head:{name}"
+    )
 
 
 @drafters.command("list")
@@ -83,8 +120,10 @@ def list_command(as_json: bool) -> None:
             click.echo(json.dumps(_as_dict(r), default=str))
         else:
             acc = "—" if r.heldout_accepted_length is None else f"{r.heldout_accepted_length:.2f}"
-            click.echo(f"{r.name}\t{r.target}\t{r.tokens_trained} tokens\taccepted {acc}\t{r.size_bytes / 1e6:.1f} MB"
-                       f"\t{r.created_at:%Y-%m-%d %H:%M}")
+            click.echo(
+                f"{r.name}\t{r.target}\t{r.tokens_trained} tokens\taccepted {acc}\t{r.size_bytes / 1e6:.1f} MB"
+                f"\t{r.created_at:%Y-%m-%d %H:%M}"
+            )
     if not rows and not as_json:
         click.echo("no heads yet: spec-batch drafters train NAME --job JOB")
 

@@ -1,4 +1,5 @@
 """`spec-batch generate`: decode prompts from the command line or a file."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ def read_text_file(path: Path, option: str) -> str:
     except OSError as e:
         raise click.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=option) from None
     except UnicodeDecodeError as e:
-        raise click.BadParameter(f"{path} is not UTF-8 text (byte {e.start}): give a text file",
-                                 param_hint=option) from None
+        raise click.BadParameter(
+            f"{path} is not UTF-8 text (byte {e.start}): give a text file", param_hint=option
+        ) from None
 
 
 def _read_prompts(prompts: tuple[str, ...], file: Path | None) -> list[str]:
@@ -56,28 +58,52 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
 
 @main.command("generate")
 @click.argument("prompts", nargs=-1)
-@click.option("--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin).")
+@click.option(
+    "--file", "file", type=click.Path(path_type=Path, allow_dash=True), help="Prompts, one per line (- for stdin)."
+)
 @click.option("--chat", is_flag=True, help="Apply the target's chat template (each prompt is one user message).")
 @model_options
-@click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; "
-              "int4/int8 weights: bf16).")
+@click.option(
+    "--dtype",
+    default=None,
+    help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; int4/int8 weights: bf16).",
+)
 @weights_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--temperature", type=limit_type(TEMPERATURE), default=0.0, show_default=True,
-              help="0 = greedy; at most 2 (OpenAI's range).")
+@click.option(
+    "--temperature",
+    type=limit_type(TEMPERATURE),
+    default=0.0,
+    show_default=True,
+    help="0 = greedy; at most 2 (OpenAI's range).",
+)
 @click.option("--top-p", type=limit_type(TOP_P), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--seed", type=limit_type(SEED, integer=True), default=None,
-              help="Per-request seed (same output whatever the batch): a signed 64-bit integer.")
+@click.option(
+    "--seed",
+    type=limit_type(SEED, integer=True),
+    default=None,
+    help="Per-request seed (same output whatever the batch): a signed 64-bit integer.",
+)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--response-format", callback=_response_format, metavar="JSON|@FILE",
-              help='The output\'s shape, as the batch field: \'{"type": "json_object"}\', a json_schema, regex or choice '
-                   "object (docs/structured-output.md); @FILE reads it from a file.")
+@click.option(
+    "--response-format",
+    callback=_response_format,
+    metavar="JSON|@FILE",
+    help='The output\'s shape, as the batch field: \'{"type": "json_object"}\', a json_schema, regex or choice '
+    "object (docs/structured-output.md); @FILE reads it from a file.",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--num-draft-tokens", type=click.IntRange(min=0), default=None,
-              help="Longest draft per step.  [default: the drafter's: 16 for suffix, 8 otherwise]")
+@click.option(
+    "--num-draft-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Longest draft per step.  [default: the drafter's: 16 for suffix, 8 otherwise]",
+)
 @click.option("--no-adaptive", is_flag=True, help="Always draft --num-draft-tokens (no adaptive draft length).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, finish_reason, stats.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, finish_reason, stats."
+)
 def generate(
     prompts: tuple[str, ...],
     file: Path | None,

@@ -1,4 +1,5 @@
 """`spec-batch jobs | show | stats`: the job history in SQL (the job_summary view), read only."""
+
 from __future__ import annotations
 
 import json
@@ -43,17 +44,29 @@ def jobs_command(limit: int, status: str | None, as_json: bool) -> None:
     for r in rows:
         created = r["created_at"].astimezone().strftime("%m-%d %H:%M") if r["created_at"] else "—"
         t.add_row(
-            r["job_id"], _status(r["status"]), f"{r['n_completed'] + r['n_failed']}/{r['n_requests']}",
-            str(r["n_failed"]), _fmt(r["acceptance_rate"], ".0%"), _fmt(r["tokens_per_s"], ".1f"),
-            _fmt(r["speedup"], ".2f", "x"), created, f"{r['target']} / {r['drafter']}",
+            r["job_id"],
+            _status(r["status"]),
+            f"{r['n_completed'] + r['n_failed']}/{r['n_requests']}",
+            str(r["n_failed"]),
+            _fmt(r["acceptance_rate"], ".0%"),
+            _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"], ".2f", "x"),
+            created,
+            f"{r['target']} / {r['drafter']}",
         )
     _console().print(t)
 
 
 @main.command("show")
 @click.argument("job")
-@click.option("--errors", "n_errors", type=click.IntRange(min=0), default=10, show_default=True,
-              help="How many failed requests to list.")
+@click.option(
+    "--errors",
+    "n_errors",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="How many failed requests to list.",
+)
 def show_command(job: str, n_errors: int) -> None:
     """Everything about one job: summary, settings, request counts, baseline and its first errors."""
     from rich.table import Table
@@ -119,16 +132,35 @@ def stats_command(as_json: bool) -> None:
     from rich import box
 
     t = Table(title="By target and drafter", title_justify="left", box=box.SIMPLE_HEAD)
-    for col, just in [("target", "left"), ("drafter", "left"), ("jobs", "right"), ("requests", "right"),
-                      ("failed", "right"), ("out tokens", "right"), ("acceptance", "right"),
-                      ("tok/step", "right"), ("mean tok/s", "right"), ("speedup (mean)", "right"),
-                      ("min–max", "right"), ("jobs measured", "right")]:
+    for col, just in [
+        ("target", "left"),
+        ("drafter", "left"),
+        ("jobs", "right"),
+        ("requests", "right"),
+        ("failed", "right"),
+        ("out tokens", "right"),
+        ("acceptance", "right"),
+        ("tok/step", "right"),
+        ("mean tok/s", "right"),
+        ("speedup (mean)", "right"),
+        ("min–max", "right"),
+        ("jobs measured", "right"),
+    ]:
         t.add_column(col, justify=just)
     for r in rows:
-        rng = (f"{r['min_speedup']:.2f}–{r['max_speedup']:.2f}x" if r["min_speedup"] is not None else "—")
+        rng = f"{r['min_speedup']:.2f}–{r['max_speedup']:.2f}x" if r["min_speedup"] is not None else "—"
         t.add_row(
-            r["target"], r["drafter"], str(r["jobs"]), str(r["n_requests"]), str(r["n_failed"]),
-            str(r["output_tokens"]), _fmt(r["acceptance_rate"], ".1%"), _fmt(r["tokens_per_step"]),
-            _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"], ".2f", "x"), rng, str(r["jobs_measured"]),
+            r["target"],
+            r["drafter"],
+            str(r["jobs"]),
+            str(r["n_requests"]),
+            str(r["n_failed"]),
+            str(r["output_tokens"]),
+            _fmt(r["acceptance_rate"], ".1%"),
+            _fmt(r["tokens_per_step"]),
+            _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"], ".2f", "x"),
+            rng,
+            str(r["jobs_measured"]),
         )
     _console().print(t)

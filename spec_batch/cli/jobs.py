@@ -1,4 +1,5 @@
 """`spec-batch run | resume | results`: bulk jobs in-process (their history: cli/history.py; the schema: cli/db.py)."""
+
 from __future__ import annotations
 
 import signal
@@ -30,8 +31,14 @@ from ._group import main
 from ._job_display import _console, _fmt, _print_summary
 
 
-def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None, weights: str | None = None,
-                  draft_weights: str | None = None):
+def _load_decoder(
+    target: str,
+    draft: str,
+    device: str | None,
+    dtype: str | None,
+    weights: str | None = None,
+    draft_weights: str | None = None,
+):
     from .. import SpecBatchError, load_decoder
     from ..jobs.heads import resolve_with_settings
     from ..settings import get_settings
@@ -42,8 +49,13 @@ def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None
     try:
         with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
             return load_decoder(
-                target=target, draft=resolve_with_settings(draft, settings), device=device, dtype=dtype, cache_dir=str(settings.cache_dir),
-                weights=weights or settings.weights, draft_weights=draft_weights or settings.draft_weights,
+                target=target,
+                draft=resolve_with_settings(draft, settings),
+                device=device,
+                dtype=dtype,
+                cache_dir=str(settings.cache_dir),
+                weights=weights or settings.weights,
+                draft_weights=draft_weights or settings.draft_weights,
                 tree_width=settings.tree_width,
             )
     except SpecBatchError as exc:
@@ -54,7 +66,7 @@ def _load_decoder(target: str, draft: str, device: str | None, dtype: str | None
 def _sigterm_as_interrupt():
     """`kill` (SIGTERM) stops a run like Ctrl-C: claimed requests go back to pending at once."""
 
-    def handler(signum, frame):  # noqa: ARG001
+    def handler(signum, frame):
         raise KeyboardInterrupt
 
     try:
@@ -83,9 +95,16 @@ class _RunDisplay:
 
         self.console = _console(stderr=True)
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("requests"), TextColumn("{task.fields[tps]} tok/s"), TextColumn("acceptance {task.fields[acc]}"),
-            TimeElapsedColumn(), console=self.console, transient=False,
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("acceptance {task.fields[acc]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
         )
         self.task = None
         self.t0 = 0.0
@@ -177,16 +196,27 @@ def _default_output(file: Path) -> Path:
 
 @main.command("run")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
-                   "Invalid lines and failed requests go to OUT.errors.jsonl beside it.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
+    "Invalid lines and failed requests go to OUT.errors.jsonl beside it.",
+)
 @click.option("--force", is_flag=True, help="Replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 @model_options
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the core's choice for the device).")
 @weights_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).")
+@click.option(
+    "--baseline-sample",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Requests decoded again without speculation to measure the speedup (0: off, speedup NULL).",
+)
 @max_tokens_option
 @temperature_option
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
@@ -230,8 +260,14 @@ def run_command(
         raise click.ClickException(str(exc)) from exc
     session_factory = open_store_or_exit()
     console = _console(stderr=True)
-    job_options = dict(output_file=output, batch_size=batch_size, baseline_sample=baseline_sample,
-                       sampling_defaults=defaults, metadata=meta or None, report=parsed)
+    job_options = dict(
+        output_file=output,
+        batch_size=batch_size,
+        baseline_sample=baseline_sample,
+        sampling_defaults=defaults,
+        metadata=meta or None,
+        report=parsed,
+    )
     if parsed.requests:
         # an unknown model fails before any job exists
         decoder = _load_decoder(target, draft, device, dtype, weights, draft_weights)
@@ -255,8 +291,11 @@ def _decoder_job_fields(decoder) -> dict:
     """The job row's fields that come from the loaded decoder: its models, limits and precision."""
     precision = getattr(decoder, "precision", None)  # None: a decoder not built by load_decoder
     return dict(
-        target=decoder.target_name, drafter=decoder.draft_name, max_context=decoder.max_context,
-        vocab_size=decoder.vocab_size, weights=precision.target.weights if precision else None,
+        target=decoder.target_name,
+        drafter=decoder.draft_name,
+        max_context=decoder.max_context,
+        vocab_size=decoder.vocab_size,
+        weights=precision.target.weights if precision else None,
         dtype=precision.target.dtype_name if precision else None,
     )
 
@@ -274,9 +313,13 @@ def _job_precision(session_factory, job_id: str, dtype: str | None) -> tuple[str
 @click.argument("job")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1, ... (default: $SPEC_BATCH_DEVICE, else cpu).")
 @click.option("--dtype", default=None, help="float32 | bfloat16 | float16.")
-@click.option("--wait", "wait_busy", is_flag=True,
-              help="When another live process holds some of the job's requests, wait until it lets them go "
-                   "(it finishes, or dies and its lease expires) instead of exiting.")
+@click.option(
+    "--wait",
+    "wait_busy",
+    is_flag=True,
+    help="When another live process holds some of the job's requests, wait until it lets them go "
+    "(it finishes, or dies and its lease expires) instead of exiting.",
+)
 def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: bool) -> None:
     """Continue the interrupted job JOB (an id, a unique prefix, or "latest") with its target and drafter.
 
@@ -300,9 +343,12 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     try:
         with _running(job_id) as display:
             outcome = resume(
-                session_factory, job_id,
+                session_factory,
+                job_id,
                 decoder_for=lambda target, drafter: _load_decoder(target, drafter, device, dtype, weights),
-                enqueue=enqueue_job, wait=wait_busy, on_wait=on_wait,
+                enqueue=enqueue_job,
+                wait=wait_busy,
+                on_wait=on_wait,
                 **display.hooks(),
             )
     except JobBusyError as exc:
@@ -325,8 +371,14 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
 
 @main.command("results")
 @click.argument("job")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output JSONL; failed requests and invalid lines go to OUT.errors.jsonl beside it.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Output JSONL; failed requests and invalid lines go to OUT.errors.jsonl beside it.",
+)
 @click.option("--force", is_flag=True, help="Replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 def results_command(job: str, output: Path, force: bool) -> None:
     """Export the results of JOB (OpenAI Batch API output lines)."""
@@ -336,8 +388,12 @@ def results_command(job: str, output: Path, force: bool) -> None:
     session_factory = open_store_or_exit(must_exist=True)
     job_id = resolve_job(session_factory, job)
     try:
-        check_output_path(output, input_path=job_info(session_factory, job_id).input_file,
-                          protected=job_files(session_factory, [job_id]), force=force)
+        check_output_path(
+            output,
+            input_path=job_info(session_factory, job_id).input_file,
+            protected=job_files(session_factory, [job_id]),
+            force=force,
+        )
         rep = write_results(session_factory, job_id, output)
     except OutputPathError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -349,5 +405,3 @@ def results_command(job: str, output: Path, force: bool) -> None:
         console.print(f"{rep.n_errors} error(s) -> {rep.errors_path}")
     if rep.n_open:
         console.print(f"[yellow]{rep.n_open} request(s) are not finished yet[/]: spec-batch resume {job_id}")
-
-

@@ -1,4 +1,5 @@
 """`spec-batch models`: the built-in model aliases and the GGUF conversion cache."""
+
 from __future__ import annotations
 
 import datetime as _dt

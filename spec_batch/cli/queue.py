@@ -1,4 +1,5 @@
 """`spec-batch submit | worker | cancel | wait`: jobs through Redis to Celery workers (see README.md, "The queue")."""
+
 from __future__ import annotations
 
 import os
@@ -13,19 +14,18 @@ from ._common import (
     EXIT_CANCELLED,
     EXIT_COMPLETED,
     EXIT_FAILED,
+    WEIGHT_CHOICES,
     device_option,
     draft_option,
     max_tokens_option,
     open_store_or_exit,
     parse_metadata,
     resolve_job,
-    WEIGHT_CHOICES,
     target_option,
     temperature_option,
 )
 from ._group import main
 from .wait import err, wait_for_job
-
 
 
 def _check_model(spec: str, what: str) -> None:
@@ -64,23 +64,44 @@ def _queue_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @target_option
 @draft_option
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Decoding batch size on the worker.")
-@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
-              help="Requests per task (default: $SPEC_BATCH_CHUNK_SIZE or 32). Smaller spreads a job over more "
-                   "workers; larger costs less per request.")
-@click.option("--baseline-sample", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Requests decoded again without speculation to measure the speedup (0: off).")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="Decoding batch size on the worker."
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests per task (default: $SPEC_BATCH_CHUNK_SIZE or 32). Smaller spreads a job over more "
+    "workers; larger costs less per request.",
+)
+@click.option(
+    "--baseline-sample",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Requests decoded again without speculation to measure the speedup (0: off).",
+)
 @max_tokens_option
 @temperature_option
-@click.option("--queue", "queue", default=None, callback=_queue_names,
-              help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).")
+@click.option(
+    "--queue",
+    "queue",
+    default=None,
+    callback=_queue_names,
+    help="Queue name (default: derived from target and drafter; `spec-batch worker --model` serves it).",
+)
 @click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE", help="Stored with the job (repeatable).")
 @click.option("--no-model-check", is_flag=True, help="Do not check that the models exist on this machine.")
-@click.option("--weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
-              help="The job's target weights (default: $SPEC_BATCH_WEIGHTS or full); with --dtype, part of the queue "
-                   "name: workers started with the same --weights/--dtype serve it.")
-@click.option("--dtype", default=None, help="The job's compute dtype (default: the worker device's; int4/int8: bfloat16).")
+@click.option(
+    "--weights",
+    type=click.Choice(WEIGHT_CHOICES, case_sensitive=False),
+    default=None,
+    help="The job's target weights (default: $SPEC_BATCH_WEIGHTS or full); with --dtype, part of the queue "
+    "name: workers started with the same --weights/--dtype serve it.",
+)
+@click.option(
+    "--dtype", default=None, help="The job's compute dtype (default: the worker device's; int4/int8: bfloat16)."
+)
 @click.option("--wait", "wait_after", is_flag=True, help="Then wait for the job (as `spec-batch wait`).")
 def submit_command(
     file: Path,
@@ -108,13 +129,24 @@ def submit_command(
 
     meta = parse_metadata(metadata)
     settings = get_settings()
-    target, draft, job_weights, job_dtype = _job_models(settings, target, draft, weights, dtype, check=not no_model_check)
+    target, draft, job_weights, job_dtype = _job_models(
+        settings, target, draft, weights, dtype, check=not no_model_check
+    )
     session_factory = open_store_or_exit()
     try:
         res = submit_file(
-            session_factory, file, target=target, drafter=draft, batch_size=batch_size, baseline_sample=baseline_sample,
-            chunk_size=chunk_size, sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
-            metadata=meta or None, queue=queue, weights=job_weights, dtype=job_dtype,
+            session_factory,
+            file,
+            target=target,
+            drafter=draft,
+            batch_size=batch_size,
+            baseline_sample=baseline_sample,
+            chunk_size=chunk_size,
+            sampling_defaults={"max_new_tokens": max_tokens, "temperature": temperature},
+            metadata=meta or None,
+            queue=queue,
+            weights=job_weights,
+            dtype=job_dtype,
         )
     except BrokerUnavailableError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -172,24 +204,59 @@ def _requested_precision(weights: str | None, dtype: str | None) -> tuple[str, s
 
 
 @main.command("worker", context_settings={"ignore_unknown_options": True})
-@click.option("-m", "--model", "models", multiple=True, metavar="TARGET[:DRAFTER]",
-              help="A target and drafter this worker serves (repeatable; default: the default target and "
-                   "drafter). Each is one queue, named by `spec_batch` routing.")
-@click.option("-Q", "--queues", "queues", multiple=True, callback=_queue_names,
-              help="Queue names to serve instead of / besides --model (comma-separated or repeated).")
-@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.")
+@click.option(
+    "-m",
+    "--model",
+    "models",
+    multiple=True,
+    metavar="TARGET[:DRAFTER]",
+    help="A target and drafter this worker serves (repeatable; default: the default target and "
+    "drafter). Each is one queue, named by `spec_batch` routing.",
+)
+@click.option(
+    "-Q",
+    "--queues",
+    "queues",
+    multiple=True,
+    callback=_queue_names,
+    help="Queue names to serve instead of / besides --model (comma-separated or repeated).",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes (each loads its models once). One per GPU: prefer one worker per GPU.",
+)
 @device_option
-@click.option("--weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
-              help="Serve the queues of jobs at these weights (default: $SPEC_BATCH_WEIGHTS or full).")
-@click.option("--dtype", default=None, help="... and this dtype (default: the queues of jobs that leave it to the device).")
-@click.option("--draft-weights", type=click.Choice(WEIGHT_CHOICES, case_sensitive=False), default=None,
-              help="Draft models' and heads' weights (SPEC_BATCH_DRAFT_WEIGHTS, default auto: full for a draft model, "
-                   "int8 on the CPU for a head; drafts change speed, never outputs).")
-@click.option("--torch-threads", type=click.IntRange(min=1), envvar="SPEC_BATCH_TORCH_THREADS", default=None,
-              help="torch threads per worker process (default: all cores, or cores / concurrency).")
+@click.option(
+    "--weights",
+    type=click.Choice(WEIGHT_CHOICES, case_sensitive=False),
+    default=None,
+    help="Serve the queues of jobs at these weights (default: $SPEC_BATCH_WEIGHTS or full).",
+)
+@click.option(
+    "--dtype", default=None, help="... and this dtype (default: the queues of jobs that leave it to the device)."
+)
+@click.option(
+    "--draft-weights",
+    type=click.Choice(WEIGHT_CHOICES, case_sensitive=False),
+    default=None,
+    help="Draft models' and heads' weights (SPEC_BATCH_DRAFT_WEIGHTS, default auto: full for a draft model, "
+    "int8 on the CPU for a head; drafts change speed, never outputs).",
+)
+@click.option(
+    "--torch-threads",
+    type=click.IntRange(min=1),
+    envvar="SPEC_BATCH_TORCH_THREADS",
+    default=None,
+    help="torch threads per worker process (default: all cores, or cores / concurrency).",
+)
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default="prefork", show_default=True)
-@click.option("-n", "--hostname", default=None, help="Celery node name (default: spec-batch-PID@HOST, unique per worker).")
+@click.option(
+    "-n", "--hostname", default=None, help="Celery node name (default: spec-batch-PID@HOST, unique per worker)."
+)
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker_command(
@@ -235,12 +302,23 @@ def worker_command(
     if torch_threads:
         os.environ["SPEC_BATCH_TORCH_THREADS"] = str(torch_threads)
     _check_database()
-    err(f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
-         f"lease {settings.lease_seconds}s; broker {shown_url(settings.broker_url)}")
+    err(
+        f"spec-batch worker: queues {', '.join(names)}; concurrency {concurrency}; "
+        f"lease {settings.lease_seconds}s; broker {shown_url(settings.broker_url)}"
+    )
     from ..workers.celery_app import app
 
-    argv = ["worker", f"--loglevel={loglevel}", "-Q", ",".join(names), f"--concurrency={concurrency}",
-            f"--pool={pool}", "-n", hostname or f"spec-batch-{os.getpid()}@%h", *celery_args]
+    argv = [
+        "worker",
+        f"--loglevel={loglevel}",
+        "-Q",
+        ",".join(names),
+        f"--concurrency={concurrency}",
+        f"--pool={pool}",
+        "-n",
+        hostname or f"spec-batch-{os.getpid()}@%h",
+        *celery_args,
+    ]
     app.worker_main(argv)
 
 
@@ -256,9 +334,11 @@ def _check_database() -> None:
         session_factory = open_store(url)
     except DatabaseNotMigratedError as exc:
         raise click.ClickException(redact(str(exc), url)) from exc
-    except Exception as exc:  # noqa: BLE001
-        err(f"warning: cannot open the database {shown_url(url)} now ({redact(str(exc), url)}); "
-             f"starting anyway, chunks are retried until it is back")
+    except Exception as exc:
+        err(
+            f"warning: cannot open the database {shown_url(url)} now ({redact(str(exc), url)}); "
+            f"starting anyway, chunks are retried until it is back"
+        )
         return
     session_factory.kw["bind"].dispose()
 
@@ -283,8 +363,11 @@ def cancel_command(job: str, wait_after: bool) -> None:
         outcome = cancel_job(session_factory, job_id)
     except JobStateError as exc:
         raise click.ClickException(str(exc)) from exc
-    err(f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next "
-         f"decoding step)" if outcome.status == JOB_CANCELLING else f"job {job_id}: {outcome.status}")
+    err(
+        f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next decoding step)"
+        if outcome.status == JOB_CANCELLING
+        else f"job {job_id}: {outcome.status}"
+    )
     click.echo(outcome.status)
     if wait_after and outcome.status == JOB_CANCELLING:
         code = wait_for_job(session_factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)

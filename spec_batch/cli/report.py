@@ -1,7 +1,8 @@
 """`spec-batch report`: one self-contained HTML page of jobs' charts, or of every job over time."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -15,19 +16,34 @@ def parse_since(value: str) -> datetime:
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a date: give YYYY-MM-DD or an ISO 8601 time "
-                                 f"(2026-05-01T12:00, 2026-05-01T12:00+02:00)", param_hint="--since") from None
-    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+        raise click.BadParameter(
+            f"{value!r} is not a date: give YYYY-MM-DD or an ISO 8601 time (2026-05-01T12:00, 2026-05-01T12:00+02:00)",
+            param_hint="--since",
+        ) from None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 @main.command("report")
 @click.argument("jobs", nargs=-1)
 @click.option("--history", is_flag=True, help="Every job over time (speedup and tokens/s) instead of given jobs.")
-@click.option("--since", "since", default=None, metavar="DATE",
-              help="With --history: jobs created at or after DATE (YYYY-MM-DD or ISO 8601; UTC unless it says).")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The HTML file to write (self-contained: open it anywhere, offline).")
-@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never a job's input, results or errors file).")
+@click.option(
+    "--since",
+    "since",
+    default=None,
+    metavar="DATE",
+    help="With --history: jobs created at or after DATE (YYYY-MM-DD or ISO 8601; UTC unless it says).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The HTML file to write (self-contained: open it anywhere, offline).",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace OUTPUT if it exists (never a job's input, results or errors file)."
+)
 def report_command(jobs: tuple[str, ...], history: bool, since: str | None, output: Path, force: bool) -> None:
     """An HTML report of JOB [JOB...] (ids, unique prefixes or "latest"): summary, acceptance by draft
     position, accepted lengths, which requests paid, throughput over time, the baseline sample, and the
@@ -38,7 +54,7 @@ def report_command(jobs: tuple[str, ...], history: bool, since: str | None, outp
     if history and jobs:
         raise click.UsageError("give JOB ids or --history, not both")
     if not history and not jobs:
-        raise click.UsageError("give at least one JOB id (or \"latest\"), or --history")
+        raise click.UsageError('give at least one JOB id (or "latest"), or --history')
     if since is not None and not history:
         raise click.UsageError("--since goes with --history")
     since_at = parse_since(since) if since is not None else None

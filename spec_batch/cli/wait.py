@@ -1,4 +1,5 @@
 """`spec-batch wait`: a job's progress until it ends, then its status (and, with -o, its results)."""
+
 from __future__ import annotations
 
 import sys
@@ -42,8 +43,9 @@ def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int,
     return ", ".join(parts)
 
 
-def wait_for_job(session_factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None,
-          quiet: bool) -> int:
+def wait_for_job(
+    session_factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None, quiet: bool
+) -> int:
     from ..store import queries, summaries
 
     t0 = time.monotonic()
@@ -82,8 +84,12 @@ def wait_for_job(session_factory, job_id: str, *, interval: float, timeout: floa
         error = queries.get_job(s, job_id).error
     if not quiet:
         stats = []
-        for key, label, fmt in (("tokens_per_s", "tokens/s", ".1f"), ("acceptance_rate", "acceptance", ".3f"),
-                                ("tokens_per_step", "tokens/step", ".2f"), ("speedup", "speedup", ".2f")):
+        for key, label, fmt in (
+            ("tokens_per_s", "tokens/s", ".1f"),
+            ("acceptance_rate", "acceptance", ".3f"),
+            ("tokens_per_step", "tokens/step", ".2f"),
+            ("speedup", "speedup", ".2f"),
+        ):
             if row.get(key) is not None:
                 stats.append(f"{label} {row[key]:{fmt}}")
         if stats:
@@ -97,23 +103,37 @@ def wait_for_job(session_factory, job_id: str, *, interval: float, timeout: floa
             rep = write_results(session_factory, job_id, output)
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc}") from exc
-        err(f"  wrote {rep.n_output} result(s) to {rep.output_path}"
-             + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else ""))
+        err(
+            f"  wrote {rep.n_output} result(s) to {rep.output_path}"
+            + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else "")
+        )
     click.echo(status)
     return JOB_EXIT_CODES.get(status, EXIT_FAILED)
 
 
 @main.command("wait")
 @click.argument("job")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="Seconds between progress checks.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between progress checks.",
+)
 @click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up after this many seconds (exit 3).")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.",
+)
 @click.option("--force", is_flag=True, help="With -o: replace OUT.jsonl (and OUT.errors.jsonl) if they exist.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final status on stdout.")
-def wait_command(job: str, interval: float, timeout: float | None, output: Path | None, force: bool,
-                 quiet: bool) -> None:
+def wait_command(
+    job: str, interval: float, timeout: float | None, output: Path | None, force: bool, quiet: bool
+) -> None:
     """Show JOB's progress until it ends; prints its final status. Exit 0 completed, 1 failed, 2 cancelled,
     3 timed out."""
     from ..jobs import job_info
@@ -123,9 +143,12 @@ def wait_command(job: str, interval: float, timeout: float | None, output: Path 
     job_id = resolve_job(session_factory, job)
     if output is not None:  # checked now, not after a long wait
         try:
-            check_output_path(output, input_path=job_info(session_factory, job_id).input_file,
-                              protected=job_files(session_factory, [job_id]), force=force)
+            check_output_path(
+                output,
+                input_path=job_info(session_factory, job_id).input_file,
+                protected=job_files(session_factory, [job_id]),
+                force=force,
+            )
         except OutputPathError as exc:
             raise click.ClickException(str(exc)) from exc
     sys.exit(wait_for_job(session_factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
-

@@ -8,6 +8,7 @@ the draft tokens before it were accepted), in bins of stated confidence, kept ap
 - a step's first draft token otherwise (a new row, or one whose last proposal missed),
 - every later draft token (given the ones before it were accepted).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -2,6 +2,7 @@
 every drafter with a distribution shares (the target's bias and penalties, the grammar's mask, the target's
 temperature / top-k / top-p, keyed draft noise, nothing after an EOS), so a draft model and a learned head cannot
 drift apart in how they shape or sample what they propose."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -40,9 +41,15 @@ class Chain(NamedTuple):
     forwards: int  # the drafter's forward passes
 
 
-def chain_draft(rows: Sequence[Any], k: Sequence[int], first: tuple[torch.Tensor, torch.Tensor],
-                next_logits: NextLogits, placeholder_id: int, device: torch.device,
-                vocab: DraftVocab | None = None) -> tuple[Chain, list[int]]:
+def chain_draft(
+    rows: Sequence[Any],
+    k: Sequence[int],
+    first: tuple[torch.Tensor, torch.Tensor],
+    next_logits: NextLogits,
+    placeholder_id: int,
+    device: torch.device,
+    vocab: DraftVocab | None = None,
+) -> tuple[Chain, list[int]]:
     """Up to k[b] tokens per row; returns the draft and each row's final length (shorter after an EOS under a
     grammar). The last draft token of a row is never fed (it is read by the target, and fed next step if accepted).
     vocab: next_logits speaks the drafter's reduced vocabulary."""
@@ -90,8 +97,9 @@ def chain_draft(rows: Sequence[Any], k: Sequence[int], first: tuple[torch.Tensor
     return Chain(tokens, probs_all, forwards), k
 
 
-def _pick(rows: Sequence[Any], k: Sequence[int], j: int, logits: torch.Tensor, probs: torch.Tensor,
-          device: torch.device) -> dict[int, int]:
+def _pick(
+    rows: Sequence[Any], k: Sequence[int], j: int, logits: torch.Tensor, probs: torch.Tensor, device: torch.device
+) -> dict[int, int]:
     """Row -> its draft token at position j (rows still drafting): the argmax for greedy rows, else a sample
     from probs with the row's draft noise at this output position (independent of the target's)."""
     greedy_pick = logits.argmax(dim=-1).tolist()

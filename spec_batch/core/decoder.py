@@ -5,6 +5,7 @@ accepted length every step, and nothing a row does changes another row's tokens.
 draft (planning.plan_step) -> target input (verify.verify_input) -> one target forward -> verify (verify.verify) ->
 roll the caches back -> append each row's tokens (Row.append: EOS, stop strings, budget).
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,10 +29,10 @@ from .logits_processing import shape_logits
 from .logprobs import step_logprobs
 from .outputs import GenerationResult, RequestStats, StreamChunk
 from .padding import skips_padding
-from .policy import DraftPolicy, RowAcceptance
-from .planning import observe_proposal, observe_tree, plan_step
-from .rows import Row
 from .params import SamplingParams, fresh_seed
+from .planning import observe_proposal, observe_tree, plan_step
+from .policy import DraftPolicy, RowAcceptance
+from .rows import Row
 from .text import OutputText, eos_ids
 from .tree import TreeInput, path_keep, path_logits, walk
 from .verify import verify, verify_input
@@ -96,8 +97,12 @@ class Decoder:
         self.max_context = max_context
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self._drafter_factory = drafter_factory
-        self.policy = DraftPolicy(k_max=num_draft_tokens if draft_name != "none" else 0, adaptive=adaptive,
-                                  ragged=skips_padding(target), tree_width=tree_width)
+        self.policy = DraftPolicy(
+            k_max=num_draft_tokens if draft_name != "none" else 0,
+            adaptive=adaptive,
+            ragged=skips_padding(target),
+            tree_width=tree_width,
+        )
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos_ids = eos_ids(target, tokenizer)
@@ -159,10 +164,12 @@ class Decoder:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of the target's chat template applied to messages, with the generation prompt."""
         if self.chat_template is None:
-            raise ChatTemplateError(f"{self.target_name!r} was built without a chat template; pass prompts as text or ids")
+            raise ChatTemplateError(
+                f"{self.target_name!r} was built without a chat template; pass prompts as text or ids"
+            )
         return self.chat_template(messages)
 
-    def without_speculation(self) -> "Decoder":
+    def without_speculation(self) -> Decoder:
         """The same engine and target with the `none` drafter: the baseline speedups are measured against."""
         return Decoder(
             self.target,
@@ -178,9 +185,14 @@ class Decoder:
 
     # ---------------------------------------------------------------- rows and the loop
 
-    def _requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None,
-                  batch_size: int, return_errors: bool,
-                  finish: Callable[[int, GenerationResult], None]) -> list[Request]:
+    def _requests(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        batch_size: int,
+        return_errors: bool,
+        finish: Callable[[int, GenerationResult], None],
+    ) -> list[Request]:
         """generate()'s arguments checked and its prompts' requests built (the engine's generate shares it): a bad
         prompt raises, or with return_errors finishes alone with finish_reason="error"."""
         if isinstance(prompts, (str, bytes)):
@@ -199,8 +211,15 @@ class Decoder:
 
     def _request(self, index: int, prompt: Prompt, params: SamplingParams) -> Request:
         """Checks a prompt and builds its matcher now, so a bad prompt or grammar fails before decoding."""
-        ids = prompt_ids(prompt, params, index, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                         max_context=self.max_context, model_name=self.target_name)
+        ids = prompt_ids(
+            prompt,
+            params,
+            index,
+            tokenizer=self.tokenizer,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            model_name=self.target_name,
+        )
         return index, ids, params, row_grammar(self.tokenizer, self.eos_ids, params)
 
     def _new_row(self, request: Request, drafter: Drafter) -> Row:
@@ -242,7 +261,10 @@ class Decoder:
                     yield _Event(row, [], True)
                 return
             if waiting and len(active) < batch_size:
-                group = [self._new_row(waiting.popleft(), drafter) for _ in range(min(batch_size - len(active), len(waiting)))]
+                group = [
+                    self._new_row(waiting.popleft(), drafter)
+                    for _ in range(min(batch_size - len(active), len(waiting)))
+                ]
                 self._admit(kv, drafter, group, len(active))
                 active.extend(group)
             events = self._step(kv, drafter, active)
@@ -285,7 +307,9 @@ class Decoder:
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, self.placeholder_id, self.device)
         tree = TreeInput.of(draft.parents, ids.shape[1], self.device) if draft.parents is not None else None
         # bias and penalties at each position from the tokens before it, then the grammar's mask
-        with capture_hidden(self.target, wants_hidden(drafter), hidden_layers(drafter)) as hidden:  # [B, 1 + k, H] for a head drafter
+        with capture_hidden(
+            self.target, wants_hidden(drafter), hidden_layers(drafter)
+        ) as hidden:  # [B, 1 + k, H] for a head drafter
             if tree is None:
                 out = kv.forward(ids, valid)
             else:
@@ -314,13 +338,15 @@ class Decoder:
 
         events = []
         confidence = proposed.confidence or [None] * len(rows)
-        for b, (row, d, n, a, conf, nxt, f, lp) in enumerate(zip(rows, chains, drafted, accepted, confidence,
-                                                                  next_tokens, map(len, grammar.forced), logprobs)):
+        for b, (row, d, n, a, conf, nxt, f, lp) in enumerate(
+            zip(rows, chains, drafted, accepted, confidence, next_tokens, map(len, grammar.forced), logprobs)
+        ):
             emitted = d[:a] + [nxt]
             row.stats.record_step(n - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
             if proposed.parents is None:
-                observe_proposal(self.policy, row.acceptance, proposed.tokens[b], conf, emitted[f:], a - f,
-                                 drafter.free)
+                observe_proposal(
+                    self.policy, row.acceptance, proposed.tokens[b], conf, emitted[f:], a - f, drafter.free
+                )
             else:  # a grown tree (no grammar, so nothing forced): every node is judged, verified or not
                 observe_tree(self.policy, row.acceptance, proposed.tokens[b], proposed.parents[b], conf, emitted)
             before = row.stats.output_tokens

@@ -7,10 +7,12 @@ New kinds (suffix trees, EAGLE/Medusa heads) implement the same protocol; the de
 everything it needs to know about a drafter is in the protocol's attributes (`free`, `has_probs`,
 `initial_acceptance`), never in its name.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

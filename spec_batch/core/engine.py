@@ -12,6 +12,7 @@ ids and logprobs; the last one carries the GenerationResult). A sink must be qui
 `prepare` + `submit`: `generate` and `stream` (Decoder's, through the shared batch) and `as_decoder()`, the object
 with Decoder's interface that the batch runner decodes through, so batch rows and online requests share steps.
 """
+
 from __future__ import annotations
 
 import logging
@@ -151,7 +152,7 @@ class Engine:
         finally:
             handle.cancel()  # nothing if it finished; an abandoned stream frees its row
 
-    def as_decoder(self) -> "EngineDecoder":
+    def as_decoder(self) -> EngineDecoder:
         """An object with Decoder's interface (generate, stream, tokenizer, apply_chat_template, ...) whose
         decoding runs in this engine's shared batch."""
         return EngineDecoder(self)
@@ -211,12 +212,11 @@ class Engine:
             batch.keep([b for b, e in enumerate(events) if not e.finished])
 
 
-
-
 def _final_only(index: int, put: Callable[[tuple[int, GenerationResult]], None]) -> Sink:
     def sink(update: RowUpdate) -> None:
         if update.result is not None:
             put((index, update.result))
+
     return sink
 
 

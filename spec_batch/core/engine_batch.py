@@ -4,6 +4,7 @@ the drafter, and how rows join (`_Batch.admit`), leave (`keep`) and hear of thei
 Joining and leaving are the same calls `Decoder._run` makes when rows finish and others take their place
 inside one `generate`, so a row's tokens do not depend on when it joined.
 """
+
 from __future__ import annotations
 
 import logging

@@ -8,6 +8,7 @@ Masks are llguidance bitmasks: int32 words, bit t % 32 of word t // 32 set when 
 ([..., words] with words = ceil(tokenizer vocabulary / 32)). Model output rows past the tokenizer's vocabulary
 (padding rows) are never allowed under a grammar.
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,8 +32,8 @@ __all__ = [
     "grammar_engine",
     "mask_logits",
     "mask_next",
-    "unpack_bitmask",
     "parse_response_format",
+    "unpack_bitmask",
 ]
 
 ALL_ALLOWED = -1  # an int32 word with every bit set
@@ -113,9 +114,11 @@ class GrammarEngine:
                 return template.deep_copy()
         template = LLMatcher(self.tokenizer, fmt.grammar(), log_level=0)  # drops the GIL while it compiles
         if starts_dead(template):  # e.g. a ResponseFormat built without parse_response_format's check
-            raise InvalidParameterError(f"response_format matches no string at all (not even \"\"): {NO_STRING}")
+            raise InvalidParameterError(f'response_format matches no string at all (not even ""): {NO_STRING}')
         if template.is_error():
-            raise InvalidParameterError(f"response_format: the grammar engine cannot compile it: {template.get_error()}")
+            raise InvalidParameterError(
+                f"response_format: the grammar engine cannot compile it: {template.get_error()}"
+            )
         with self._lock:
             self.compiles += 1
             self._templates[fmt.key] = template
@@ -123,14 +126,14 @@ class GrammarEngine:
                 self._templates.popitem(last=False)
         return template.deep_copy()
 
-    def state(self, response_format: ResponseFormat | None) -> "GrammarState | None":
+    def state(self, response_format: ResponseFormat | None) -> GrammarState | None:
         """A request's matcher state for its response_format (SamplingParams.response_format, parsed once
         there); None when unconstrained. A plain dict is parsed here for callers without SamplingParams."""
         fmt = response_format if isinstance(response_format, ResponseFormat) else parse_response_format(response_format)
         return None if fmt is None else GrammarState(self.matcher(fmt), self.words, self.eos_ids)
 
 
-_ENGINES: "weakref.WeakKeyDictionary[Any, dict[frozenset[int], GrammarEngine]]" = weakref.WeakKeyDictionary()
+_ENGINES: weakref.WeakKeyDictionary[Any, dict[frozenset[int], GrammarEngine]] = weakref.WeakKeyDictionary()
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -255,9 +258,13 @@ class GrammarState:
         self.pending = []
         self.ended = False
         self._computed = 0
-        if next_token is not None and next_token not in self.eos_ids and not eos_accepted:
-            if not self.matcher.consume_token(next_token):
-                raise RuntimeError(f"grammar engine rejected token {next_token}: {self.matcher.get_error()}")
+        if (
+            next_token is not None
+            and next_token not in self.eos_ids
+            and not eos_accepted
+            and not self.matcher.consume_token(next_token)
+        ):
+            raise RuntimeError(f"grammar engine rejected token {next_token}: {self.matcher.get_error()}")
 
     # -- where the grammar is
 
@@ -290,6 +297,7 @@ def _single(mask: torch.Tensor) -> int | None:
 
 
 # ---------------------------------------------------------------- masking logits
+
 
 def _forbidden(bits: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
     """Bitmask [..., words] int32 -> [..., vocab] on device, nonzero where a token is not allowed (tokens past

@@ -11,6 +11,7 @@
 4. `settle(accepted, next_tokens)`: matchers roll back to the accepted prefix and take the target's token.
 Rows without a grammar pass through unchanged (their view is the row itself; no masks, no chain).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -48,7 +49,9 @@ class GrammarStep:
                     self.forced[b] = state.forced(limit=room[b])
         self.views = [ForcedView(r, f) if f else r for r, f in zip(rows, self.forced)]
         # a chain that ends the output (EOS) leaves nothing to draft after it
-        self.room = [0 if (s is not None and s.ended) else n - len(f) for s, n, f in zip(self.states, room, self.forced)]
+        self.room = [
+            0 if (s is not None and s.ended) else n - len(f) for s, n, f in zip(self.states, room, self.forced)
+        ]
 
     def extend(self, draft: Draft) -> Draft:
         """The step's draft: per row, forced chain + the drafter's tokens, cut where the grammar forbids."""

@@ -13,6 +13,7 @@ The module is called like a Hugging Face causal LM by core/kv_batch.KVBatch (inp
 position_ids, past_key_values, logits_to_keep), plus `features`, so it keeps its KV cache in the same
 per-row-masked cache as the models, with the same rollback, row selection and compaction.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -56,19 +57,27 @@ class HeadConfig:
         return {"format": HEAD_FORMAT, **asdict(self)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "HeadConfig":
+    def from_json(cls, data: dict[str, Any]) -> HeadConfig:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def for_target(cls, target_config: Any, draft_vocab_size: int, target: str) -> "HeadConfig":
+    def for_target(cls, target_config: Any, draft_vocab_size: int, target: str) -> HeadConfig:
         """A head shaped like one layer of the target (its attention geometry, RoPE base and norm epsilon)."""
         c = target_config
         heads = c.num_attention_heads
-        return cls(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
-                   num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads, vocab_size=c.vocab_size,
-                   draft_vocab_size=draft_vocab_size, head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                   rope_theta=_rope_theta(c), rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5), target=target)
+        return cls(
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+            vocab_size=c.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            rope_theta=_rope_theta(c),
+            rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
+            target=target,
+        )
 
 
 def _rope_theta(config: Any) -> float:
@@ -105,8 +114,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
-                cache: Any | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, cache: Any | None
+    ) -> torch.Tensor:
         b, n, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(b, n, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [B, h, n, d]
@@ -159,7 +169,9 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, emb: torch.Tensor, state: torch.Tensor, rope, mask: torch.Tensor, cache: Any | None) -> torch.Tensor:
+    def forward(
+        self, emb: torch.Tensor, state: torch.Tensor, rope, mask: torch.Tensor, cache: Any | None
+    ) -> torch.Tensor:
         x = torch.cat([self.input_layernorm(emb), self.hidden_norm(state)], dim=-1)
         residual = state + self.self_attn(x, rope, mask, cache)
         return residual + self.mlp(self.post_attention_layernorm(residual))
@@ -185,7 +197,7 @@ class EagleHead(nn.Module):
         # the target's embedding, shared and frozen: kept out of the module tree so it is neither saved nor trained
         self.__dict__["embed_tokens"] = embed_tokens
 
-    def attach(self, embed_tokens: nn.Module, lm_head: nn.Module | None = None) -> "EagleHead":
+    def attach(self, embed_tokens: nn.Module, lm_head: nn.Module | None = None) -> EagleHead:
         """The target's embedding (and LM head, for a head that shares it)."""
         self.__dict__["embed_tokens"] = embed_tokens
         self.__dict__["target_lm_head"] = lm_head
@@ -219,18 +231,36 @@ class EagleHead(nn.Module):
     def _reduced(self, lm: nn.Module) -> nn.Module:
         """The target's LM head rows of the draft vocabulary (frozen; rebuilt when the head moves or changes dtype)."""
         cached = self.__dict__.get("reduced_lm_head")
-        if cached is None or cached[0] is not lm or cached[1].weight.device != self.device or cached[1].weight.dtype != self.dtype:
+        if (
+            cached is None
+            or cached[0] is not lm
+            or cached[1].weight.device != self.device
+            or cached[1].weight.dtype != self.dtype
+        ):
             with torch.inference_mode(False), torch.no_grad():  # built while drafting, later read by training too
-                reduced = nn.Linear(self.config.hidden_size, self.config.draft_vocab_size, bias=False,
-                                    device=self.device, dtype=self.dtype)
+                reduced = nn.Linear(
+                    self.config.hidden_size,
+                    self.config.draft_vocab_size,
+                    bias=False,
+                    device=self.device,
+                    dtype=self.dtype,
+                )
                 reduced.weight.copy_(target_rows(lm, self.d2t))
                 reduced.weight.requires_grad_(False)
             self.__dict__["reduced_lm_head"] = cached = (lm, reduced)
         return cached[1]
 
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, past_key_values: Any | None = None,
-                logits_to_keep: int = 0, raw: bool = True, **_: Any) -> HeadOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any | None = None,
+        logits_to_keep: int = 0,
+        raw: bool = True,
+        **_: Any,
+    ) -> HeadOutput:
         """input_ids [B, n] (token t+1), features [B, n, W] (state at t: the target's, W = feature_width, when
         raw; else the head's own predicted [B, n, H]); attention_mask [B, past + n] (1 = the row's token) or 4-D,
         position_ids [B, n]. Without a cache: one causal pass over the n positions."""
@@ -286,8 +316,10 @@ STORAGE_DTYPE = torch.bfloat16  # weights are stored in bfloat16 (half of float3
 
 def stored_tensors(head: EagleHead) -> dict[str, torch.Tensor]:
     """The head's tensors as they are stored: floating ones in STORAGE_DTYPE, on the CPU."""
-    return {k: (v.to(STORAGE_DTYPE) if v.is_floating_point() else v).detach().contiguous().cpu()
-            for k, v in head.state_dict().items()}
+    return {
+        k: (v.to(STORAGE_DTYPE) if v.is_floating_point() else v).detach().contiguous().cpu()
+        for k, v in head.state_dict().items()
+    }
 
 
 def round_to_storage(head: EagleHead) -> EagleHead:
@@ -319,8 +351,9 @@ def eagle3_layers(num_hidden_layers: int) -> list[int]:
     return [min(max(i, 0), n) for i in (2, n // 2, n - 3)]
 
 
-def head_for_target(target: Any, d2t: torch.Tensor, target_name: str, shared_lm_head: bool = True,
-                    layout: str = "eagle") -> EagleHead:
+def head_for_target(
+    target: Any, d2t: torch.Tensor, target_name: str, shared_lm_head: bool = True, layout: str = "eagle"
+) -> EagleHead:
     """A new head shaped for target (one of its layers), over the draft vocabulary d2t, started as training
     starts it (`init_from_target`), sharing the target's embedding and (shared_lm_head) the target's LM head rows
     of the draft vocabulary, frozen and never stored (EAGLE's choice: the head regresses onto the target's hidden

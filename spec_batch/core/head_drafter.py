@@ -9,6 +9,7 @@ never kept: after verification they are rolled back (`feedback`) and the target'
 positions arrive instead (`observe_hidden`): a rejected draft's state never feeds the head, and the head's cache
 shrinks and grows with the target's, by the same masked rollback.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -78,8 +79,15 @@ class HeadDrafter:
         self.fed = [max(0, kb - 1) for kb in k]
         return Draft(tokens=chain.tokens, probs=chain.probs, forwards=chain.forwards)
 
-    def propose_tree(self, rows: Sequence[DraftRow], k: Sequence[int], width: int, rate: NodeRate | None = None,
-                     floor: float = 0.0, grow: Callable[[list[float]], bool] | None = None) -> Draft:
+    def propose_tree(
+        self,
+        rows: Sequence[DraftRow],
+        k: Sequence[int],
+        width: int,
+        rate: NodeRate | None = None,
+        floor: float = 0.0,
+        grow: Callable[[list[float]], bool] | None = None,
+    ) -> Draft:
         """EAGLE-2's dynamic tree (arXiv 2406.16858), for greedy rows without bias, penalties or a grammar: from the
         root, the `width` likeliest tokens; at each further depth the `width` nodes likeliest to be reached are fed
         in one forward and each proposes its `width` likeliest children, up to depth k[b]. Returns every node grown
@@ -119,8 +127,15 @@ class HeadDrafter:
             positions = (next_pos + depth - 1).unsqueeze(1).expand(batch, width)
             attend = torch.eye(width, dtype=torch.bool, device=self.device).expand(batch, -1, -1)
             column = self.kv.length
-            out = self.kv.forward_tree(ids.to(self.device), valid.to(self.device), positions, attend,
-                                       hidden_columns=hidden.to(self.device), features=feats, raw=False)
+            out = self.kv.forward_tree(
+                ids.to(self.device),
+                valid.to(self.device),
+                positions,
+                attend,
+                hidden_columns=hidden.to(self.device),
+                features=feats,
+                raw=False,
+            )
             forwards += 1
             probs, top_ids = _top(out.logits, width)
             for b, beam in enumerate(beams):
@@ -130,8 +145,12 @@ class HeadDrafter:
                     nodes[b].expand(node, probs[b][i], top_ids[b][i], out.features[b, i])
         self.fed = fed
         d2t = self.head.d2t.tolist()
-        return Draft(tokens=[[d2t[t] for t in n.tokens] for n in nodes], parents=[list(n.parent) for n in nodes],
-                     confidence=[list(n.confidence) for n in nodes], forwards=forwards)
+        return Draft(
+            tokens=[[d2t[t] for t in n.tokens] for n in nodes],
+            parents=[list(n.parent) for n in nodes],
+            confidence=[list(n.confidence) for n in nodes],
+            forwards=forwards,
+        )
 
     def _pending_input(self, rows: Sequence[DraftRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row's unread pairs, right-aligned: ids [B, w] (token t+1), valid [B, w], features [B, w, H]."""

@@ -13,6 +13,7 @@ The draft vocabulary (FR-Spec, arXiv 2502.14856) is the training data's most fre
 the head's LM head then costs a fraction of the target's, and a token outside it is simply never drafted
 (rejection sampling stays exact: q = 0 there).
 """
+
 from __future__ import annotations
 
 import math
@@ -62,9 +63,13 @@ def choose_vocabulary(sequences: Iterable[Sequence[int]], size: int, always: Ite
     return torch.tensor(sorted(keep), dtype=torch.long)
 
 
-def collect_states(target, sequences: Sequence[Sequence[int]], device: torch.device,
-                   progress: Callable[[int], None] | None = None, layers: Sequence[int] | None = None
-                   ) -> list[Example]:
+def collect_states(
+    target,
+    sequences: Sequence[Sequence[int]],
+    device: torch.device,
+    progress: Callable[[int], None] | None = None,
+    layers: Sequence[int] | None = None,
+) -> list[Example]:
     """One target forward per sequence, keeping its last hidden states (the final norm's output), or with
     `layers` (an EAGLE-3 head's target_layers) those layers' states side by side."""
     out = []
@@ -160,13 +165,24 @@ def _ttt_loss(head: EagleHead, batch) -> tuple[torch.Tensor, torch.Tensor]:
         want = labels.clone()
         want[:, :step] = -100  # a chain of depth step + 1 starts at u - step >= 0
         if (want != -100).any():
-            total = total + TTT_DECAY ** step * F.cross_entropy(out.logits.flatten(0, 1), want.flatten(), ignore_index=-100)
+            total = total + TTT_DECAY**step * F.cross_entropy(
+                out.logits.flatten(0, 1), want.flatten(), ignore_index=-100
+            )
     return total, passes[0].logits
 
 
-def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Example], *, epochs: int = 8,
-               max_seconds: float | None = None, seed: int = 0, lr: float = 2e-3, batch_size: int = 4,
-               progress: Callable[[int, float], None] | None = None) -> TrainReport:
+def train_head(
+    head: EagleHead,
+    train: Sequence[Example],
+    heldout: Sequence[Example],
+    *,
+    epochs: int = 8,
+    max_seconds: float | None = None,
+    seed: int = 0,
+    lr: float = 2e-3,
+    batch_size: int = 4,
+    progress: Callable[[int, float], None] | None = None,
+) -> TrainReport:
     """Trains head in place (its d2t fixed), on the device of its parameters, then rounds it to the precision it is
     stored in; deterministic for a seed (CPU).
     lr: 2e-3 taught the default model's head best of 5e-4, 2e-3 and 5e-3 on 58 templated notices (held-out top-1).
@@ -179,7 +195,9 @@ def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Exam
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     total = epochs * math.ceil(len(train) / batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    )
     start, steps, tokens, losses = time.monotonic(), 0, 0, [0.0]
     head.train()
     for _ in range(epochs):
@@ -203,8 +221,9 @@ def train_head(head: EagleHead, train: Sequence[Example], heldout: Sequence[Exam
             break
     head.eval()
     round_to_storage(head)  # what is measured from here on (held-out top-1, accepted length) is the stored head
-    return TrainReport(steps, tokens, sum(losses) / max(1, len(losses)), heldout_top1(head, heldout, t2d),
-                       time.monotonic() - start)
+    return TrainReport(
+        steps, tokens, sum(losses) / max(1, len(losses)), heldout_top1(head, heldout, t2d), time.monotonic() - start
+    )
 
 
 def heldout_top1(head: EagleHead, examples: Sequence[Example], t2d: torch.Tensor) -> float | None:
@@ -215,7 +234,7 @@ def heldout_top1(head: EagleHead, examples: Sequence[Example], t2d: torch.Tensor
     device, hits, total = head.device, 0, 0
     with torch.inference_mode():
         for e in examples:
-            ids, feats, _, labels, valid = _batch([e], t2d, device)
+            ids, feats, _, _labels, valid = _batch([e], t2d, device)
             pred = head(ids, feats, attention_mask=valid).logits.argmax(-1)
             real = e.ids[2:].to(device)
             hits += int((head.d2t[pred[0, : len(real)]] == real).sum())

@@ -4,6 +4,7 @@ A forward hook on the final norm captures the last hidden state (what the LM hea
 without asking the model for every layer's states (output_hidden_states keeps all of them: at a long prefill
 that is tens of layers x rows x tokens of memory for nothing).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +19,9 @@ def final_norm(model: Any) -> torch.nn.Module:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     norm = getattr(decoder, "norm", None)
     if norm is None:
-        raise ValueError(f"{type(model).__name__}: no final norm to read hidden states from (Llama-family targets only)")
+        raise ValueError(
+            f"{type(model).__name__}: no final norm to read hidden states from (Llama-family targets only)"
+        )
     return norm
 
 
@@ -31,7 +34,7 @@ def capture_hidden(model: Any, wanted: bool, layers: Sequence[int] | None = None
     if not wanted:
         yield out
         return
-    first = lambda o: o[0] if isinstance(o, tuple) else o  # noqa: E731  (a layer returns a tuple in older versions)
+    first = lambda o: o[0] if isinstance(o, tuple) else o
     if not layers:
         handles = [final_norm(model).register_forward_hook(lambda _m, _i, o: out.append(first(o)))]
     else:
@@ -43,11 +46,14 @@ def capture_hidden(model: Any, wanted: bool, layers: Sequence[int] | None = None
                 if len(parts) == len(set(layers)):
                     out.append(torch.cat([parts[j] for j in layers], dim=-1))
                     parts.clear()
+
             return hook
 
         decoder = model.get_decoder()
-        handles = [(decoder.embed_tokens if i == 0 else decoder.layers[i - 1]).register_forward_hook(keep(i))
-                   for i in sorted(set(layers))]
+        handles = [
+            (decoder.embed_tokens if i == 0 else decoder.layers[i - 1]).register_forward_hook(keep(i))
+            for i in sorted(set(layers))
+        ]
     try:
         yield out
     finally:

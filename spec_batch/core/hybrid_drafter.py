@@ -8,6 +8,7 @@ keeps reading every row's accepted hidden states either way, so it is ready when
 Exactness: suffix rows are one-hot drafts inside the head's probability tensor (q = 1 on the drafted token), for
 which rejection sampling is the one-hot rule the verifier uses for the n-gram and suffix drafters.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -45,7 +46,9 @@ class HybridDrafter:
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
         return [max(a, b) for a, b in zip(self.head.available(rows, k_max), self.suffix.available(rows, k_max))]
 
-    def _split(self, rows: Sequence[DraftRow], k: Sequence[int]) -> tuple[Draft, list[list[float]], list[bool], list[int]]:
+    def _split(
+        self, rows: Sequence[DraftRow], k: Sequence[int]
+    ) -> tuple[Draft, list[list[float]], list[bool], list[int]]:
         """The suffix proposal, its confidences, which rows copy it (first token's confidence >= threshold), and
         each row's length left to the head (0 for a copying row)."""
         copy = self.suffix.propose(rows, k)
@@ -71,8 +74,15 @@ class HybridDrafter:
                 probs[b, torch.arange(len(tokens[b])), torch.tensor(tokens[b])] = 1.0  # one-hot drafts
         return Draft(tokens=tokens, probs=probs, forwards=learned.forwards)
 
-    def propose_tree(self, rows: Sequence[DraftRow], k: Sequence[int], width: int, rate: NodeRate | None = None,
-                     floor: float = 0.0, grow: Callable[[list[float]], bool] | None = None) -> Draft:
+    def propose_tree(
+        self,
+        rows: Sequence[DraftRow],
+        k: Sequence[int],
+        width: int,
+        rate: NodeRate | None = None,
+        floor: float = 0.0,
+        grow: Callable[[list[float]], bool] | None = None,
+    ) -> Draft:
         """Trees (greedy rows at small batches: planning._plan_tree): a row whose suffix match is confident offers
         its copy as a chain of nodes (confidence: the suffix's), any other row the head's tree. Where every row
         copies the head runs no forward; it reads the waiting states at its next one."""
@@ -81,12 +91,15 @@ class HybridDrafter:
             learned = Draft(tokens=[[] for _ in rows], parents=[[] for _ in rows], confidence=[[] for _ in rows])
         else:
             learned = self.head.propose_tree(rows, head_k, width, rate, floor, grow)
-        pick = lambda u, c, h: c if u else h  # noqa: E731
-        return Draft(tokens=[pick(u, c, h) for u, c, h in zip(use_copy, copy.tokens, learned.tokens)],
-                     parents=[pick(u, list(range(-1, len(c) - 1)), h)
-                              for u, c, h in zip(use_copy, copy.tokens, learned.parents)],  # type: ignore[arg-type]
-                     confidence=[pick(u, c, h) for u, c, h in zip(use_copy, conf, learned.confidence)],  # type: ignore[arg-type]
-                     forwards=learned.forwards)
+        pick = lambda u, c, h: c if u else h
+        return Draft(
+            tokens=[pick(u, c, h) for u, c, h in zip(use_copy, copy.tokens, learned.tokens)],
+            parents=[
+                pick(u, list(range(-1, len(c) - 1)), h) for u, c, h in zip(use_copy, copy.tokens, learned.parents)
+            ],  # type: ignore[arg-type]
+            confidence=[pick(u, c, h) for u, c, h in zip(use_copy, conf, learned.confidence)],  # type: ignore[arg-type]
+            forwards=learned.forwards,
+        )
 
     def feedback(self, rows: Sequence[DraftRow], k: Sequence[int], accepted: Sequence[int]) -> None:
         self.head.feedback(rows, k, accepted)

@@ -1,4 +1,5 @@
 """generate()'s inputs, checked before anything is decoded: prompts (text or token ids) and sampling params."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,7 +24,14 @@ def params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int
 
 
 def prompt_ids(
-    prompt: Prompt, params: SamplingParams, index: int, *, tokenizer: Any, vocab_size: int, max_context: int, model_name: str
+    prompt: Prompt,
+    params: SamplingParams,
+    index: int,
+    *,
+    tokenizer: Any,
+    vocab_size: int,
+    max_context: int,
+    model_name: str,
 ) -> list[int]:
     """The prompt's token ids (text is encoded as given, no chat template); errors name the prompt's index."""
     if isinstance(prompt, str):
@@ -32,15 +40,20 @@ def prompt_ids(
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidParameterError(f"prompt {index}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
+            raise InvalidParameterError(
+                f"prompt {index}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})"
+            )
     else:
-        raise InvalidParameterError(f"prompt {index}: expected a string or a list of token ids, got {type(prompt).__name__}")
+        raise InvalidParameterError(
+            f"prompt {index}: expected a string or a list of token ids, got {type(prompt).__name__}"
+        )
     if not ids:
         raise InvalidParameterError(f"prompt {index} is empty")
     outside = sorted(t for t in params.logit_bias if t >= vocab_size)
     if outside:
         raise InvalidParameterError(
-            f"prompt {index}: logit_bias names token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})")
+            f"prompt {index}: logit_bias names token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})"
+        )
     if len(ids) + params.max_new_tokens > max_context:
         raise PromptTooLongError(
             f"prompt {index} has {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it needs "

@@ -1,10 +1,11 @@
 """A job's memory: the outputs of its requests, finished and in flight, in one suffix index, so that the
 suffix drafter can draft one request from the others. Bounded in tokens; one per job, dropped when it ends."""
+
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from .suffix_index import SuffixDraft, SuffixIndex
 

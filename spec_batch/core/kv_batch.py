@@ -5,6 +5,7 @@ tokens. Rolling a row back after a rejection only clears its last columns in the
 never wait for each other and the prefix is never recomputed. Positions come from the mask, so holes cost
 memory, not correctness; `compact` squeezes them out with a gather when they pile up.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -102,7 +103,7 @@ class SlabLayer(DynamicLayer):
                 setattr(self, name, torch.cat([old, old.new_zeros((n, *old.shape[1:]))], dim=0))
             self._refresh()
 
-    def concat_rows(self, other: "SlabLayer") -> None:
+    def concat_rows(self, other: SlabLayer) -> None:
         """Appends other's rows (same cache length) below ours."""
         self._kbuf = torch.cat([self._kbuf[:, :, : self.length], other._kbuf[:, :, : other.length]], dim=0)
         self._vbuf = torch.cat([self._vbuf[:, :, : self.length], other._vbuf[:, :, : other.length]], dim=0)
@@ -162,17 +163,25 @@ class KVBatch:
         """Appends input_ids [B, n] (valid [B, n] bool marks real tokens) and returns logits [B, n or keep, V]."""
         return self.forward_output(input_ids, valid, logits_to_keep).logits
 
-    def forward_output(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0,
-                       **model_kwargs: Any) -> Any:
+    def forward_output(
+        self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0, **model_kwargs: Any
+    ) -> Any:
         """`forward`, returning the model's whole output; model_kwargs go to the model (a draft head's features)."""
         valid_l = valid.long()
         positions = (self.next_pos.unsqueeze(1) + valid_l.cumsum(dim=1) - 1).clamp_min(0)
         mask = torch.cat([self.mask, valid_l], dim=1)
         return self._append(input_ids, valid, mask, positions, logits_to_keep, **model_kwargs)
 
-    def forward_tree(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor,
-                     logits_to_keep: int = 0, hidden_columns: torch.Tensor | None = None,
-                     **model_kwargs: Any) -> Any:
+    def forward_tree(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        attend: torch.Tensor,
+        logits_to_keep: int = 0,
+        hidden_columns: torch.Tensor | None = None,
+        **model_kwargs: Any,
+    ) -> Any:
         """`forward_output` for a tree of tokens (core/tree.py): input position q sees the row's cache and the new
         positions c with attend[b, q, c] (its ancestors and itself), at the given positions [B, n] (a tree's
         tokens share positions: next_pos + depth).
@@ -189,8 +198,15 @@ class KVBatch:
         # 4-D: used as it is (transformers' masking_utils)
         return self._append(input_ids, valid, mask.unsqueeze(1), positions, logits_to_keep, **model_kwargs)
 
-    def _append(self, input_ids: torch.Tensor, valid: torch.Tensor, attention_mask: torch.Tensor,
-                positions: torch.Tensor, logits_to_keep: int, **model_kwargs: Any) -> Any:
+    def _append(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        logits_to_keep: int,
+        **model_kwargs: Any,
+    ) -> Any:
         """One model call appending input_ids to the cache; the valid ones join their rows' columns."""
         hint = padding.real_positions(valid) if self.skips_padding else contextlib.nullcontext()
         with hint:  # layers that can skip the padded positions do (core/padding.py)
@@ -263,7 +279,7 @@ class KVBatch:
         self.mask = torch.cat([self.mask, self.mask.new_zeros(n, self.length)], dim=0)
         self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(n)], dim=0)
 
-    def extend(self, other: "KVBatch") -> None:
+    def extend(self, other: KVBatch) -> None:
         """Appends other's rows (a freshly prefilled group) below ours, aligning cache lengths on the left."""
         if self.batch == 0:
             self.cache, self.mask, self.next_pos = other.cache, other.mask, other.next_pos

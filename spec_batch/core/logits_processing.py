@@ -15,6 +15,7 @@ temperature, top-k and top-p (core/sampling.py). A draft model's distributions a
 Rows are anything with `tokens`, `n_generated` (the output is the last n_generated tokens) and `params`: the
 decoder's rows and the drafters' views of them alike.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -71,7 +72,8 @@ def _shaped(logits: torch.Tensor, params: Any, history: list[int], draft: list[i
         bias = torch.zeros(vocab, dtype=logits.dtype, device=device)
         ids = [t for t in params.logit_bias if t < vocab]
         bias[torch.tensor(ids, dtype=torch.long, device=device)] = torch.tensor(
-            [params.logit_bias[t] for t in ids], dtype=logits.dtype, device=device)
+            [params.logit_bias[t] for t in ids], dtype=logits.dtype, device=device
+        )
         out = out + bias
     if params.frequency_penalty or params.presence_penalty:
         counts = _position_counts(history, draft, n, vocab, device).to(logits.dtype)  # [n, V]

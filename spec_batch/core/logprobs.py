@@ -7,6 +7,7 @@ was produced: an accepted draft token's logprob is taken at its own verify posit
 token's at the position after the accepted run, so speculative and plain decoding report the same numbers (to
 float rounding: the forward runs at another width).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """What the core returns: per-request statistics, finished results and streamed chunks."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

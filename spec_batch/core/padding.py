@@ -7,12 +7,13 @@ the model call; a layer that honours it (loading/cpu_linear.PackedLinear, marked
 computes only the real positions and returns zeros at the padded ones, which no later step reads (the padded
 positions are masked out of attention and their logits are never verified). The hint is per thread.
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

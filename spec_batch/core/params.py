@@ -4,6 +4,7 @@ checked and stored by processes that never decode (the CLI's submit, status and 
 The ranges here are deliberately wider than OpenAI's (spec_batch/limits.py, which every user-facing boundary
 applies): the core rejects only what has no meaning (a negative top_k, a NaN penalty, a negative token id).
 """
+
 from __future__ import annotations
 
 import math
@@ -67,10 +68,14 @@ class SamplingParams:
         self.logit_bias = _logit_bias(self.logit_bias)
         if not isinstance(self.logprobs, bool):
             raise InvalidParameterError(f"logprobs must be true or false, got {self.logprobs!r}")
-        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or not (
-            0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
+        if (
+            not isinstance(self.top_logprobs, int)
+            or isinstance(self.top_logprobs, bool)
+            or not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS)
         ):
-            raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+            raise InvalidParameterError(
+                f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}"
+            )
         if self.top_logprobs and not self.logprobs:
             raise InvalidParameterError(f"top_logprobs={self.top_logprobs} needs logprobs=True")
 
@@ -93,7 +98,7 @@ class SamplingParams:
         return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SamplingParams":
+    def from_dict(cls, data: dict) -> SamplingParams:
         """Builds params from a plain dict; an unknown key is an error, not ignored."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

@@ -7,6 +7,7 @@ acceptance chances and each row's draft length; the step drafts that. A free dra
 has, so its proposal is checked against the output even where the policy drafts nothing. `observe_proposal`: after
 the step, the policy learns from how far each row's proposal matched what the step emitted.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,9 @@ from .rows import matched_run
 Chooser = Callable[[list[list[int]]], list[int]]
 
 
-def plan_step(drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget: Sequence[int],
-              choose: Chooser | None = None) -> tuple[Draft, Draft]:
+def plan_step(
+    drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget: Sequence[int], choose: Chooser | None = None
+) -> tuple[Draft, Draft]:
     """This step's draft, and what the drafter proposed (for acceptance statistics and calibration).
 
     rows: the drafter's view of the batch (each with `acceptance`, `params`); budget: how many draft tokens each
@@ -60,8 +62,9 @@ def plan_step(drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget
     return draft, draft
 
 
-def _plan_tree(drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int
-               ) -> tuple[Draft, Draft]:
+def _plan_tree(
+    drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int
+) -> tuple[Draft, Draft]:
     """EAGLE-2's order: grow each row's tree first (as deep as the policy allows, pruned where a node is unlikely
     to be reached), then verify the nodes likeliest to be reached, as many as pays (DraftPolicy.tree_nodes). The
     head's confidence, calibrated, says per step how far to go: a chain's length is planned before drafting from
@@ -78,13 +81,21 @@ def _plan_tree(drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available
         return policy.worth_growing(len(rows), beam)
 
     t0 = time.perf_counter()
-    grown = drafter.propose_tree(rows, depths, width, rate=rate if policy.adaptive else None,
-                                 floor=policy.node_floor(len(rows)), grow=worth_growing)
+    grown = drafter.propose_tree(
+        rows,
+        depths,
+        width,
+        rate=rate if policy.adaptive else None,
+        floor=policy.node_floor(len(rows)),
+        grow=worth_growing,
+    )
     if grown.forwards:  # a hybrid whose rows all copy grows nothing
         policy.observe_growth((time.perf_counter() - t0) / grown.forwards)
     conf, parents = grown.confidence, grown.parents
-    reach = [tree.reaches(p, [rate(b, d, c) if policy.adaptive else c for d, c in zip(tree.depths(p), cs)])
-             for b, (p, cs) in enumerate(zip(parents, conf))]
+    reach = [
+        tree.reaches(p, [rate(b, d, c) if policy.adaptive else c for d, c in zip(tree.depths(p), cs)])
+        for b, (p, cs) in enumerate(zip(parents, conf))
+    ]
     ns = policy.tree_nodes(len(rows), reach, depths)
     if not any(ns):  # plain decoding pays best this step: the grown tree is still judged
         return Draft(tokens=[[] for _ in rows], forwards=grown.forwards), grown
@@ -102,8 +113,15 @@ def _tree_row(row: Any) -> bool:
     return row.params.greedy and not row.params.shapes_logits and getattr(row, "grammar", None) is None
 
 
-def observe_proposal(policy: DraftPolicy, acceptance: RowAcceptance, proposal: Sequence[int],
-                     confidence: list[float] | None, emitted: Sequence[int], accepted: int, free: bool) -> None:
+def observe_proposal(
+    policy: DraftPolicy,
+    acceptance: RowAcceptance,
+    proposal: Sequence[int],
+    confidence: list[float] | None,
+    emitted: Sequence[int],
+    accepted: int,
+    free: bool,
+) -> None:
     """One row's step, for the policy: a free drafter's whole proposal is compared with what the step emitted
     (beyond that nothing was checked); for any other drafter the proposal is the draft and the verifier's
     accepted count is the run. emitted: the step's tokens after any forced ones."""
@@ -111,8 +129,14 @@ def observe_proposal(policy: DraftPolicy, acceptance: RowAcceptance, proposal: S
     policy.observe_row(acceptance, confidence, run, checked=min(len(proposal), len(emitted)))
 
 
-def observe_tree(policy: DraftPolicy, acceptance: RowAcceptance, tokens: Sequence[int], parents: Sequence[int],
-                 confidence: Sequence[float], emitted: Sequence[int]) -> None:
+def observe_tree(
+    policy: DraftPolicy,
+    acceptance: RowAcceptance,
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    confidence: Sequence[float],
+    emitted: Sequence[int],
+) -> None:
     """One row's grown tree, for the policy: each node judged against the tokens the (greedy) step emitted."""
     verdicts = tree.checked(tokens, parents, emitted)
     children: dict[int, list[int]] = {}

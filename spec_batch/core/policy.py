@@ -22,6 +22,7 @@ Draft trees (a head's, at small batches) are chosen after they are grown: each n
 its ancestors' is its reach, and the nodes of highest reach are verified, as many as the same rule finds best
 (`tree_nodes`); every grown node is judged against the emitted tokens (`observe_tree`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -224,8 +225,14 @@ class DraftPolicy:
                 ns = [min(n + 1, len(g) - 1) for n, g in zip(ns, gains)]
         return ns
 
-    def observe_tree(self, acceptance: RowAcceptance, verdicts: list[bool | None], depths: list[int],
-                     confidence: list[float], continued: list[bool]) -> None:
+    def observe_tree(
+        self,
+        acceptance: RowAcceptance,
+        verdicts: list[bool | None],
+        depths: list[int],
+        confidence: list[float],
+        continued: list[bool],
+    ) -> None:
         """A tree's nodes judged against the step's emitted tokens (core/tree.checked): calibration learns from
         every judged node (verified or not), the row's first-token rate and the run lengths from the path.
         continued: for each accepted node with children grown, whether one of them was accepted too."""

@@ -13,6 +13,7 @@ text is checked here by the engine (without a tokenizer), so a schema or pattern
 InvalidParameterError with the engine's reason as soon as SamplingParams is built (a batch line error, not a
 failure in the middle of a job).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,14 @@ FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "choice", "lark")
 # JSON is generated compactly with Python's separators: no free whitespace (the model cannot pad with newlines
 # forever) and every separator is a fixed string, so keys and punctuation become forced tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_FIELDS: dict[str, set[str]] = {"text": set(), "json_object": set(), "json_schema": {"json_schema"}, "regex": {"pattern"},
-                                "choice": {"choices"}, "lark": {"grammar"}}
+_FIELDS: dict[str, set[str]] = {
+    "text": set(),
+    "json_object": set(),
+    "json_schema": {"json_schema"},
+    "regex": {"pattern"},
+    "choice": {"choices"},
+    "lark": {"grammar"},
+}
 _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
 
@@ -84,7 +91,7 @@ def parse_response_format(obj: Any) -> ResponseFormat | None:
     if obj is None or isinstance(obj, ResponseFormat):
         return obj
     if not isinstance(obj, dict):
-        raise _bad("response_format", f"must be an object like {{\"type\": \"json_object\"}}, got {type(obj).__name__}")
+        raise _bad("response_format", f'must be an object like {{"type": "json_object"}}, got {type(obj).__name__}')
     kind = obj.get("type")
     if kind not in FORMAT_TYPES:
         raise _bad("response_format.type", f"must be one of {list(FORMAT_TYPES)}, got {kind!r}")
@@ -112,13 +119,16 @@ def parse_response_format(obj: Any) -> ResponseFormat | None:
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
             raise _bad("response_format.choices", f"must be a non-empty list of non-empty strings, got {choices!r}")
         fmt = ResponseFormat("choice", json.dumps(choices, ensure_ascii=False))
-    field = {"json_schema": "response_format.json_schema.schema", "regex": "response_format.pattern",
-             "lark": "response_format.grammar"}.get(fmt.type, "response_format")
+    field = {
+        "json_schema": "response_format.json_schema.schema",
+        "regex": "response_format.pattern",
+        "lark": "response_format.grammar",
+    }.get(fmt.type, "response_format")
     reason = _engine_error(fmt.type, fmt.spec)
     if reason:
         raise _bad(field, f"the grammar engine cannot compile it: {reason}")
     if _matches_nothing(fmt.type, fmt.spec):
-        raise _bad(field, f"matches no string at all (not even \"\"): {NO_STRING}")
+        raise _bad(field, f'matches no string at all (not even ""): {NO_STRING}')
     return fmt
 
 
@@ -210,8 +220,6 @@ def _matches_nothing(kind: str, spec: str) -> bool:
     """Whether the grammar accepts no string (a regex such as `[a&&b]` or `[^\\s\\S]`); cached like _engine_error.
     The engine's validate_grammar accepts such grammars: only a matcher sees that its start allows nothing."""
     return starts_dead(LLMatcher(_byte_tokenizer(), _grammar(kind, spec), log_level=0))
-
-
 
 
 class ResponseFormatError(InvalidParameterError):

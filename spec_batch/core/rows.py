@@ -1,4 +1,5 @@
 """One request in flight: its tokens, output text, statistics and acceptance, and how a step's tokens join it."""
+
 from __future__ import annotations
 
 import time
@@ -7,8 +8,8 @@ from dataclasses import dataclass, field
 
 from .grammar import GrammarState
 from .outputs import FinishReason, GenerationResult, RequestStats, TokenLogprob
-from .policy import RowAcceptance
 from .params import SamplingParams
+from .policy import RowAcceptance
 from .text import OutputText
 
 
@@ -77,8 +78,9 @@ class Row:
 
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None, f"request {self.index} is still in flight"
-        return GenerationResult(self.text.text, self.output_ids, self.finish_reason, self.stats,
-                                logprobs=self.output_logprobs())
+        return GenerationResult(
+            self.text.text, self.output_ids, self.finish_reason, self.stats, logprobs=self.output_logprobs()
+        )
 
 
 def matched_run(proposal: Sequence[int], emitted: Sequence[int]) -> int:

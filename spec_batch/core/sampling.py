@@ -3,6 +3,7 @@
 Temperature, top-k and top-p are applied by the same function to the target's and the draft's logits, so
 both distributions are shaped the same way (a trap real systems shipped as a bug).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,7 @@
 """What a step costs, measured: seconds of a whole step by batch size and verify width (StepCosts), and the same
 where a padded position may cost less than a real token (PaddedCosts). The draft policy (core/policy.py) weighs
 expected tokens against these."""
+
 from __future__ import annotations
 
 import math
@@ -89,7 +90,7 @@ class PaddedCosts:
         self.error_decay = error_decay
 
     @classmethod
-    def fixed(cls, table: StepCosts) -> "PaddedCosts":
+    def fixed(cls, table: StepCosts) -> PaddedCosts:
         """Given costs by verify width (a replay's, not measured here): a padded position costs a real token's."""
         costs = cls(ragged=False)
         costs.tables[1.0] = table

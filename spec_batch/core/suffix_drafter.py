@@ -4,10 +4,11 @@ longest suffix of its tokens that occurred before, with a count-based confidence
 
 In a bulk job the requests are independent: the job memory only changes what is drafted, never an output.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .drafters import Draft, DraftRow
 from .job_memory import DEFAULT_MAX_DEPTH, JobMemory

@@ -18,14 +18,15 @@ is kept as a `_Tail` (a reference into its sequence, count 1) rather than a chai
 when a second occurrence arrives. Nodes are spent only on repeated content: O(N + repeated tokens * D). A node
 whose count drops back to 1 after a removal stays a node (correct, slightly less compact).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 class _Node:
-    __slots__ = ("count", "children")
+    __slots__ = ("children", "count")
 
     def __init__(self, count: int):
         self.count = count  # suffix starts whose path passes through (or ends at) this node
@@ -37,7 +38,7 @@ class _Tail:
 
     It grows by itself as its sequence grows (nothing else shares it), so appends never touch it."""
 
-    __slots__ = ("seq", "start", "pos")
+    __slots__ = ("pos", "seq", "start")
 
     def __init__(self, seq: int, start: int, pos: int):
         self.seq, self.start, self.pos = seq, start, pos
@@ -215,7 +216,7 @@ class SuffixIndex:
         state = self._walk(tokens)
         if state is None:
             return {}
-        node, tail, i = state
+        node, tail, _i = state
         if tail is not None:
             step = self._next(state)
             return {step[0]: 1} if step else {}

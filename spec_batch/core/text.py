@@ -7,6 +7,7 @@ adds there: the result equals `tokenizer.decode(output_ids, skip_special_tokens=
 sentencepiece tokenizers (tokenizers that rewrite spaces across tokens, `clean_up_tokenization_spaces`, are
 not exact). Characters split over several tokens (UTF-8 bytes) appear once complete.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence

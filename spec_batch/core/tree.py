@@ -11,6 +11,7 @@ among the node's children; a child with it is accepted and the walk goes on from
 step's next token. The accepted path is then what a chain with those tokens would have given: the decoder keeps
 the path's cache columns and hidden states, and reads the path's logits (`path_logits`) for logprobs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -48,7 +49,7 @@ class TreeInput:
     depth: torch.Tensor
 
     @classmethod
-    def of(cls, parents: Sequence[Sequence[int]], width: int, device: torch.device) -> "TreeInput":
+    def of(cls, parents: Sequence[Sequence[int]], width: int, device: torch.device) -> TreeInput:
         attend = torch.stack([ancestors(p, width) for p in parents])
         depth = torch.zeros((len(parents), width), dtype=torch.long)
         for b, p in enumerate(parents):
@@ -57,8 +58,9 @@ class TreeInput:
         return cls(attend.to(device), depth.to(device))
 
 
-def walk(tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]], choices: torch.Tensor
-         ) -> tuple[list[list[int]], list[int]]:
+def walk(
+    tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]], choices: torch.Tensor
+) -> tuple[list[list[int]], list[int]]:
     """Greedy verification of tree drafts. choices [B, w]: the target's token after each input position.
     Returns per row the input positions of the accepted path (the root's 0 first) and the token after it."""
     picks = choices.tolist()

@@ -18,6 +18,7 @@ masking) and runs the rules below for every row: greedy rows and one-hot drafts 
 drafter with distributions by rejection sampling. Randomness is keyed by (seed, output position), so a
 seeded row's tokens do not depend on its batch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """Bulk jobs: batch files in and out, the runner, and the job service (create, measure, run, resume, cancel)."""
+
 from .baseline import measure_baseline
 from .export import ResultsReport, write_results
 from .service import (

@@ -12,6 +12,7 @@ Cost: the rounds split the sample instead of repeating it, so the measurement de
 measurement did (each sampled request once with and once without speculation); only a sample smaller than ROUNDS
 decodes a request more than once. The speculative results are the requests' results (stored, not decoded again).
 """
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,7 @@ def speedup_is_reliable(speedup: float | None, low: float | None, high: float | 
     return (high - low) <= UNRELIABLE_SPREAD * speedup
 
 
-def describe_speedup(speedup: float | None, low: float | None, high: float | None,
-                     reliable: bool | None) -> str:
+def describe_speedup(speedup: float | None, low: float | None, high: float | None, reliable: bool | None) -> str:
     """The speedup in words, with its rounds' range and, when it is unreliable, why ("—" when not measured)."""
     if speedup is None:
         return "—"
@@ -50,8 +50,10 @@ def describe_speedup(speedup: float | None, low: float | None, high: float | Non
         return text
     text += f" (rounds {low:.2f}x-{high:.2f}x)"
     if reliable is False:
-        text += (f": unreliable, the rounds differ by more than {UNRELIABLE_SPREAD:.0%} of it "
-                 f"(the machine's load changed while it was measured)")
+        text += (
+            f": unreliable, the rounds differ by more than {UNRELIABLE_SPREAD:.0%} of it "
+            f"(the machine's load changed while it was measured)"
+        )
     return text
 
 
@@ -170,8 +172,10 @@ def _warm_up(batch: ClaimedRequests, decoders: Sequence[Any], slices: list[list[
     0.90-1.02x timed cold, 1.24-1.60x after a warm-up (its tokens per step: 2.7-2.8 either way)."""
     for positions in slices:
         prompts = [batch.prompts[i] for i in positions]
-        warm = [replace(batch.params[i], max_new_tokens=min(batch.params[i].max_new_tokens, WARMUP_TOKENS))
-                for i in positions]
+        warm = [
+            replace(batch.params[i], max_new_tokens=min(batch.params[i].max_new_tokens, WARMUP_TOKENS))
+            for i in positions
+        ]
         for d in decoders:
             d.generate(prompts, warm, batch_size=batch_size, return_errors=True)
 
@@ -219,7 +223,8 @@ def _measure(batch: ClaimedRequests, decoder: Any, batch_size: int, on_stored: O
 def _record(batch: ClaimedRequests, b: Baseline, first: dict[int, tuple[Any, Any, float]]) -> None:
     with batch.session_factory.begin() as s:
         recorded = queries.record_baseline(
-            s, batch.job_id,
+            s,
+            batch.job_id,
             n_requests=b.n_requests,
             baseline_output_tokens=b.baseline_output_tokens,
             baseline_wall_s=b.baseline_wall_s,
@@ -229,20 +234,30 @@ def _record(batch: ClaimedRequests, b: Baseline, first: dict[int, tuple[Any, Any
             speedup_high=b.speedup_high,
         )
         if recorded:  # each request's pair, for reports (both decodes must have succeeded)
-            record_baseline_samples(s, batch.job_id, [
-                SamplePair(batch.ids[pos], sr.stats.output_tokens, sr.stats.target_forwards, sr.stats.wall_s,
-                           br.stats.output_tokens, br.stats.wall_s)
-                for pos, (sr, br, _) in sorted(first.items())
-                if sr.finish_reason != "error" and br.finish_reason != "error"
-            ])
+            record_baseline_samples(
+                s,
+                batch.job_id,
+                [
+                    SamplePair(
+                        batch.ids[pos],
+                        sr.stats.output_tokens,
+                        sr.stats.target_forwards,
+                        sr.stats.wall_s,
+                        br.stats.output_tokens,
+                        br.stats.wall_s,
+                    )
+                    for pos, (sr, br, _) in sorted(first.items())
+                    if sr.finish_reason != "error" and br.finish_reason != "error"
+                ],
+            )
 
 
 __all__ = [
-    "Baseline",
     "ROUNDS",
-    "Round",
     "UNRELIABLE_SPREAD",
     "WARMUP_TOKENS",
+    "Baseline",
+    "Round",
     "choose_sample",
     "describe_speedup",
     "measure_baseline",

@@ -4,6 +4,7 @@ A line is an envelope (``custom_id``, ``method``, ``url``, ``body``) around a re
 validated by spec_batch.openai_format.parse_body, the same parser as the online server's. A line's problems
 are reported with its line number; the other lines run.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..core.params import SamplingParams
 from ..errors import SpecBatchError
-from ..settings import get_settings
 from ..openai_format import CHAT, COMPLETIONS, ENDPOINTS, BodyError, parse_body
 from ..openai_format.body import DEFAULT_SAMPLING
 from ..openai_format.fields import INVALID_VALUE, MISSING_FIELD, UNSUPPORTED_FIELD
-from ..core.params import SamplingParams
+from ..settings import get_settings
 
 MAX_CUSTOM_ID = 512
 TOP_LEVEL_FIELDS = ("custom_id", "method", "url", "body")
@@ -35,9 +36,26 @@ HEAD_BYTES = 4096
 _CUSTOM_ID_AT_START = re.compile(rb'^\s*\{\s*"custom_id"\s*:\s*"((?:[^"\\]|\\.){1,512})"')
 
 __all__ = [
-    "CHAT", "COMPLETIONS", "DEFAULT_SAMPLING", "DUPLICATE_CUSTOM_ID", "ENDPOINTS", "INVALID_JSON", "INVALID_LINE",
-    "INVALID_VALUE", "LINE_TOO_LONG", "MISSING_CUSTOM_ID", "MISSING_FIELD", "UNSUPPORTED_ENDPOINT", "UNSUPPORTED_FIELD",
-    "BatchLineError", "BatchRequest", "LineError", "ParseReport", "parse_line", "parse_lines", "read_batch_file",
+    "CHAT",
+    "COMPLETIONS",
+    "DEFAULT_SAMPLING",
+    "DUPLICATE_CUSTOM_ID",
+    "ENDPOINTS",
+    "INVALID_JSON",
+    "INVALID_LINE",
+    "INVALID_VALUE",
+    "LINE_TOO_LONG",
+    "MISSING_CUSTOM_ID",
+    "MISSING_FIELD",
+    "UNSUPPORTED_ENDPOINT",
+    "UNSUPPORTED_FIELD",
+    "BatchLineError",
+    "BatchRequest",
+    "LineError",
+    "ParseReport",
+    "parse_line",
+    "parse_lines",
+    "read_batch_file",
 ]
 
 
@@ -106,8 +124,16 @@ class ParseReport:
                 kept.append(req)
             else:
                 param, message = problem
-                self.errors.append(LineError(req.line_number, req.raw, INVALID_VALUE,
-                                             f"line {req.line_number}: {param}: {message}", param, req.custom_id))
+                self.errors.append(
+                    LineError(
+                        req.line_number,
+                        req.raw,
+                        INVALID_VALUE,
+                        f"line {req.line_number}: {param}: {message}",
+                        param,
+                        req.custom_id,
+                    )
+                )
         self.requests = kept
         self.errors.sort(key=lambda e: e.line_number)
 
@@ -147,7 +173,9 @@ def _envelope(obj: dict[str, Any]) -> tuple[str, str | None]:
     cid = obj.get("custom_id")
     cid_ok = cid if isinstance(cid, str) and cid else None
     if "custom_id" not in obj or cid is None:
-        raise BatchLineError(MISSING_CUSTOM_ID, "custom_id is missing: every line needs a unique custom_id", "custom_id")
+        raise BatchLineError(
+            MISSING_CUSTOM_ID, "custom_id is missing: every line needs a unique custom_id", "custom_id"
+        )
     if not isinstance(cid, str) or not cid:
         raise _bad("custom_id", f"must be a non-empty string, got {cid!r}", None)
     if len(cid) > MAX_CUSTOM_ID:
@@ -156,11 +184,13 @@ def _envelope(obj: dict[str, Any]) -> tuple[str, str | None]:
     if extra:
         raise BatchLineError(
             UNSUPPORTED_FIELD,
-            f"{extra[0]}: unsupported field (a line has {', '.join(TOP_LEVEL_FIELDS)})", extra[0], cid_ok,
+            f"{extra[0]}: unsupported field (a line has {', '.join(TOP_LEVEL_FIELDS)})",
+            extra[0],
+            cid_ok,
         )
     method = obj.get("method", "POST")
     if method != "POST":
-        raise _bad("method", f"must be \"POST\", got {method!r}", cid_ok)
+        raise _bad("method", f'must be "POST", got {method!r}', cid_ok)
     url = obj.get("url")
     if url is None:
         raise BatchLineError(MISSING_FIELD, f"url is missing: use {CHAT} or {COMPLETIONS}", "url", cid_ok)
@@ -196,8 +226,17 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
         if not e.param:  # the body as a whole
             raise BatchLineError(e.code, e.problem, "body", cid_ok) from None
         raise BatchLineError(e.code, f"body.{e}", f"body.{e.param}", cid_ok) from None
-    return BatchRequest(line_number, cid, url, parsed.prompt, parsed.params, text, parsed.model,
-                        max_tokens_field=parsed.max_tokens_field, options=parsed.options())
+    return BatchRequest(
+        line_number,
+        cid,
+        url,
+        parsed.prompt,
+        parsed.params,
+        text,
+        parsed.model,
+        max_tokens_field=parsed.max_tokens_field,
+        options=parsed.options(),
+    )
 
 
 # ---------------------------------------------------------------- a file
@@ -259,13 +298,16 @@ def iter_lines(fh: BinaryIO, max_bytes: int) -> Iterator[bytes | TooLong]:
 
 def _too_long(n: int, line: TooLong, max_bytes: int | None) -> LineError:
     cid = line.custom_id()
-    message = (f"line {n}: the line is {line.size} bytes, over the limit of {max_bytes} bytes "
-               f"(SPEC_BATCH_MAX_LINE_BYTES); it was not parsed: shorten the request or raise the limit")
+    message = (
+        f"line {n}: the line is {line.size} bytes, over the limit of {max_bytes} bytes "
+        f"(SPEC_BATCH_MAX_LINE_BYTES); it was not parsed: shorten the request or raise the limit"
+    )
     return LineError(n, line.stored(), LINE_TOO_LONG, message, None, cid)
 
 
-def parse_lines(lines: Iterable[bytes | str | TooLong], *, defaults: dict[str, Any] | None = None,
-                max_bytes: int | None = None) -> ParseReport:
+def parse_lines(
+    lines: Iterable[bytes | str | TooLong], *, defaults: dict[str, Any] | None = None, max_bytes: int | None = None
+) -> ParseReport:
     """Validates every line; blank lines are skipped (line numbers still count them). max_bytes: the limit
     TooLong lines broke (for their message)."""
     report = ParseReport()
@@ -281,7 +323,9 @@ def parse_lines(lines: Iterable[bytes | str | TooLong], *, defaults: dict[str, A
             text = _decode(raw, n)
         except UnicodeDecodeError as e:
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")  # type: ignore[union-attr]
-            report.errors.append(LineError(n, text, INVALID_LINE, f"line {n}: not UTF-8 text ({e.reason} at byte {e.start})"))
+            report.errors.append(
+                LineError(n, text, INVALID_LINE, f"line {n}: not UTF-8 text ({e.reason} at byte {e.start})")
+            )
             continue
         if not text.strip():
             continue
@@ -296,9 +340,12 @@ def parse_lines(lines: Iterable[bytes | str | TooLong], *, defaults: dict[str, A
         if first is not None:
             report.errors.append(
                 LineError(
-                    n, text, DUPLICATE_CUSTOM_ID,
+                    n,
+                    text,
+                    DUPLICATE_CUSTOM_ID,
                     f"line {n}: custom_id {req.custom_id!r} is already used on line {first}; custom_ids must be unique",
-                    "custom_id", req.custom_id,
+                    "custom_id",
+                    req.custom_id,
                 )
             )
             continue
@@ -307,8 +354,9 @@ def parse_lines(lines: Iterable[bytes | str | TooLong], *, defaults: dict[str, A
     return report
 
 
-def read_batch_file(path: str | Path, *, defaults: dict[str, Any] | None = None,
-                    max_line_bytes: int | None = None) -> ParseReport:
+def read_batch_file(
+    path: str | Path, *, defaults: dict[str, Any] | None = None, max_line_bytes: int | None = None
+) -> ParseReport:
     """Reads and validates a JSONL batch file, line by line (OSError if it cannot be read). A line over
     max_line_bytes (default: settings, SPEC_BATCH_MAX_LINE_BYTES) fails alone without being read whole."""
     limit = max_line_bytes or get_settings().max_line_bytes

@@ -15,6 +15,7 @@ Error lines: an invalid line or a cancelled request has ``"response": null`` and
 for the context) has ``"response": {"status_code": 400, "body": {"error": {"message", "type", "param", "code",
 "line"}}}`` and ``"error": null``, as OpenAI's error files do.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..openai_format import CHAT
-from ..openai_format.render import chat_choice, completion_choice, usage as usage_of_stats
+from ..openai_format.render import chat_choice, completion_choice
+from ..openai_format.render import usage as usage_of_stats
 from ..store.models import REQ_CANCELLED
 from .stats import stats_of_row
 
@@ -48,8 +50,10 @@ def _choices(req: Any) -> list[dict[str, Any]]:
     stored = req.choices or [{"text": req.output or "", "finish_reason": req.finish_reason, "logprobs": None}]
     tools = (req.options or {}).get("tools", {}).get("tool_choice", "none") != "none"
     if req.endpoint == CHAT:
-        return [chat_choice(i, c["text"], c["finish_reason"], c["logprobs"], tools=tools, call_id=f"call_{req.id}_{i}")
-                for i, c in enumerate(stored)]
+        return [
+            chat_choice(i, c["text"], c["finish_reason"], c["logprobs"], tools=tools, call_id=f"call_{req.id}_{i}")
+            for i, c in enumerate(stored)
+        ]
     return [completion_choice(i, c["text"], c["finish_reason"], c["logprobs"]) for i, c in enumerate(stored)]
 
 

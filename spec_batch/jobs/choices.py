@@ -6,6 +6,7 @@ one row and gives back, once all of them are in, the row's merged result and the
 Seeds: choice 0 keeps the request's seed (n=1 decodes exactly as before); choice i > 0 gets a seed derived from
 (seed, i), so a seeded request gives the same n choices on every run. Without a seed every choice is fresh.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,15 @@ from ..core.outputs import GenerationResult, RequestStats
 from ..core.params import SamplingParams
 from ..openai_format.render import token_records
 
-_SUMMED = ("output_tokens", "draft_tokens", "accepted_tokens", "target_forwards", "draft_forwards", "forced_tokens",
-           "wall_s")
+_SUMMED = (
+    "output_tokens",
+    "draft_tokens",
+    "accepted_tokens",
+    "target_forwards",
+    "draft_forwards",
+    "forced_tokens",
+    "wall_s",
+)
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
@@ -76,6 +84,12 @@ class Choices:
         with_logprobs = any(getattr(r, "logprobs", None) is not None for r in results)
         records = None
         if len(results) > 1 or with_logprobs:
-            records = [{"text": r.text, "finish_reason": r.finish_reason,
-                        "logprobs": token_records(self.tokenizer, getattr(r, "logprobs", None))} for r in results]
+            records = [
+                {
+                    "text": r.text,
+                    "finish_reason": r.finish_reason,
+                    "logprobs": token_records(self.tokenizer, getattr(r, "logprobs", None)),
+                }
+                for r in results
+            ]
         return _merged(results), records

@@ -7,6 +7,7 @@ result because the process crashed or lost its lease (docs/jobs.md). A clean int
 KeyboardInterrupt; the caller's stop; a cancelled job) gives the claims back without counting; an error that
 escapes the decoder (a crash of this attempt, a worker's soft time limit) gives them back and counts one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -111,8 +112,13 @@ def _build_inputs(batch: ClaimedRequests, decoder: Any, plain_only: bool) -> Non
 
 @contextmanager
 def claimed_requests(
-    session_factory: sessionmaker[Session], job_id: str, ids: Sequence[int], decoder: Any, lease: Lease,
-    *, plain_only: bool = False,
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    ids: Sequence[int],
+    decoder: Any,
+    lease: Lease,
+    *,
+    plain_only: bool = False,
 ) -> Iterator[ClaimedRequests]:
     """Claims the claimable ones of `ids` under `lease` and builds their decoder inputs; at the end of the block,
     every claimed request not stored goes back to pending: without counting an attempt after a clean end or

@@ -1,4 +1,5 @@
 """A job's output files: OpenAI batch output lines for completed requests, error lines for the others."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from ..store import queries
 from ..store.models import REQ_COMPLETED, REQUEST_DONE
 from .batch_output import error_line, errors_path_for, output_line
 from .output_guard import OutputPathError, check_output_path, refuse_non_regular
-
 
 OUTPUT, ERROR, OPEN = "output", "error", "open"
 
@@ -72,5 +72,13 @@ def write_results(session_factory: sessionmaker[Session], job_id: str, out_path:
     return ResultsReport(out_path, err_path if n_err else None, n_out, n_err, n_open)
 
 
-__all__ = ["ERROR", "OPEN", "OUTPUT", "OutputPathError", "ResultsReport", "check_output_path", "result_lines",
-           "write_results"]
+__all__ = [
+    "ERROR",
+    "OPEN",
+    "OUTPUT",
+    "OutputPathError",
+    "ResultsReport",
+    "check_output_path",
+    "result_lines",
+    "write_results",
+]

@@ -6,6 +6,7 @@ out; the head is trained on the rest (core/head_train.py) and then drafts for th
 the real decoder: their accepted length per step is the number stored with the head. The head is stored in
 SQL (store/drafters.py) with its facts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,10 +80,14 @@ def prompts_file(decoder: Any, path: Path, max_new_tokens: int = 256) -> list[tu
             prompts.append(decoder.apply_chat_template(body["messages"]) if "messages" in body else body["prompt"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidParameterError(f"{path}:{n}: expected a JSON object with messages or prompt ({exc})") from exc
-    results = decoder.without_speculation().generate(prompts, SamplingParams(max_new_tokens=max_new_tokens), batch_size=8)
+    results = decoder.without_speculation().generate(
+        prompts, SamplingParams(max_new_tokens=max_new_tokens), batch_size=8
+    )
     ids = [list(p) if isinstance(p, list) else decoder.tokenizer.encode(p) for p in prompts]
-    return [(i, r.token_ids + ([sorted(decoder.eos_ids)[0]] if r.finish_reason == "stop" and decoder.eos_ids else []))
-            for i, r in zip(ids, results)]
+    return [
+        (i, r.token_ids + ([sorted(decoder.eos_ids)[0]] if r.finish_reason == "stop" and decoder.eos_ids else []))
+        for i, r in zip(ids, results)
+    ]
 
 
 def split(data: list[Any], seed: int) -> tuple[list[Any], list[Any]]:
@@ -93,8 +98,12 @@ def split(data: list[Any], seed: int) -> tuple[list[Any], list[Any]]:
     return [data[i] for i in order[n_held:]], [data[i] for i in order[:n_held]]
 
 
-def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opts: TrainOptions,
-                     bar: Callable[[int, str], Any] | None = None) -> TrainedHead:
+def train_from_pairs(
+    decoder: Any,
+    pairs: list[tuple[list[int], list[int]]],
+    opts: TrainOptions,
+    bar: Callable[[int, str], Any] | None = None,
+) -> TrainedHead:
     """Trains a head for decoder's target on (prompt, output) pairs; bar(total, description) makes a progress
     bar (tqdm-like: update(n), set_postfix_str, close)."""
     if len(pairs) < 2:
@@ -106,8 +115,13 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
     d2t = choose_vocabulary(seqs, opts.draft_vocab, decoder.eos_ids, decoder.vocab_size)
     head = head_for_target(target, d2t, decoder.target_name, opts.shared_lm_head, opts.layout)
     progress = bar(len(pairs), "target states") if bar else None
-    examples = collect_states(target, [p + o for p, o in train + held], device, progress.update if progress else None,
-                              layers=head.config.target_layers)
+    examples = collect_states(
+        target,
+        [p + o for p, o in train + held],
+        device,
+        progress.update if progress else None,
+        layers=head.config.target_layers,
+    )
     if progress:
         progress.close()
     budget = None if opts.max_minutes is None else opts.max_minutes * 60.0
@@ -119,24 +133,39 @@ def train_from_pairs(decoder: Any, pairs: list[tuple[list[int], list[int]]], opt
             progress.update(1)
             progress.set_postfix_str(f"loss {loss:.3f}")
 
-    report = train_head(head, examples[: len(train)], examples[len(train):], epochs=opts.epochs, max_seconds=budget,
-                        seed=opts.seed, progress=on_step)
+    report = train_head(
+        head,
+        examples[: len(train)],
+        examples[len(train) :],
+        epochs=opts.epochs,
+        max_seconds=budget,
+        seed=opts.seed,
+        progress=on_step,
+    )
     if progress:
         progress.close()
     accepted, per_step = heldout_acceptance(decoder, head, held, opts)
     return TrainedHead(head, report, len(train), len(held), sum(len(s) - 1 for s in seqs), accepted, per_step)
 
 
-def heldout_acceptance(decoder: Any, head: EagleHead, held: list[tuple[list[int], list[int]]],
-                       opts: TrainOptions) -> tuple[float | None, float | None]:
+def heldout_acceptance(
+    decoder: Any, head: EagleHead, held: list[tuple[list[int], list[int]]], opts: TrainOptions
+) -> tuple[float | None, float | None]:
     """The head drafting for the held-out prompts in the real decoder (greedy, fixed draft length): accepted
     draft tokens per step, and tokens per step."""
     if not held:
         return None, None
     from ..loading import build_decoder
 
-    dec = build_decoder(decoder.target, decoder.tokenizer, target_name=decoder.target_name, draft=head,
-                        device=decoder.device, num_draft_tokens=opts.num_draft_tokens, adaptive=False)
+    dec = build_decoder(
+        decoder.target,
+        decoder.tokenizer,
+        target_name=decoder.target_name,
+        draft=head,
+        device=decoder.device,
+        num_draft_tokens=opts.num_draft_tokens,
+        adaptive=False,
+    )
     params = [SamplingParams(max_new_tokens=max(1, min(len(o), opts.measure_tokens))) for _, o in held]
     results = dec.generate([p for p, _ in held], params, batch_size=8)
     steps = sum(r.stats.target_forwards for r in results)
@@ -150,11 +179,26 @@ def stored_row(name: str, trained: TrainedHead, jobs: list[str]) -> DraftHead:
     from safetensors.torch import save
 
     head = trained.head
-    head.config.meta = {"tokens_trained": trained.tokens_trained, "train_requests": trained.n_train,
-                        "heldout_requests": trained.n_heldout, "heldout_accepted_length": trained.heldout_accepted_length,
-                        "heldout_tokens_per_step": trained.heldout_tokens_per_step, "heldout_top1": trained.report.top1,
-                        "steps": trained.report.steps, "loss": trained.report.loss, "source_jobs": jobs}
+    head.config.meta = {
+        "tokens_trained": trained.tokens_trained,
+        "train_requests": trained.n_train,
+        "heldout_requests": trained.n_heldout,
+        "heldout_accepted_length": trained.heldout_accepted_length,
+        "heldout_tokens_per_step": trained.heldout_tokens_per_step,
+        "heldout_top1": trained.report.top1,
+        "steps": trained.report.steps,
+        "loss": trained.report.loss,
+        "source_jobs": jobs,
+    }
     weights = save(stored_tensors(head))
-    return DraftHead(name=name, kind="head", target=head.config.target, source_jobs=jobs,
-                     tokens_trained=trained.tokens_trained, heldout_accepted_length=trained.heldout_accepted_length,
-                     config=head.config.to_json(), weights=weights, sha256=hashlib.sha256(weights).hexdigest())
+    return DraftHead(
+        name=name,
+        kind="head",
+        target=head.config.target,
+        source_jobs=jobs,
+        tokens_trained=trained.tokens_trained,
+        heldout_accepted_length=trained.heldout_accepted_length,
+        config=head.config.to_json(),
+        weights=weights,
+        sha256=hashlib.sha256(weights).hexdigest(),
+    )

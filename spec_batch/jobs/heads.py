@@ -5,6 +5,7 @@ directory, so a worker on another machine loads a head by name, like a model, an
 `head:/path/dir` (a directory that exists) and every other drafter name pass through unchanged, as do the
 hybrid form `hybrid:NAME` / `hybrid:/path/dir` (suffix drafting where it is confident, the head elsewhere).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,7 @@ def split_head(draft: Any) -> tuple[str, str] | None:
     if isinstance(draft, str):
         for kind in HEAD_KINDS:
             if draft.startswith(kind) and len(draft) > len(kind):
-                return kind, draft[len(kind):]
+                return kind, draft[len(kind) :]
     return None
 
 
@@ -42,7 +43,8 @@ def resolve_draft(draft: Any, session_factory: Callable[[], sessionmaker[Session
         if row is None:
             raise InvalidParameterError(
                 f"draft {draft!r}: no head named {name!r} in the database and no such directory; "
-                "`spec-batch drafters list` shows the stored heads, `spec-batch drafters train` makes one")
+                "`spec-batch drafters list` shows the stored heads, `spec-batch drafters train` makes one"
+            )
         return f"{kind}{materialize(row, cache_dir)}"
 
 

@@ -3,6 +3,7 @@ can come from the job's other outputs. Warmed from the job's completed outputs i
 tokens) when a process picks up a job already partly done; a worker keeps a few jobs' memories (LRU) and drops
 a job's when the job ends. A memory only changes drafts, never an output.
 """
+
 from __future__ import annotations
 
 import threading

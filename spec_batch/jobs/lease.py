@@ -14,6 +14,7 @@ A token is ``host/pidns/pid/random``: the host and the pid say who holds a reque
 the inode of ``/proc/self/ns/pid``) makes "this pid is gone" a safe conclusion only inside one namespace (two
 containers with one hostname never judge each other's processes).
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..store import chunks
-from ..store import request_claims
+from ..store import chunks, request_claims
 from ..store.models import utcnow
 
 log = logging.getLogger("spec_batch.jobs.lease")
@@ -223,7 +223,7 @@ class Heartbeat:
 
     # -- the thread
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="spec-batch-heartbeat", daemon=True)
             self._thread.start()
@@ -242,7 +242,7 @@ class Heartbeat:
         """Run a tick now (e.g. after giving a chunk up, so it is re-queued without waiting)."""
         self._wake.set()
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -263,13 +263,13 @@ class Heartbeat:
         for lease in leases:
             try:
                 self._renew(lease)
-            except Exception as exc:  # noqa: BLE001  (the next tick retries; the lease covers the gap)
+            except Exception as exc:
                 ok = False
                 self._warn(f"lease renewal of {lease.token} failed ({brief(exc)}); retrying")
         if self.on_tick is not None:
             try:
                 self.on_tick()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 ok = False
                 self._warn(f"heartbeat duty failed ({brief(exc)}); retrying")
         if ok:

@@ -14,6 +14,7 @@ TRANSITIONS, so processes racing on a job change it once (the one that did gets 
 
 Resuming is not a status: `resume_action` says what continuing a job means in each status.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -85,11 +86,19 @@ def is_terminal(status: str) -> bool:
 assert set(TRANSITIONS) == set(JOB_STATUSES) and {s for s in JOB_STATUSES if is_terminal(s)} == set(JOB_TERMINAL)
 
 
-def _change(session: Session, job_id: str, target: str, *, now: datetime | None = None,
-            values: dict[str, Any] | None = None, **conditions: bool) -> bool:
+def _change(
+    session: Session,
+    job_id: str,
+    target: str,
+    *,
+    now: datetime | None = None,
+    values: dict[str, Any] | None = None,
+    **conditions: bool,
+) -> bool:
     stamped = {ENTERED_AT[target]: now or utcnow()} if target in ENTERED_AT else {}
-    return queries.change_job_status(session, job_id, sources=sources_of(target), target=target,
-                                     values={**stamped, **(values or {})}, **conditions)
+    return queries.change_job_status(
+        session, job_id, sources=sources_of(target), target=target, values={**stamped, **(values or {})}, **conditions
+    )
 
 
 # ---------------------------------------------------------------- the changes (one conditional UPDATE each)
@@ -129,6 +138,7 @@ def settle_cancel(session: Session, job_id: str, *, now: datetime | None = None)
 
 # ---------------------------------------------------------------- finalization (writes the output file)
 
+
 def finish_finalizing(session_factory: sessionmaker[Session], job_id: str, *, write_output: bool = True) -> bool:
     """A finalizing job: writes its output file (jobs.output_file, when set and write_output), then completes it.
     True for the call that completed it. A failed write is recorded on the job, which completes anyway."""
@@ -139,8 +149,9 @@ def finish_finalizing(session_factory: sessionmaker[Session], job_id: str, *, wr
         try:
             write_results(session_factory, job_id, output_file)
         except OSError as e:
-            error = (f"could not write the output file {output_file}: {e} "
-                     f"(export with `spec-batch results {job_id} -o ...`)")
+            error = (
+                f"could not write the output file {output_file}: {e} (export with `spec-batch results {job_id} -o ...`)"
+            )
     with session_factory.begin() as s:
         return complete(s, job_id, error=error)
 
@@ -189,11 +200,11 @@ def resume_action(job_id: str, status: str) -> str:
 __all__ = [
     "ENTERED_AT",
     "INITIAL",
-    "JobStateError",
     "RESUME_FINISH_FINALIZING",
     "RESUME_REWRITE_OUTPUT",
     "RESUME_RUN",
     "TRANSITIONS",
+    "JobStateError",
     "begin_finalizing",
     "can_change",
     "check_runnable",

@@ -9,6 +9,7 @@ A command refuses, before any model loads:
 - an existing regular file without --force;
 - a folder that cannot be made or written.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,13 @@ class OutputPathError(SpecBatchError):
     """An output path that would replace the input, overwrite a file without --force, or cannot be written."""
 
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def not_a_regular_file(path: str | Path) -> str | None:
@@ -50,8 +56,9 @@ def _same(a: Path, b: str | Path) -> bool:
     return a.resolve() == Path(b).resolve()
 
 
-def job_files(session_factory: sessionmaker[Session], job_ids: Iterable[str], *,
-              outputs: bool = False) -> dict[Path, str]:
+def job_files(
+    session_factory: sessionmaker[Session], job_ids: Iterable[str], *, outputs: bool = False
+) -> dict[Path, str]:
     """{path: what it is} of the jobs' input and errors files (and results files with outputs=True): files a
     command must never replace with something else."""
     files: dict[Path, str] = {}
@@ -67,8 +74,9 @@ def job_files(session_factory: sessionmaker[Session], job_ids: Iterable[str], *,
     return files
 
 
-def check_target(path: str | Path, *, protected: Mapping[Path, str] | None = None, force: bool = False,
-                 option: str = "-o") -> None:
+def check_target(
+    path: str | Path, *, protected: Mapping[Path, str] | None = None, force: bool = False, option: str = "-o"
+) -> None:
     """One file a command is about to write: refused when it is protected (always), not a regular file (always)
     or exists without `force`."""
     path = Path(path)
@@ -79,8 +87,10 @@ def check_target(path: str | Path, *, protected: Mapping[Path, str] | None = Non
     if kind == "a folder":
         raise OutputPathError(f"{path} is a folder: {option} names a file to write")
     if kind is not None:
-        raise OutputPathError(f"{path} is {kind}, not a regular file: spec-batch writes only regular files "
-                              f"(--force does not change that); choose another {option}")
+        raise OutputPathError(
+            f"{path} is {kind}, not a regular file: spec-batch writes only regular files "
+            f"(--force does not change that); choose another {option}"
+        )
     if path.exists() and not force:
         raise OutputPathError(f"{path} already exists: pass --force to replace it, or choose another {option}")
 
@@ -97,8 +107,13 @@ def check_folder(path: str | Path) -> None:
         raise OutputPathError(f"cannot write the output {path}: {exc.strerror or exc}") from exc
 
 
-def check_output_path(out_path: str | Path, *, input_path: str | Path | None = None,
-                      protected: Mapping[Path, str] | None = None, force: bool = False) -> None:
+def check_output_path(
+    out_path: str | Path,
+    *,
+    input_path: str | Path | None = None,
+    protected: Mapping[Path, str] | None = None,
+    force: bool = False,
+) -> None:
     """Checks, before any work, that results can go to out_path and OUT.errors.jsonl beside it: neither is the
     input file, out_path is none of the `protected` files (job_files), both are regular files or new ones, neither
     exists unless `force`, and the folder exists (or can be made) and takes new files."""
@@ -137,5 +152,13 @@ def write_text_atomically(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["OutputPathError", "check_folder", "check_output_path", "check_target", "job_files",
-           "not_a_regular_file", "refuse_non_regular", "write_text_atomically"]
+__all__ = [
+    "OutputPathError",
+    "check_folder",
+    "check_output_path",
+    "check_target",
+    "job_files",
+    "not_a_regular_file",
+    "refuse_non_regular",
+    "write_text_atomically",
+]

@@ -26,6 +26,7 @@ finalize=True, memory=None)``.
 - ``finalize=True``: when no request of the job is open any more, ``finalize_job`` completes it (conditional
   updates: exactly one process, whichever finishes last, writes the output file and completes the job).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,9 +45,9 @@ from ..settings import get_settings
 from ..store import queries
 from ..store.models import REQ_FAILED
 from .claims import ClaimedRequests, build_prompt, claimed_requests  # noqa: F401  (build_prompt: bench_replay)
+from .job_memory_store import uses_job_memory, warm_memory
 from .lease import Heartbeat, Lease, new_lease
 from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
-from .job_memory_store import uses_job_memory, warm_memory
 from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
@@ -83,8 +84,11 @@ class RunReport:
     def stats(self) -> RequestStats:
         """The pooled statistics of the results this call stored (wall time: its decode time)."""
         return pooled(
-            output_tokens=self.output_tokens, draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens,
-            target_forwards=self.target_forwards, wall_s=self.decode_wall_s,
+            output_tokens=self.output_tokens,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            target_forwards=self.target_forwards,
+            wall_s=self.decode_wall_s,
         )
 
     @property
@@ -115,7 +119,7 @@ def request_error(message: str | None, batch_index: int) -> str:
     m = re.match(rf"prompt {batch_index}(: | )", message)
     if m is None:
         return message
-    rest = message[m.end():]
+    rest = message[m.end() :]
     return rest if m.group(1) == ": " else f"the prompt {rest}"
 
 
@@ -125,8 +129,12 @@ def _job_state(session: Session, job_id: str) -> tuple[str, int]:
 
 
 @contextmanager
-def held_lease(session_factory: sessionmaker[Session], lease: Lease | None, worker: str | None = None,
-               lease_seconds: float | None = None) -> Iterator[Lease]:
+def held_lease(
+    session_factory: sessionmaker[Session],
+    lease: Lease | None,
+    worker: str | None = None,
+    lease_seconds: float | None = None,
+) -> Iterator[Lease]:
     """The caller's lease (the caller's heartbeat renews it), or a new one (token `worker`, or a new token) that a
     heartbeat of this call renews until the block ends."""
     if lease is not None:
@@ -166,8 +174,19 @@ def run_requests(
     if memory is None and uses_job_memory(decoder):
         memory = warm_memory(session_factory, job_id, decoder.tokenizer, settings.suffix_memory_tokens)
     with held_lease(session_factory, lease, worker, lease_seconds) as held:
-        return _run_requests(session_factory, job_id, decoder, request_ids, batch_size, held,
-                             should_stop, on_progress, on_stored, finalize, memory)
+        return _run_requests(
+            session_factory,
+            job_id,
+            decoder,
+            request_ids,
+            batch_size,
+            held,
+            should_stop,
+            on_progress,
+            on_stored,
+            finalize,
+            memory,
+        )
 
 
 def _run_requests(
@@ -204,8 +223,19 @@ def _run_requests(
     for start in range(0, len(todo), group):
         if stop(force_check=True):
             break
-        _run_group(session_factory, job_id, decoder, todo[start : start + group], batch_size, lease,
-                   report, on_progress, on_stored, stop, memory)
+        _run_group(
+            session_factory,
+            job_id,
+            decoder,
+            todo[start : start + group],
+            batch_size,
+            lease,
+            report,
+            on_progress,
+            on_stored,
+            stop,
+            memory,
+        )
         if stop.reason is not None:
             break
     report.stopped = report.stopped or stop.reason
@@ -222,8 +252,9 @@ class _Stop:
     """generate()'s should_stop: the caller's own, or the job being cancelled (its status is read at most every
     CANCEL_CHECK_S). `reason` says which stopped the run (STOPPED_BY_CALLER or STOPPED_CANCELLED)."""
 
-    def __init__(self, session_factory: sessionmaker[Session], job_id: str,
-                 should_stop: Callable[[], bool] | None) -> None:
+    def __init__(
+        self, session_factory: sessionmaker[Session], job_id: str, should_stop: Callable[[], bool] | None
+    ) -> None:
         self.session_factory = session_factory
         self.job_id = job_id
         self.should_stop = should_stop
@@ -270,12 +301,23 @@ def _run_group(
                 report.skipped += 1
         if batch.ids:
             on_result = _result_saver(batch, report, on_progress, on_stored)
-            decoder.generate(batch.prompts, batch.params, batch_size=batch_size, return_errors=True,
-                             on_result=on_result, should_stop=stop, memory=memory)
+            decoder.generate(
+                batch.prompts,
+                batch.params,
+                batch_size=batch_size,
+                return_errors=True,
+                on_result=on_result,
+                should_stop=stop,
+                memory=memory,
+            )
 
 
-def _result_saver(batch: ClaimedRequests, report: RunReport, on_progress: Callable[[RunReport], None] | None,
-                  on_stored: OnStored | None) -> Callable[[int, Any], None]:
+def _result_saver(
+    batch: ClaimedRequests,
+    report: RunReport,
+    on_progress: Callable[[RunReport], None] | None,
+    on_stored: OnStored | None,
+) -> Callable[[int, Any], None]:
     """generate()'s on_result: stores each finished row with the decode time since the previous one stored."""
     last_commit = [time.perf_counter()]
 

@@ -4,6 +4,7 @@ Used by the CLI (``spec-batch run / resume / cancel``) and by the queue (spec_ba
 create_job_from_file and measure_baseline and runs requests with ``spec_batch.jobs.runner.run_requests``.
 The service never talks to the broker: a caller that resumes a queued job passes the queue's enqueue function.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.params import SamplingParams
-from ..store import chunks
-from ..store import queries
+from ..store import chunks, queries
 from ..store.models import (
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
@@ -167,9 +167,11 @@ def _leave_validating(session: Session, job_id: str, path: str | Path, report: P
         lifecycle.start(session, job_id, now=now)
         return
     lifecycle.fail(
-        session, job_id,
+        session,
+        job_id,
         f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
-        if report.n_lines else f"{path} has no requests",
+        if report.n_lines
+        else f"{path} has no requests",
         now=now,
     )
 
@@ -211,7 +213,12 @@ def run_job(
             with session_factory.begin() as s:
                 on_phase("run", len(queries.open_request_ids(s, job_id)))
         return run_requests(
-            session_factory, job_id, decoder, lease=lease, should_stop=should_stop, on_progress=on_progress,
+            session_factory,
+            job_id,
+            decoder,
+            lease=lease,
+            should_stop=should_stop,
+            on_progress=on_progress,
         )
 
 

@@ -5,6 +5,7 @@ The rates (acceptance rate, tokens per step, tokens/s) are defined once, as Requ
 as wall time (requests of one batch overlap, so their own wall times are not summed). The ``job_summary`` view
 computes the same in SQL; tests/store/test_rates.py checks that the two agree on a real job.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,8 +59,10 @@ def stats_by_model(session_factory: sessionmaker[Session]) -> list[dict[str, Any
         rows = summaries.model_totals(s)
     for r in rows:
         total = pooled(
-            output_tokens=r["output_tokens"], draft_tokens=r["draft_tokens"],
-            accepted_tokens=r["accepted_tokens"], target_forwards=r["target_forwards"],
+            output_tokens=r["output_tokens"],
+            draft_tokens=r["draft_tokens"],
+            accepted_tokens=r["accepted_tokens"],
+            target_forwards=r["target_forwards"],
         )
         r["acceptance_rate"] = total.acceptance_rate
         r["tokens_per_step"] = total.tokens_per_step

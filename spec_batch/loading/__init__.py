@@ -6,6 +6,7 @@ one per-process cache of models and decoders); chat validates chat messages and 
 The names are imported on first use (PEP 562): validating a batch file's chat messages (`chat`) or resolving
 a model name must not pay for torch and transformers.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -11,6 +11,7 @@ A message is an OpenAI chat message restricted to what a text model's chat templ
 Anything else (other part types such as ``image_url`` or ``input_audio``, other roles, other keys) is a
 MessageError that names where it is (``messages[2].content[0]``) and what is accepted.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -85,7 +86,9 @@ def _content(where: str, content: Any) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise MessageError(where, f"must be a string or a list of text parts {_TEXT_PART}, got {type(content).__name__}")
+        raise MessageError(
+            where, f"must be a string or a list of text parts {_TEXT_PART}, got {type(content).__name__}"
+        )
     texts = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
@@ -94,12 +97,14 @@ def _content(where: str, content: Any) -> str:
         kind = part.get("type")
         if kind != "text":
             raise MessageError(
-                at, f"content parts of type {kind!r} are not supported; the models here take text parts {_TEXT_PART} only"
+                at,
+                f"content parts of type {kind!r} are not supported; the models here take text parts {_TEXT_PART} only",
             )
         extra = sorted(set(part) - {"type", "text"})
         if extra:
-            raise MessageError(f"{at}.{extra[0]}", "unsupported content-part field (supported: type, text)",
-                               unsupported_field=True)
+            raise MessageError(
+                f"{at}.{extra[0]}", "unsupported content-part field (supported: type, text)", unsupported_field=True
+            )
         if not isinstance(part.get("text"), str):
             raise MessageError(f"{at}.text", f"must be a string, got {type(part.get('text')).__name__}")
         texts.append(part["text"])
@@ -116,9 +121,11 @@ def _tool_calls(where: str, calls: Any) -> list[dict[str, Any]]:
         at = f"{where}[{j}]"
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping):
-            raise MessageError(at, 'must be an object {"id": ..., "type": "function", "function": {"name", "arguments"}}')
+            raise MessageError(
+                at, 'must be an object {"id": ..., "type": "function", "function": {"name", "arguments"}}'
+            )
         if call.get("type", "function") != "function":
-            raise MessageError(f"{at}.type", f"only \"function\" tool calls are supported, got {call.get('type')!r}")
+            raise MessageError(f"{at}.type", f'only "function" tool calls are supported, got {call.get("type")!r}')
         for key in ("name", "arguments"):
             if not isinstance(function.get(key), str):
                 raise MessageError(f"{at}.function.{key}", f"must be a string, got {type(function.get(key)).__name__}")

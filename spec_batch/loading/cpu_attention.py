@@ -21,6 +21,7 @@ default model. So this registers `spec_batch_sdpa`: `sdpa`, with multi-token mas
 same way. Folding beats torch's own `enable_gqa=True` (used here before), whose CPU kernel reads the cache once per
 query head: on the verify steps of real batch-8 jobs attention took 25-30% less time (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -60,8 +61,9 @@ def sdpa_gqa_forward(
     return out.to(dtype), weights
 
 
-def _folded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-            scale: float | None, dropout: float) -> torch.Tensor:
+def _folded(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float | None, dropout: float
+) -> torch.Tensor:
     """query [B, H, n, D] on key/value [B, Hkv, L, D] with mask [B or 1, 1, n, L] -> [B, n, H, D]: the H / Hkv query
     heads that share a key/value head are stacked as n * H / Hkv queries of that head (each with its token's mask
     row), so each key/value head is read once."""
@@ -69,7 +71,11 @@ def _folded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: t
     group = heads // key.shape[1]
     stacked_mask = mask.expand(rows, 1, n, mask.shape[-1]).repeat(1, 1, group, 1)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(rows, key.shape[1], group * n, dim), key, value, attn_mask=stacked_mask, dropout_p=dropout,
+        query.reshape(rows, key.shape[1], group * n, dim),
+        key,
+        value,
+        attn_mask=stacked_mask,
+        dropout_p=dropout,
         scale=scale,
     )
     return out.view(rows, heads, n, dim).transpose(1, 2).contiguous()

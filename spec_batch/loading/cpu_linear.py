@@ -13,10 +13,10 @@ The results differ from torch's default kernel by rounding only (checked at pack
 of any two matmul kernels, or of one kernel at two batch sizes. SPEC_BATCH_PACK_WEIGHTS=0 turns it off (read by
 settings; load.py asks before packing).
 """
+
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ class PackedLinear(nn.Module):
         linear.weight, linear.bias = weight, self.bias
         return linear
 
-    def __deepcopy__(self, memo: dict) -> "PackedLinear":
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
         # oneDNN's blocked tensors cannot be copied as they are (a deep-copied model is a common draft): repack
         plain = copy.deepcopy(self.plain(), memo)
         return PackedLinear(plain, keep_weight=self.weight is not None)

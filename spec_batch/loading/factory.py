@@ -2,12 +2,13 @@
 process's one cache of them: `shared_model` (a loaded model per name and arguments) and `shared_decoder`
 (a decoder per configuration), both emptied by `clear_cache`.
 """
+
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -62,8 +63,10 @@ def build_decoder(
     if drafter_options and draft != "suffix":
         raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
     if resolve_weights_name(draft_weights) not in ("auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
-        raise InvalidParameterError(f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded "
-                                    f"at its weights by load_decoder")
+        raise InvalidParameterError(
+            f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded "
+            f"at its weights by load_decoder"
+        )
     if draft == "none":
         factory: Callable[[], Drafter] = NoDrafter
         name = "none"
@@ -71,7 +74,7 @@ def build_decoder(
         factory, name = _suffix_factory(drafter_options), "suffix"
     elif draft == "ngram":
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
-        factory = lambda: NgramDrafter(ngram_min, ngram_max)  # noqa: E731
+        factory = lambda: NgramDrafter(ngram_min, ngram_max)
         name = "ngram"
     elif isinstance(draft, (EagleHead, HybridHead)):
         factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder, draft_weights)
@@ -79,7 +82,7 @@ def build_decoder(
         draft_model, name = draft, draft_name or getattr(draft.config, "_name_or_path", None) or "draft-model"
         max_context = min(max_context, context_length(draft_model))
         vocab = target_model.get_output_embeddings().weight.shape[0]
-        factory = lambda: ModelDrafter(draft_model, name, device, placeholder, vocab)  # noqa: E731
+        factory = lambda: ModelDrafter(draft_model, name, device, placeholder, vocab)
     if num_draft_tokens is None:
         num_draft_tokens = default_draft_tokens(draft)
     return Decoder(
@@ -112,7 +115,9 @@ def _suffix_factory(drafter_options: Mapping[str, Any] | None) -> Callable[[], D
     options = dict(drafter_options or {})
     unknown = sorted(set(options) - set(SuffixDrafter.OPTIONS))
     if unknown:
-        raise InvalidParameterError(f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}")
+        raise InvalidParameterError(
+            f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}"
+        )
     try:
         SuffixDrafter(**options)
     except (TypeError, ValueError) as exc:
@@ -180,8 +185,12 @@ class DecoderPrecision:
 
     def to_dict(self) -> dict[str, str | None]:
         d = self.draft
-        return {"weights": self.target.weights, "dtype": self.target.dtype_name,
-                "draft_weights": d.weights if d else None, "draft_dtype": d.dtype_name if d else None}
+        return {
+            "weights": self.target.weights,
+            "dtype": self.target.dtype_name,
+            "draft_weights": d.weights if d else None,
+            "draft_dtype": d.dtype_name if d else None,
+        }
 
 
 def _fspath(value: Any) -> Any:
@@ -201,10 +210,13 @@ def _target_model(target: Any, tokenizer: Any, dtype, weights: str | None, optio
         if weights not in (None, "full"):
             raise InvalidParameterError(f"weights={weights!r} applies to models loaded by name; this target is loaded")
         target.eval()
-        loaded = LoadedModel(model=target, tokenizer=tokenizer, name=getattr(target.config, "_name_or_path", "") or "target", source="")
+        loaded = LoadedModel(
+            model=target, tokenizer=tokenizer, name=getattr(target.config, "_name_or_path", "") or "target", source=""
+        )
     if tokenizer is not None:
-        loaded = LoadedModel(model=loaded.model, tokenizer=tokenizer, name=loaded.name, source=loaded.source,
-                             precision=loaded.precision)
+        loaded = LoadedModel(
+            model=loaded.model, tokenizer=tokenizer, name=loaded.name, source=loaded.source, precision=loaded.precision
+        )
     return loaded
 
 
@@ -216,8 +228,9 @@ def self_draft_weights(draft: str) -> str | None:
     return resolve_weights_name(tail or "int4")
 
 
-def _draft_model(draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, draft_weights: str | None,
-                 options: dict) -> tuple[Any, str | None, Precision | None]:
+def _draft_model(
+    draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, draft_weights: str | None, options: dict
+) -> tuple[Any, str | None, Precision | None]:
     """(the build_decoder draft argument, its name, its precision) for a drafter name or a draft model."""
     if isinstance(draft, str) and draft in DRAFTERS_WITHOUT_MODEL:
         return draft, None, None
@@ -309,8 +322,14 @@ def shared_model(
     key = (os.fspath(spec), str(dev), precision, _cache_dir_key(cache_dir), bool(trust_remote_code))
     return _models.get(
         key,
-        lambda: load_model(spec, device=dev, dtype=precision.dtype, cache_dir=cache_dir,
-                           trust_remote_code=trust_remote_code, weights=precision.weights),
+        lambda: load_model(
+            spec,
+            device=dev,
+            dtype=precision.dtype,
+            cache_dir=cache_dir,
+            trust_remote_code=trust_remote_code,
+            weights=precision.weights,
+        ),
     )
 
 
@@ -347,8 +366,15 @@ def shared_decoder(
     # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
     width = _tree_width(os.fspath(draft).startswith((HEAD_PREFIX, HYBRID_PREFIX)), tree_width)
     key = (
-        os.fspath(target), os.fspath(draft), str(dev), precision, resolve_weights_name(draft_weights),
-        num_draft_tokens, adaptive, _cache_dir_key(cache_dir), width,
+        os.fspath(target),
+        os.fspath(draft),
+        str(dev),
+        precision,
+        resolve_weights_name(draft_weights),
+        num_draft_tokens,
+        adaptive,
+        _cache_dir_key(cache_dir),
+        width,
     )
     return _decoders.get(
         key,

@@ -13,11 +13,12 @@ The model's own forward (Hugging Face's) still calls q_proj, k_proj and v_proj o
 each becomes a FusedPart that computes its whole group on the first call and hands out its slice; the group's
 output is dropped once every part has read it. The state is per thread, so two threads may share a model.
 """
+
 from __future__ import annotations
 
 import copy
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from torch import nn
 from .cpu_linear import PackedLinear
 from .quant_linear import Int4Linear, Int8Linear, require_concatenable
 
-__all__ = ["FusedGroup", "FusedPart", "fuse_projections", "GROUPS"]
+__all__ = ["GROUPS", "FusedGroup", "FusedPart", "fuse_projections"]
 
 # (parent's attribute for the fused layer, the projections it replaces): vLLM's names
 GROUPS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
@@ -35,8 +36,13 @@ _CHECK_ROWS = (1, 3, 4, 9, 17)
 def _concat_linear(layers: list[nn.Linear]) -> nn.Linear:
     require_concatenable(layers, ("in_features",), "linear")
     first = layers[0].weight
-    fused = nn.Linear(first.shape[1], sum(l.out_features for l in layers), bias=layers[0].bias is not None,
-                      device=first.device, dtype=first.dtype)
+    fused = nn.Linear(
+        first.shape[1],
+        sum(l.out_features for l in layers),
+        bias=layers[0].bias is not None,
+        device=first.device,
+        dtype=first.dtype,
+    )
     fused.weight = nn.Parameter(torch.cat([l.weight.detach() for l in layers]), requires_grad=False)
     if fused.bias is not None:
         fused.bias = nn.Parameter(torch.cat([l.bias.detach() for l in layers]), requires_grad=False)
@@ -49,8 +55,10 @@ def _concat_packed(layers: list[PackedLinear]) -> PackedLinear:
 
 
 _CONCAT: dict[type, Callable[[list], nn.Module]] = {
-    nn.Linear: _concat_linear, PackedLinear: _concat_packed,
-    Int4Linear: Int4Linear.concat, Int8Linear: Int8Linear.concat,
+    nn.Linear: _concat_linear,
+    PackedLinear: _concat_packed,
+    Int4Linear: Int4Linear.concat,
+    Int8Linear: Int8Linear.concat,
 }
 
 
@@ -74,7 +82,7 @@ class FusedGroup(nn.Module):
             state.input = state.outputs = None
         return out
 
-    def __deepcopy__(self, memo: dict) -> "FusedGroup":  # a thread-local state does not copy: a new, empty one
+    def __deepcopy__(self, memo: dict) -> FusedGroup:  # a thread-local state does not copy: a new, empty one
         return FusedGroup(copy.deepcopy(self.fused, memo), list(self.sizes))
 
 

@@ -12,6 +12,7 @@ beside it and renamed into place only when complete; the last file written is ``
 an unreadable config.json or a safetensors file whose header does not match its length is treated as corrupt
 and rebuilt.
 """
+
 from __future__ import annotations
 
 import contextlib

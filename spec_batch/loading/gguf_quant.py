@@ -9,6 +9,7 @@ llama.cpp's converter permutes the rows of Llama's q and k projections (its rope
 it when it loads the file, so the rows are put back in the same order here. Rows are independent of one
 another in every block format, so the permutation is exact.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["BLOCKS_FILE", "GGUFQuantTensor", "KEPT_TYPES", "cached_quantized_linears", "read_quantized_linears"]
+__all__ = ["BLOCKS_FILE", "KEPT_TYPES", "GGUFQuantTensor", "cached_quantized_linears", "read_quantized_linears"]
 
 KEPT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 _BLOCK = 32
@@ -46,12 +47,12 @@ def _blocks(data: np.ndarray, rows: int, block_bytes: int) -> np.ndarray:
 
 
 def _fp16(blocks: np.ndarray, start: int) -> torch.Tensor:
-    raw = np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0]
+    raw = np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
     return torch.from_numpy(raw.astype(np.float32))
 
 
 def _nibbles(blocks: np.ndarray, start: int) -> torch.Tensor:
-    qs = blocks[..., start:start + 16]
+    qs = blocks[..., start : start + 16]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [rows, groups, 32]: low nibbles first
     return torch.from_numpy(q.reshape(q.shape[0], -1).astype(np.uint8))
 
@@ -81,7 +82,9 @@ def _permuted(t: GGUFQuantTensor, order: torch.Tensor) -> GGUFQuantTensor:
     return GGUFQuantTensor(t.kind, t.q[order], t.d[order], None if t.m is None else t.m[order])
 
 
-def read_quantized_linears(path: Path, module_names: list[str], config) -> tuple[dict[str, GGUFQuantTensor], dict[str, str]]:
+def read_quantized_linears(
+    path: Path, module_names: list[str], config
+) -> tuple[dict[str, GGUFQuantTensor], dict[str, str]]:
     """For each HF module name (e.g. 'model.layers.0.self_attn.q_proj', 'lm_head'), its GGUF tensor when the type
     is one of KEPT_TYPES. Returns (kept, others): others maps module name -> GGUF type of the tensors not kept
     (they are used dequantized). A tied LM head maps to 'token_embd'."""

@@ -14,6 +14,7 @@ pytorch_model.bin), for Llama-family targets.
   `eagle_config.eagle_aux_hidden_state_layer_ids` (layer outputs: Hugging Face index + 1), else vLLM's and
   SGLang's default, the inputs of layers 2, L/2 and L-3 (filled in against the target, loading/heads.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,9 @@ def is_eagle3(config: dict[str, Any], keys: set[str]) -> bool:
     return "Eagle3" in archs or any(k.startswith("midlayer.") for k in keys) or "d2t" in keys
 
 
-def load_published(path: Path, config: dict[str, Any], device: torch.device | str,
-                   dtype: torch.dtype | None) -> EagleHead:
+def load_published(
+    path: Path, config: dict[str, Any], device: torch.device | str, dtype: torch.dtype | None
+) -> EagleHead:
     """A published EAGLE-1 head as an EagleHead that shares the target's LM head."""
     weights = _strip(_read_weights(path))
     if is_eagle3(config, set(weights)):
@@ -66,25 +68,49 @@ def load_published(path: Path, config: dict[str, Any], device: torch.device | st
 def _config(config: dict[str, Any], draft_vocab: int, **kw: Any) -> HeadConfig:
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     return HeadConfig(
-        hidden_size=hidden, intermediate_size=int(config["intermediate_size"]), num_attention_heads=heads,
-        num_key_value_heads=int(config.get("num_key_value_heads") or heads), vocab_size=int(config["vocab_size"]),
-        draft_vocab_size=draft_vocab, head_dim=int(config.get("head_dim") or hidden // heads),
-        rope_theta=_rope_theta(_Obj(config)), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), **kw)
+        hidden_size=hidden,
+        intermediate_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+        vocab_size=int(config["vocab_size"]),
+        draft_vocab_size=draft_vocab,
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        rope_theta=_rope_theta(_Obj(config)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        **kw,
+    )
 
 
-def _eagle3(path: Path, config: dict[str, Any], weights: dict[str, torch.Tensor], device: torch.device | str,
-            dtype: torch.dtype | None) -> EagleHead:
+def _eagle3(
+    path: Path,
+    config: dict[str, Any],
+    weights: dict[str, torch.Tensor],
+    device: torch.device | str,
+    dtype: torch.dtype | None,
+) -> EagleHead:
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     draft_vocab = int(config.get("draft_vocab_size") or config["vocab_size"])
-    head = EagleHead(_config(config, draft_vocab, layout="eagle3", final_norm=True,
-                             target_layers=[int(i) + 1 for i in ids] if ids else []))
-    state = {k.replace("midlayer.", "layers.0."): v for k, v in weights.items()
-             if not k.startswith(("t2d", "embed_tokens", "d2t"))}
+    head = EagleHead(
+        _config(
+            config,
+            draft_vocab,
+            layout="eagle3",
+            final_norm=True,
+            target_layers=[int(i) + 1 for i in ids] if ids else [],
+        )
+    )
+    state = {
+        k.replace("midlayer.", "layers.0."): v
+        for k, v in weights.items()
+        if not k.startswith(("t2d", "embed_tokens", "d2t"))
+    }
     offsets = weights.get("d2t", torch.zeros(draft_vocab, dtype=torch.long))
     state["d2t"] = torch.arange(draft_vocab, dtype=torch.long) + offsets.long()
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise InvalidParameterError(f"EAGLE-3 head {str(path)!r}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise InvalidParameterError(
+            f"EAGLE-3 head {str(path)!r}: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
     return head.to(device=device, dtype=dtype or torch.float32).eval()
 
 
@@ -101,13 +127,26 @@ def save_eagle1(head: EagleHead, path: Path) -> Path:
 
     c = head.config
     path.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-              "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
-              "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
-              "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "head_dim": c.head_dim, "bias": True}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "num_hidden_layers": 1,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "head_dim": c.head_dim,
+        "bias": True,
+    }
     (path / "config.json").write_text(json.dumps(config))
-    tensors = {k: v.contiguous() for k, v in head.state_dict().items()
-               if k.startswith(("fc.", "layers.0.")) and "input_layernorm" not in k}
+    tensors = {
+        k: v.contiguous()
+        for k, v in head.state_dict().items()
+        if k.startswith(("fc.", "layers.0.")) and "input_layernorm" not in k
+    }
     tensors["embed_tokens.weight"] = head.embed_tokens.weight.detach().clone()
     save_file(tensors, str(path / "model.safetensors"))
     return path

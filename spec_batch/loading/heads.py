@@ -1,6 +1,7 @@
 """Draft heads (core/head.py) from a directory (config.json + model.safetensors), checked against the target they
 are to draft for. The loading layer reads files only: a head named in SQL is resolved to a directory by the jobs
 or CLI layer (spec_batch/jobs/heads.py) before it gets here."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ def load_head(directory: str | Path, device: torch.device | str = "cpu", dtype: 
     path = Path(directory)
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
-        raise InvalidParameterError(f"draft head {str(path)!r}: no {CONFIG_FILE} there (a head directory holds "
-                                    f"{CONFIG_FILE} and {WEIGHTS_FILE}; train one with `spec-batch drafters train`)")
+        raise InvalidParameterError(
+            f"draft head {str(path)!r}: no {CONFIG_FILE} there (a head directory holds "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE}; train one with `spec-batch drafters train`)"
+        )
     data = json.loads(config_file.read_text())
     if data.get("format") != HEAD_FORMAT:
         from .head_layouts import load_published
@@ -66,8 +69,10 @@ def check_head(head: EagleHead, target: Any, target_name: str, aliases: tuple[st
     if c.vocab_size != vocab or int(head.d2t.max()) >= vocab:
         raise IncompatibleModelsError(f"{where}: vocabulary of {c.vocab_size} tokens, the target's has {vocab}")
     if c.target and c.target not in (target_name, *aliases):
-        raise IncompatibleModelsError(f"{where}: it was trained on another target's hidden states; train one for "
-                                      f"{target_name!r} with `spec-batch drafters train`")
+        raise IncompatibleModelsError(
+            f"{where}: it was trained on another target's hidden states; train one for "
+            f"{target_name!r} with `spec-batch drafters train`"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,15 @@ class HybridHead:
     threshold: float = DEFAULT_THRESHOLD
 
 
-def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, draft_name: str | None,
-                 device: torch.device, placeholder: int, weights: str | None = None) -> tuple[Callable[[], Drafter], str]:
+def head_factory(
+    draft: EagleHead | HybridHead,
+    target: Any,
+    target_name: str,
+    draft_name: str | None,
+    device: torch.device,
+    placeholder: int,
+    weights: str | None = None,
+) -> tuple[Callable[[], Drafter], str]:
     """(drafter factory, drafter name) of a loaded head over a loaded target (checked; the target's embedding).
     weights: how it drafts (`drafting_head`)."""
     head = draft.head if isinstance(draft, HybridHead) else draft
@@ -93,8 +105,9 @@ def head_factory(draft: EagleHead | HybridHead, target: Any, target_name: str, d
     name = draft_name or f"head:{head.config.target or 'head'}"
     if isinstance(draft, HybridHead):
         name = draft_name or f"hybrid:{head.config.target or 'head'}"
-        return (lambda: HybridDrafter(HeadDrafter(head, name, device, placeholder, vocab), SuffixDrafter(),
-                                      draft.threshold)), name
+        return (
+            lambda: HybridDrafter(HeadDrafter(head, name, device, placeholder, vocab), SuffixDrafter(), draft.threshold)
+        ), name
     return (lambda: HeadDrafter(head, name, device, placeholder, vocab)), name
 
 
@@ -104,7 +117,7 @@ def load_head_draft(draft: Any, device: torch.device, dtype: torch.dtype | None)
         return None
     for prefix in (HEAD_PREFIX, HYBRID_PREFIX):
         if draft.startswith(prefix):
-            path = Path(draft[len(prefix):]).expanduser()
+            path = Path(draft[len(prefix) :]).expanduser()
             head = load_head(path, device, dtype)
             name = f"{prefix}{path.name}"
             return (HybridHead(head) if prefix == HYBRID_PREFIX else head), name

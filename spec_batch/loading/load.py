@@ -3,6 +3,7 @@
 Loading here is uncached: `factory.shared_model` keeps one LoadedModel per process and arguments.
 Everything here is for the caller of the decoding core; the core itself receives loaded models.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
-    "CacheEntry",
     "FALLBACK_CONTEXT_LENGTH",
+    "CacheEntry",
     "LoadedModel",
     "check_compatible",
     "context_length",
@@ -50,6 +51,7 @@ _CONTEXT_ATTRS = (
     "n_ctx",
     "max_seq_length",
 )
+
 
 @dataclass(eq=False)  # identity semantics: hashable, usable as a dict key
 class LoadedModel:
@@ -177,7 +179,11 @@ def load_model(
 
 
 def _load_dir(
-    path: Path, name: str, device: torch.device, precision: Precision, trust_remote_code: bool,
+    path: Path,
+    name: str,
+    device: torch.device,
+    precision: Precision,
+    trust_remote_code: bool,
     gguf_path: Path | None = None,
 ) -> LoadedModel:
     dtype = precision.dtype

@@ -15,6 +15,7 @@ Like cpu_linear.PackedLinear, a layer computes only the real positions of a padd
 (core/padding.py) and never calls its kernel with fewer than `min_rows` rows, so that a token's logits do not
 depend on the batch it is computed in (tests/loading/test_quant_linear.py checks it bit for bit).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ from torch import nn
 
 from ..core import padding
 
-__all__ = ["Int4Linear", "Int8Linear", "QuantEmbedding", "INT4_GROUP_SIZE", "MIN_ROWS", "require_concatenable"]
+__all__ = ["INT4_GROUP_SIZE", "MIN_ROWS", "Int4Linear", "Int8Linear", "QuantEmbedding", "require_concatenable"]
 
 INT4_GROUP_SIZE = 32
 # Fewer rows than this are computed with zero rows added (as cpu_linear.MIN_ROWS does for oneDNN). Both kernels here
@@ -120,13 +121,13 @@ class Int4Linear(_RowsLinear):
         self.bias = None if bias is None else bias.detach().to(device, act_dtype)
 
     @classmethod
-    def from_q4_1(cls, q, d, m, bias, act_dtype, **kw) -> "Int4Linear":
+    def from_q4_1(cls, q, d, m, bias, act_dtype, **kw) -> Int4Linear:
         """GGUF Q4_1 (weight = d * q + m): scale = d, zero = m + 8 d, exactly in fp32."""
         d, m = d.float(), m.float()
         return cls(q, d, m + 8 * d, bias, act_dtype, **kw)
 
     @classmethod
-    def from_q4_0(cls, q, d, bias, act_dtype, **kw) -> "Int4Linear":
+    def from_q4_0(cls, q, d, bias, act_dtype, **kw) -> Int4Linear:
         """GGUF Q4_0 (weight = d * (q - 8)): scale = d, zero = 0."""
         return cls(q, d.float(), torch.zeros_like(d, dtype=torch.float32), bias, act_dtype, **kw)
 
@@ -140,7 +141,7 @@ class Int4Linear(_RowsLinear):
         return cls.from_q4_1(q, scale, low, bias, act_dtype, group_size=group_size, **kw)
 
     @classmethod
-    def concat(cls, layers: list["Int4Linear"]) -> "Int4Linear":
+    def concat(cls, layers: list[Int4Linear]) -> Int4Linear:
         """One layer computing `layers` side by side (their outputs concatenated): the packed weights hold the
         outputs in blocks (64 on the CPU, tinygemm's 8 on CUDA), so they concatenate as they are where every layer
         but the last fills its blocks."""
@@ -172,15 +173,25 @@ class Int4Linear(_RowsLinear):
         return self._kernel(eye).float().t().contiguous()
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, int4 group {self.group_size}, "
-                f"activations {self.act_dtype}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, int4 group {self.group_size}, "
+            f"activations {self.act_dtype}"
+        )
 
 
 class Int8Linear(_RowsLinear):
     """A linear layer whose weight is int8 with one scale per output channel (weight = q * scale)."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias, act_dtype: torch.dtype, *,
-                 device: torch.device | str = "cpu", min_rows: int = MIN_ROWS):
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        bias,
+        act_dtype: torch.dtype,
+        *,
+        device: torch.device | str = "cpu",
+        min_rows: int = MIN_ROWS,
+    ):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.act_dtype, self.min_rows = act_dtype, min_rows
@@ -189,7 +200,7 @@ class Int8Linear(_RowsLinear):
         self.bias = None if bias is None else bias.detach().to(device, act_dtype)
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, bias, act_dtype, **kw) -> "Int8Linear":
+    def quantize(cls, weight: torch.Tensor, bias, act_dtype, **kw) -> Int8Linear:
         """Symmetric per-channel int8 of a float weight [out, in]."""
         w = weight.detach().float()
         scale = (w.abs().amax(1) / 127).clamp_min(1e-10)
@@ -197,7 +208,7 @@ class Int8Linear(_RowsLinear):
         return cls(q, scale, bias, act_dtype, **kw)
 
     @classmethod
-    def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor, bias, act_dtype, **kw) -> "Int8Linear":
+    def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor, bias, act_dtype, **kw) -> Int8Linear:
         """GGUF Q8_0 (weight = d * q per group of 32) onto per-channel scales: the kernel takes one scale per
         row, so each row is re-expressed with its largest group scale; groups with that scale stay exact, the
         others are rounded once (a half step of the row's scale at most; docs/weights.md measures it)."""
@@ -209,13 +220,19 @@ class Int8Linear(_RowsLinear):
         return cls(q8, row_scale, bias, act_dtype, **kw)
 
     @classmethod
-    def concat(cls, layers: list["Int8Linear"]) -> "Int8Linear":
+    def concat(cls, layers: list[Int8Linear]) -> Int8Linear:
         """One layer computing `layers` side by side (their outputs concatenated)."""
         first = layers[0]
         require_concatenable(layers, ("in_features", "act_dtype", "min_rows"), "int8")
         bias = None if first.bias is None else torch.cat([l.bias for l in layers])
-        return cls(torch.cat([l.weight_int8 for l in layers]), torch.cat([l.scales for l in layers]), bias,
-                   first.act_dtype, device=first.weight_int8.device, min_rows=first.min_rows)
+        return cls(
+            torch.cat([l.weight_int8 for l in layers]),
+            torch.cat([l.scales for l in layers]),
+            bias,
+            first.act_dtype,
+            device=first.weight_int8.device,
+            min_rows=first.min_rows,
+        )
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows.to(self.act_dtype), self.weight_int8, self.scales)
@@ -224,8 +241,10 @@ class Int8Linear(_RowsLinear):
         return self.weight_int8.float() * self.scales.float()[:, None]
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, "
-                f"activations {self.act_dtype}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, "
+            f"activations {self.act_dtype}"
+        )
 
 
 class QuantEmbedding(nn.Module):

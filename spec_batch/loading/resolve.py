@@ -8,6 +8,7 @@ A model is named by one of:
   * a Hugging Face hub id (``org/name``, optionally ``@revision``) already in the local hub cache;
     nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -26,7 +27,11 @@ DEFAULT_VERSION = "0.1.2"
 
 # alias -> (distribution shipping the GGUF file, pinned version, description)
 ALIASES: dict[str, tuple[str, str, str]] = {
-    "default": (DEFAULT_DISTRIBUTION, DEFAULT_VERSION, "SmolLM2-135M-Instruct (Q4_1 GGUF: dequantized at full weights, as shipped at int4)"),
+    "default": (
+        DEFAULT_DISTRIBUTION,
+        DEFAULT_VERSION,
+        "SmolLM2-135M-Instruct (Q4_1 GGUF: dequantized at full weights, as shipped at int4)",
+    ),
 }
 
 ACCEPTED_FORMS = (
@@ -132,9 +137,7 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path | None:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        path = snapshot_download(
-            repo_id, revision=revision, cache_dir=_hub_cache_dir(), local_files_only=True
-        )
+        path = snapshot_download(repo_id, revision=revision, cache_dir=_hub_cache_dir(), local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError, ValueError, OSError):
         return None
     except Exception as exc:  # e.g. HFValidationError for a malformed id
@@ -169,9 +172,7 @@ def resolve_spec(spec: str | os.PathLike) -> ResolvedSpec:
         except OSError as exc:
             raise UnknownModelError(f"model file {raw!r} cannot be read ({exc}); {ACCEPTED_FORMS}") from exc
         if not ok:
-            raise UnknownModelError(
-                f"model file {raw!r} is not a GGUF file (no GGUF magic bytes); {ACCEPTED_FORMS}"
-            )
+            raise UnknownModelError(f"model file {raw!r} is not a GGUF file (no GGUF magic bytes); {ACCEPTED_FORMS}")
         return ResolvedSpec("gguf", path.resolve(), name)
 
     looks_like_path = (

@@ -14,6 +14,7 @@ layers round their inputs to bfloat16 for the kernel and return the model's dtyp
 token's logits then do not depend on its batch beyond fp32 rounding, as with full weights; in bfloat16 the
 attention's rounding differs between batch shapes (as for `full` bfloat16), which can flip near-ties.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,8 +66,9 @@ def dtype_is_auto(dtype: str | torch.dtype | None) -> bool:
     return dtype is None or (isinstance(dtype, str) and dtype.strip().lower() == "auto")
 
 
-def resolve_precision(weights: str | None, dtype: str | torch.dtype | None, device: torch.device,
-                      resolved_dtype: torch.dtype) -> Precision:
+def resolve_precision(
+    weights: str | None, dtype: str | torch.dtype | None, device: torch.device, resolved_dtype: torch.dtype
+) -> Precision:
     """The effective pair for a requested (weights, dtype): resolved_dtype is dtype as load.resolve_dtype made it.
     auto: full weights (docs/weights.md: on the CPUs measured, bf16/fp32 oneDNN beat the int4 kernel on the wide
     verify steps speculation makes; int4 is the memory choice)."""
@@ -127,8 +129,13 @@ def _from_weight(name: str, linear: nn.Linear, weights: str, act_dtype, device) 
     return Int8Linear.quantize(linear.weight, linear.bias, act_dtype, device=device), "int8"
 
 
-def quantize_model(model: nn.Module, weights: str, act_dtype: torch.dtype = KERNEL_DTYPE, gguf_path: Path | None = None,
-                   entry_dir: Path | None = None) -> QuantReport:
+def quantize_model(
+    model: nn.Module,
+    weights: str,
+    act_dtype: torch.dtype = KERNEL_DTYPE,
+    gguf_path: Path | None = None,
+    entry_dir: Path | None = None,
+) -> QuantReport:
     """Replaces every nn.Linear of a loaded model by its weight-only quantized form, in place (weights: int4 | int8).
     A tied input embedding reads the int8 LM head's rows instead of keeping its own copy."""
     report = QuantReport()

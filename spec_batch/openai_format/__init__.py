@@ -8,6 +8,7 @@ body (batch lines and the online server alike) and the renderers of a response b
 
 The batch line's envelope (custom_id, method, url) is the job layer's: spec_batch.jobs.batch_input.
 """
+
 from .body import CHAT, COMPLETIONS, ENDPOINTS, BodyError, ParsedBody, parse_body
 
 __all__ = ["CHAT", "COMPLETIONS", "ENDPOINTS", "BodyError", "ParsedBody", "parse_body"]

@@ -4,6 +4,7 @@ Batch lines (spec_batch.jobs.batch_input, after the line's envelope) and the onl
 `parse_body`, so a body means the same thing in a file and over HTTP. Each field has its validator in
 `fields.FIELDS`; an unknown field is an error that names it, never ignored.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,24 +12,36 @@ from typing import Any
 
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
-from .tools import ToolError, ToolPlan
 from .fields import (
-    RECORDED,
     CHAT,
     COMPLETIONS,
     INVALID_VALUE,
     MISSING_FIELD,
+    RECORDED,
     UNSUPPORTED_FIELD,
     BodyError,
     checking_order,
     fields_of,
 )
+from .tools import ToolError, ToolPlan
 
 ENDPOINTS = (CHAT, COMPLETIONS)
 # Values for fields a body omits (or sets to null): SamplingParams keys. A job overrides them (its --max-tokens...).
 DEFAULT_SAMPLING: dict[str, Any] = {"max_new_tokens": 256, "temperature": 0.0, "top_p": 1.0}
-_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "response_format",
-                  "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs")
+_SAMPLING_KEYS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "response_format",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+)
 
 
 @dataclass
@@ -90,7 +103,7 @@ def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None, o
         max_tokens_field=values.get("max_tokens_field"),
         n=values.get("n", 1),
         tools=plan,
-        recorded={k[len(RECORDED):]: v for k, v in values.items() if k.startswith(RECORDED)},
+        recorded={k[len(RECORDED) :]: v for k, v in values.items() if k.startswith(RECORDED)},
         stream=values.get("stream", False),
     )
 
@@ -103,8 +116,9 @@ def _tool_plan(values: dict[str, Any]) -> ToolPlan | None:
     except ToolError as e:
         raise BodyError(INVALID_VALUE, e.param, e.problem) from None
     if plan is not None and plan.choice != "none" and values.get("response_format") is not None:
-        raise BodyError(INVALID_VALUE, "response_format", "give tools or response_format, not both: a tool call "
-                                                          "has its own format")
+        raise BodyError(
+            INVALID_VALUE, "response_format", "give tools or response_format, not both: a tool call has its own format"
+        )
     return plan
 
 

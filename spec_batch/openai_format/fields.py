@@ -2,6 +2,7 @@
 "the default") and the whole body, and returns what it sets: SamplingParams keys, or the body's own keys
 (`prompt`, `model`, ...). Every error names its field (relative to the body: ``temperature``,
 ``messages[2].role``); the batch layer prefixes ``body.``. Ranges come from spec_batch.limits (OpenAI's)."""
+
 from __future__ import annotations
 
 import math
@@ -59,6 +60,7 @@ def _number(name: str, allowed: limits.Range, key: str | None = None, integer: b
             kind = "an integer" if integer else "a number"
             raise bad(name, f"must be {kind} in {allowed.describe()}, got {value!r}")
         return {key or name: value if integer else float(value)}
+
     return check
 
 
@@ -79,8 +81,11 @@ def _messages(value: Any, body: dict[str, Any]) -> dict[str, Any]:
 def _prompt(value: Any, body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(value, list):
         if not value or not all(limits.is_int(t) for t in value):
-            raise bad("prompt", "must be a string or a non-empty list of token ids (one prompt per line: put "
-                                "several prompts on several lines)")
+            raise bad(
+                "prompt",
+                "must be a string or a non-empty list of token ids (one prompt per line: put "
+                "several prompts on several lines)",
+            )
         negative = next((j for j, t in enumerate(value) if t < 0), None)
         if negative is not None:
             raise bad(f"prompt[{negative}]", f"token id {value[negative]} is negative; token ids are >= 0")
@@ -96,6 +101,7 @@ def _max_tokens(name: str) -> Check:
         if not limits.is_int(value) or value < 1:
             raise bad(name, f"must be an integer >= 1, got {value!r}")
         return {"max_new_tokens": value, "max_tokens_field": name}
+
     return check
 
 
@@ -130,7 +136,7 @@ def _logit_bias(value: Any, body: dict[str, Any]) -> dict[str, Any]:
     bias: dict[int, float] = {}
     for key, b in value.items():
         if not (isinstance(key, str) and key.isdigit()):
-            raise bad("logit_bias", f"keys must be token ids as strings (\"50256\"), got {key!r}")
+            raise bad("logit_bias", f'keys must be token ids as strings ("50256"), got {key!r}')
         if not limits.is_number(b) or not math.isfinite(b) or not limits.LOGIT_BIAS.contains(b):
             raise bad(f"logit_bias.{key}", f"must be a number in {limits.LOGIT_BIAS.describe()}, got {b!r}")
         bias[int(key)] = float(b)
@@ -167,10 +173,12 @@ def _tool_choice(value: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 def _recorded(name: str, kind: type | tuple[type, ...], what: str) -> Check:
     """A field accepted and recorded that changes nothing here (docs/batch-format.md lists them)."""
+
     def check(value: Any, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, kind):
             raise bad(name, f"must be {what}, got {value!r}")
         return {RECORDED + name: value}
+
     return check
 
 

@@ -4,6 +4,7 @@ A choice is {"text", "finish_reason", "logprobs"}; "logprobs" is None or a list 
 {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} (chat's shape), made once from the
 core's TokenLogprob list with the tokenizer (`token_records`), and turned into the completions shape here.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,32 +23,49 @@ def token_records(tokenizer: Any, logprobs: Any) -> list[dict[str, Any]] | None:
     if logprobs is None:
         return None
     return [
-        {**_token(tokenizer, t.token_id, t.logprob),
-         "top_logprobs": [_token(tokenizer, tid, lp) for tid, lp in t.top]}
+        {**_token(tokenizer, t.token_id, t.logprob), "top_logprobs": [_token(tokenizer, tid, lp) for tid, lp in t.top]}
         for t in logprobs
     ]
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None, records: list[dict[str, Any]] | None,
-                *, tools: bool = False, call_id: str = "call") -> dict[str, Any]:
+def chat_choice(
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    records: list[dict[str, Any]] | None,
+    *,
+    tools: bool = False,
+    call_id: str = "call",
+) -> dict[str, Any]:
     """One chat.completion choice; with tools, an answer that is a call becomes message.tool_calls."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tools:
         _, calls, _ = parse_calls(text)
         if calls:
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"{call_id}_{k}", "type": "function",
-                 "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)}}
-                for k, c in enumerate(calls)
-            ]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"{call_id}_{k}",
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)},
+                    }
+                    for k, c in enumerate(calls)
+                ],
+            }
             finish_reason = "tool_calls"
-    return {"index": index, "message": message,
-            "logprobs": None if records is None else {"content": records, "refusal": None},
-            "finish_reason": finish_reason}
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": None if records is None else {"content": records, "refusal": None},
+        "finish_reason": finish_reason,
+    }
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None,
-                      records: list[dict[str, Any]] | None) -> dict[str, Any]:
+def completion_choice(
+    index: int, text: str, finish_reason: str | None, records: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     """One text_completion choice; logprobs in the legacy shape {tokens, token_logprobs, top_logprobs, text_offset}."""
     logprobs = None
     if records is not None:

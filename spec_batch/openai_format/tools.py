@@ -13,6 +13,7 @@ output, docs/structured-output.md), so it always parses and its arguments match 
 The chat template gets the tools as a system message (templates of small models have no tool syntax) and
 earlier calls as the assistant's JSON text, so the model sees the format it is asked to write.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..core.response_format import JSON_OPTIONS
 from ..errors import InvalidParameterError
+
 
 class ToolError(InvalidParameterError):
     """Invalid tools or tool_choice: `param` names the field (tools[1].function.name), `problem` says why."""
@@ -55,7 +57,7 @@ class ToolPlan:
     choice: str  # "auto" | "none" | "any" | a tool's name
 
     @classmethod
-    def from_openai(cls, tools: Any, choice: Any = None) -> "ToolPlan | None":
+    def from_openai(cls, tools: Any, choice: Any = None) -> ToolPlan | None:
         """The plan of OpenAI's `tools` (function tools) and `tool_choice`; None without tools. Raises
         InvalidParameterError naming the tool (tools[i]...) or tool_choice."""
         if not tools:
@@ -134,9 +136,14 @@ def parse_calls(text: str) -> tuple[str, list[dict[str, Any]], list[dict[str, An
     except (ValueError, KeyError, TypeError) as exc:
         match = _CALL_PREFIX.match(text)
         name = json.loads(f'"{match.group(1)}"') if match else None
-        args_text = text[match.end():] if match else text
-        invalid = {"name": name, "args": args_text, "id": call_id, "error": f"not a complete call: {exc}",
-                   "type": "invalid_tool_call"}
+        args_text = text[match.end() :] if match else text
+        invalid = {
+            "name": name,
+            "args": args_text,
+            "id": call_id,
+            "error": f"not a complete call: {exc}",
+            "type": "invalid_tool_call",
+        }
         return "", [], [invalid]
     return "", [{"name": name, "args": args, "id": call_id, "type": "tool_call"}], []
 
@@ -162,7 +169,7 @@ class CallStream:
                 return "", []
             self._call = head.startswith("{")
         if not self._call:
-            out, self._sent = self._text[self._sent:], len(self._text)
+            out, self._sent = self._text[self._sent :], len(self._text)
             return out, []
         chunk: dict[str, Any] = {"name": None, "args": "", "id": None, "index": 0, "type": "tool_call_chunk"}
         if self._args_start is None:
@@ -198,7 +205,9 @@ def function_spec(tool: Any, where: str = "tools[0]") -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise ToolError(where, f'must be {{"type": "function", "function": {{"name": ...}}}}, got {tool!r}')
     fn = tool["function"]
-    extra = sorted(set(tool) - {"type", "function"}) or sorted(set(fn) - {"name", "description", "parameters", "strict"})
+    extra = sorted(set(tool) - {"type", "function"}) or sorted(
+        set(fn) - {"name", "description", "parameters", "strict"}
+    )
     if extra:
         raise ToolError(where, f"has unknown field(s) {extra}")
     name = fn.get("name")
@@ -224,8 +233,9 @@ def choice_of(choice: Any, names: Sequence[str]) -> str:
         choice = (choice.get("function") or {}).get("name") or choice.get("name")
     if isinstance(choice, str) and choice in names:
         return choice
-    raise ToolError("tool_choice",
-                    f"must be 'auto', 'any', 'required', 'none' or the name of a tool {list(names)}, got {choice!r}")
+    raise ToolError(
+        "tool_choice", f"must be 'auto', 'any', 'required', 'none' or the name of a tool {list(names)}, got {choice!r}"
+    )
 
 
 def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
@@ -245,8 +255,10 @@ def strict_schema(schema: Any) -> Any:
         return [strict_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: strict_schema(value) if key not in ("enum", "const", "default", "examples") else value
-           for key, value in schema.items()}
+    out = {
+        key: strict_schema(value) if key not in ("enum", "const", "default", "examples") else value
+        for key, value in schema.items()
+    }
     if "properties" in out and "additionalProperties" not in out and out.get("type", "object") == "object":
         out["additionalProperties"] = False
     return out

@@ -3,6 +3,7 @@
 ``job_report_html(session, job_ids)`` and ``history_report_html(session, since=None)`` read the job database
 (``spec_batch.store.report_queries``) and return one self-contained page (inline SVG charts, no scripts, no network).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,4 +29,4 @@ def history_report_html(session: Session, *, since: datetime | None = None) -> s
     return render(history_page(job_history(session, since=since), now=utcnow(), since=since))
 
 
-__all__ = ["job_report_html", "history_report_html"]
+__all__ = ["history_report_html", "job_report_html"]

@@ -4,6 +4,7 @@ Every rate is RequestStats' (spec_batch.core.outputs: the one definition of acce
 tokens/s). A request's seconds are its own time inside its batch (admission to finish), so request rates
 compare with each other, not with a job's aggregate tokens/s.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
@@ -80,9 +81,13 @@ class RequestRates:
 def request_rates(requests: Sequence[RequestPoint]) -> list[RequestRates]:
     out = []
     for r in requests:
-        stats = RequestStats(output_tokens=r.output_tokens or 0, draft_tokens=r.draft_tokens or 0,
-                             accepted_tokens=r.accepted_tokens or 0, target_forwards=r.target_forwards or 0,
-                             wall_s=r.wall_s or 0.0)
+        stats = RequestStats(
+            output_tokens=r.output_tokens or 0,
+            draft_tokens=r.draft_tokens or 0,
+            accepted_tokens=r.accepted_tokens or 0,
+            target_forwards=r.target_forwards or 0,
+            wall_s=r.wall_s or 0.0,
+        )
         if not stats.output_tokens or stats.tokens_per_s is None:
             continue
         out.append(
@@ -170,8 +175,10 @@ def throughput_over_time(
     sample = [r for r in done if r.request_id in baseline_ids]
     window = None
     if sample:
-        window = (min(_seconds(r.started_at or r.completed_at, t0) for r in sample),  # type: ignore[arg-type]
-                  max(_seconds(r.completed_at, t0) for r in sample))  # type: ignore[arg-type]
+        window = (
+            min(_seconds(r.started_at or r.completed_at, t0) for r in sample),  # type: ignore[arg-type]
+            max(_seconds(r.completed_at, t0) for r in sample),
+        )  # type: ignore[arg-type]
     spans = []
     for r in done:
         if r.request_id in baseline_ids:

@@ -2,6 +2,7 @@
 
 Every chart says what it shows in its title and axis labels (with units), so it reads without the code.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,7 +31,11 @@ def acceptance_by_position(positions: Sequence[PositionAcceptance], chart_id: st
             ax.annotate(
                 f"{(p.rate or 0):.0%}\n{p.accepted:,}/{p.drafted:,}",
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
             )
         ax.set_ylim(0, 1.18)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
@@ -49,8 +54,15 @@ def accepted_length_histogram(counts: Sequence[int], chart_id: str) -> str:
         shares = [c / total for c in counts]
         bars = ax.bar(xs, shares, color=SPEC, width=0.7)
         for bar, c in zip(bars, counts):
-            ax.annotate(f"{c:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                        va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                f"{c:,}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
         ax.set_ylim(0, max(shares, default=0) * 1.15 or 1)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -60,30 +72,62 @@ def accepted_length_histogram(counts: Sequence[int], chart_id: str) -> str:
         return to_svg(fig, chart_id)
 
 
-def requests_paid(
-    rates: Sequence[RequestRates], baseline_tokens_per_s: float | None, chart_id: str
-) -> str:
+def requests_paid(rates: Sequence[RequestRates], baseline_tokens_per_s: float | None, chart_id: str) -> str:
     """Tokens per step against tokens/s, one dot per request; which side of the baseline it landed on."""
     with figure() as fig:
         ax = fig.add_subplot()
         points = [r for r in rates if r.tokens_per_step is not None]
         if baseline_tokens_per_s is None:
-            ax.scatter([r.tokens_per_step for r in points], [r.tokens_per_s for r in points], s=14,
-                       color=SPEC, alpha=0.7, label=f"requests ({len(points):,})")
+            ax.scatter(
+                [r.tokens_per_step for r in points],
+                [r.tokens_per_s for r in points],
+                s=14,
+                color=SPEC,
+                alpha=0.7,
+                label=f"requests ({len(points):,})",
+            )
         else:
             paid = [r for r in points if r.tokens_per_s >= baseline_tokens_per_s]
             lost = [r for r in points if r.tokens_per_s < baseline_tokens_per_s]
-            ax.scatter([r.tokens_per_step for r in paid], [r.tokens_per_s for r in paid], s=14, color=PAID,
-                       alpha=0.75, label=f"faster than without speculation ({len(paid):,})")
-            ax.scatter([r.tokens_per_step for r in lost], [r.tokens_per_s for r in lost], s=14, color=NOT_PAID,
-                       alpha=0.75, label=f"slower than without speculation ({len(lost):,})")
+            ax.scatter(
+                [r.tokens_per_step for r in paid],
+                [r.tokens_per_s for r in paid],
+                s=14,
+                color=PAID,
+                alpha=0.75,
+                label=f"faster than without speculation ({len(paid):,})",
+            )
+            ax.scatter(
+                [r.tokens_per_step for r in lost],
+                [r.tokens_per_s for r in lost],
+                s=14,
+                color=NOT_PAID,
+                alpha=0.75,
+                label=f"slower than without speculation ({len(lost):,})",
+            )
             ax.axhline(baseline_tokens_per_s, color=REFERENCE, linestyle="--", linewidth=1)
-            ax.annotate(f"baseline: {baseline_tokens_per_s:.1f} tokens/s per request without speculation",
-                        (1.0, baseline_tokens_per_s), xycoords=("axes fraction", "data"), ha="right",
-                        va="bottom", fontsize=8, xytext=(-4, 2), textcoords="offset points")
+            ax.annotate(
+                f"baseline: {baseline_tokens_per_s:.1f} tokens/s per request without speculation",
+                (1.0, baseline_tokens_per_s),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=8,
+                xytext=(-4, 2),
+                textcoords="offset points",
+            )
         ax.axvline(1.0, color=REFERENCE, linestyle=":", linewidth=1)
-        ax.annotate("1 token per step = plain decoding", (1.0, 0.0), xycoords=("data", "axes fraction"),
-                    rotation=90, ha="right", va="bottom", fontsize=8, xytext=(-3, 4), textcoords="offset points")
+        ax.annotate(
+            "1 token per step = plain decoding",
+            (1.0, 0.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            xytext=(-3, 4),
+            textcoords="offset points",
+        )
         right = max([r.tokens_per_step or 1.0 for r in points] + [1.5])
         ax.set_xlim(0.8, right * 1.05)
         ax.set_ylim(bottom=0)
@@ -103,15 +147,33 @@ def throughput_over_time(series: ThroughputSeries, job_tokens_per_s: float | Non
     with figure() as fig:
         ax = fig.add_subplot()
         xs = [s / scale for s in series.bin_starts_s]
-        ax.bar(xs, series.tokens_per_s, width=series.bin_width_s / scale, align="edge", color=SPEC, alpha=0.85,
-               label="output tokens/s of the requests decoding in this interval")
+        ax.bar(
+            xs,
+            series.tokens_per_s,
+            width=series.bin_width_s / scale,
+            align="edge",
+            color=SPEC,
+            alpha=0.85,
+            label="output tokens/s of the requests decoding in this interval",
+        )
         if job_tokens_per_s is not None:
-            ax.axhline(job_tokens_per_s, color=REFERENCE, linestyle="--", linewidth=1,
-                       label=f"job average: {job_tokens_per_s:.1f} tokens/s of decode time")
+            ax.axhline(
+                job_tokens_per_s,
+                color=REFERENCE,
+                linestyle="--",
+                linewidth=1,
+                label=f"job average: {job_tokens_per_s:.1f} tokens/s of decode time",
+            )
         if series.baseline_window_s is not None:
             start, end = (t / scale for t in series.baseline_window_s)
-            ax.axvspan(start, end, color=PLAIN, alpha=0.25, linewidth=0,
-                       label="baseline sample measured (with and without speculation; not in the bars)")
+            ax.axvspan(
+                start,
+                end,
+                color=PLAIN,
+                alpha=0.25,
+                linewidth=0,
+                label="baseline sample measured (with and without speculation; not in the bars)",
+            )
         ax.set_xlim(0, span / scale)
         ax.set_ylim(bottom=0, top=max(series.tokens_per_s + [job_tokens_per_s or 0]) * 1.45 or 1)
         ax.set_xlabel(f"time since the first request started ({unit})")
@@ -133,8 +195,15 @@ def baseline_by_request(pairs: Sequence[BaselineRates], chart_id: str) -> str:
         ax.barh([y + 0.2 for y in ys], base, height=0.38, color=PLAIN, label="without speculation")
         for y, p, s in zip(ys, pairs, spec):
             if p.speedup is not None:
-                ax.annotate(f"×{p.speedup:.2f}", (s, y - 0.2), va="center", fontsize=8, xytext=(3, 0),
-                            textcoords="offset points", color=PAID if p.speedup >= 1 else NOT_PAID)
+                ax.annotate(
+                    f"×{p.speedup:.2f}",
+                    (s, y - 0.2),
+                    va="center",
+                    fontsize=8,
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    color=PAID if p.speedup >= 1 else NOT_PAID,
+                )
         ax.set_yticks(ys, [p.label for p in pairs], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, max(base + spec + [1.0]) * 1.18)
@@ -147,9 +216,28 @@ def baseline_by_request(pairs: Sequence[BaselineRates], chart_id: str) -> str:
 
 
 # Colours of the target/drafter pairs on the history page (matplotlib's tab10, then tab20's lighter shades).
-PAIR_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-                "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
-                "#dbdb8d", "#9edae5")
+PAIR_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#c7c7c7",
+    "#dbdb8d",
+    "#9edae5",
+)
 
 
 def pair_colours(labels: Sequence[str]) -> dict[str, str]:
@@ -158,8 +246,14 @@ def pair_colours(labels: Sequence[str]) -> dict[str, str]:
 
 
 def history(
-    series: dict[str, list[tuple[datetime, float]]], *, ylabel: str, title: str, chart_id: str,
-    reference: float | None = None, reference_label: str = "", colours: dict[str, str] | None = None,
+    series: dict[str, list[tuple[datetime, float]]],
+    *,
+    ylabel: str,
+    title: str,
+    chart_id: str,
+    reference: float | None = None,
+    reference_label: str = "",
+    colours: dict[str, str] | None = None,
 ) -> str:
     """One colour per target/drafter pair (`colours`, shared by the page's charts): a dot per job at its
     creation time."""
@@ -168,8 +262,15 @@ def history(
         ax = fig.add_subplot()
         for label, points in sorted(series.items()):
             points = sorted(points)
-            ax.plot([t for t, _ in points], [v for _, v in points], marker="o", markersize=5, linewidth=1,
-                    label=label, color=colours[label])
+            ax.plot(
+                [t for t, _ in points],
+                [v for _, v in points],
+                marker="o",
+                markersize=5,
+                linewidth=1,
+                label=label,
+                color=colours[label],
+            )
         if reference is not None:
             ax.axhline(reference, color=REFERENCE, linestyle="--", linewidth=1, label=reference_label)
         locator = mdates.AutoDateLocator()
@@ -180,6 +281,12 @@ def history(
         ax.set_xlabel("job created (UTC)")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-        ax.legend(fontsize=8, title="target + drafter", title_fontsize=8, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.22), ncols=2)
+        ax.legend(
+            fontsize=8,
+            title="target + drafter",
+            title_fontsize=8,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.22),
+            ncols=2,
+        )
         return to_svg(fig, chart_id)

@@ -3,6 +3,7 @@
 The page loads nothing: styles are inline, charts are inline SVG, and its Content-Security-Policy forbids any
 fetch, so it reads the same offline, from a mail attachment or an artifact store.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

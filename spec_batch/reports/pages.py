@@ -1,4 +1,5 @@
 """What a report page holds, built from the store's report data: summaries, charts (inline SVG) and tables."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -102,8 +103,15 @@ def _request_table(heading: str, rows: Sequence[aggregate.RequestRates]) -> Tabl
         heading,
         ["custom_id", "line", "output tokens", "seconds", "tokens/s", "tokens per step", "acceptance"],
         [
-            [r.custom_id or "—", str(r.line_number), f"{r.output_tokens:,}", fmt(r.wall_s, ".2f"),
-             fmt(r.tokens_per_s, ".1f"), fmt(r.tokens_per_step, ".2f"), fmt(r.acceptance_rate, ".0%")]
+            [
+                r.custom_id or "—",
+                str(r.line_number),
+                f"{r.output_tokens:,}",
+                fmt(r.wall_s, ".2f"),
+                fmt(r.tokens_per_s, ".1f"),
+                fmt(r.tokens_per_step, ".2f"),
+                fmt(r.acceptance_rate, ".0%"),
+            ]
             for r in rows
         ],
     )
@@ -127,35 +135,40 @@ def job_section(data: JobReportData) -> JobSection:
     cid = data.job_id + "-"
     chart_list = [
         chart(
-            "acceptance-by-position", "Acceptance rate by draft position",
+            "acceptance-by-position",
+            "Acceptance rate by draft position",
             "Bar labels: accepted / drafted steps. A step drafts up to k tokens, and position j can only be "
             "accepted when positions 1..j-1 were: where the bars drop, longer drafts stop paying.",
             (lambda: charts.acceptance_by_position(positions, cid + "positions")) if positions else None,
             "No per-position counts are stored for this job (it drafted nothing, or ran before they were recorded).",
         ),
         chart(
-            "accepted-length", "Accepted length per step",
+            "accepted-length",
+            "Accepted length per step",
             "Bar labels: steps. How many draft tokens the target accepted in each step; 0 means the step gave "
             "only the target's own token, as plain decoding would.",
             (lambda: charts.accepted_length_histogram(lengths, cid + "lengths")) if lengths else None,
             "No step statistics are stored for this job yet.",
         ),
         chart(
-            "requests-paid", "Which requests paid",
+            "requests-paid",
+            "Which requests paid",
             "Right of the dotted line, a request made more than one token per target forward; above the dashed "
             "line, it ran faster than the baseline sample's requests ran without speculation.",
             (lambda: charts.requests_paid(rates, base_tps, cid + "paid")) if rates else None,
             "No request has finished with timings yet.",
         ),
         chart(
-            "throughput", "Throughput over time",
+            "throughput",
+            "Throughput over time",
             "Each request's output tokens spread over the time it was decoding, per second of wall time; gaps "
             "are times the job was not decoding (queued, stopped, between resumes) or measured its baseline.",
             (lambda: charts.throughput_over_time(series, job_tps, cid + "throughput")) if series else None,
             "Fewer than two requests have finished.",
         ),
         chart(
-            "baseline", "Baseline sample, request by request",
+            "baseline",
+            "Baseline sample, request by request",
             "The job's speedup is measured on this sample: the same requests decoded with and without "
             "speculation, with the same engine and batch size.",
             (lambda: charts.baseline_by_request(pairs, cid + "baseline")) if pairs else None,
@@ -168,25 +181,36 @@ def job_section(data: JobReportData) -> JobSection:
         summary=_summary(data),
         charts=chart_list,
         tables=[
-            _request_table(f"Slowest requests (lowest tokens/s, {TABLE_ROWS} at most)",
-                           aggregate.slowest(rates, TABLE_ROWS)),
-            _request_table(f"Least-accepted requests (lowest acceptance rate, {TABLE_ROWS} at most)",
-                           aggregate.least_accepted(rates, TABLE_ROWS)),
+            _request_table(
+                f"Slowest requests (lowest tokens/s, {TABLE_ROWS} at most)", aggregate.slowest(rates, TABLE_ROWS)
+            ),
+            _request_table(
+                f"Least-accepted requests (lowest acceptance rate, {TABLE_ROWS} at most)",
+                aggregate.least_accepted(rates, TABLE_ROWS),
+            ),
         ],
         notes=[f"job error: {data.error}"] if data.error else [],
     )
 
 
 def _overview(datas: Sequence[JobReportData]) -> Table:
-    columns = ["job", "status", "target", "drafter", "requests", "acceptance", "tokens per step", "tokens/s",
-               "speedup"]
+    columns = ["job", "status", "target", "drafter", "requests", "acceptance", "tokens per step", "tokens/s", "speedup"]
     rows = []
     for d in datas:
         s = d.summary
-        rows.append([d.job_id, str(s.get("status")), str(s.get("target")), str(s.get("drafter")),
-                     str(s.get("n_requests", 0)), fmt(s.get("acceptance_rate"), ".1%"),
-                     fmt(s.get("tokens_per_step"), ".2f"), fmt(s.get("tokens_per_s"), ".1f"),
-                     fmt(s.get("speedup"), ".2f", "×")])
+        rows.append(
+            [
+                d.job_id,
+                str(s.get("status")),
+                str(s.get("target")),
+                str(s.get("drafter")),
+                str(s.get("n_requests", 0)),
+                fmt(s.get("acceptance_rate"), ".1%"),
+                fmt(s.get("tokens_per_step"), ".2f"),
+                fmt(s.get("tokens_per_s"), ".1f"),
+                fmt(s.get("speedup"), ".2f", "×"),
+            ]
+        )
     return Table("Jobs in this report", columns, rows)
 
 
@@ -214,32 +238,70 @@ def history_page(rows: Sequence[dict[str, Any]], *, now: datetime, since: dateti
     colours = charts.pair_colours([*speedups, *rates])  # a pair has one colour on the whole page
     chart_list = [
         chart(
-            "history-speedup", "Speedup per job",
+            "history-speedup",
+            "Speedup per job",
             "Measured speedup of each job (its sample with speculation over the same sample without); above the "
             "dashed line speculation paid.",
-            (lambda: charts.history(speedups, ylabel="speedup (×)", title="Speedup per job over time",
-                                    chart_id="history-speedup", reference=1.0, reference_label="no gain (1×)",
-                                    colours=colours))
-            if speedups else None,
+            (
+                lambda: charts.history(
+                    speedups,
+                    ylabel="speedup (×)",
+                    title="Speedup per job over time",
+                    chart_id="history-speedup",
+                    reference=1.0,
+                    reference_label="no gain (1×)",
+                    colours=colours,
+                )
+            )
+            if speedups
+            else None,
             "No job in this period measured a baseline.",
         ),
         chart(
-            "history-tokens-per-s", "Tokens/s per job",
+            "history-tokens-per-s",
+            "Tokens/s per job",
             "Output tokens per second of each job's decode time.",
-            (lambda: charts.history(rates, ylabel="output tokens/s", title="Throughput per job over time",
-                                    chart_id="history-tokens-per-s", colours=colours))
-            if rates else None,
+            (
+                lambda: charts.history(
+                    rates,
+                    ylabel="output tokens/s",
+                    title="Throughput per job over time",
+                    chart_id="history-tokens-per-s",
+                    colours=colours,
+                )
+            )
+            if rates
+            else None,
             "No job in this period produced tokens.",
         ),
     ]
     table = Table(
         "Jobs",
-        ["created", "job", "status", "target", "drafter", "requests", "acceptance", "tokens per step", "tokens/s",
-         "speedup"],
         [
-            [fmt_time(r["created_at"]), r["job_id"], str(r["status"]), str(r["target"]), str(r["drafter"]),
-             str(r["n_requests"]), fmt(r.get("acceptance_rate"), ".1%"), fmt(r.get("tokens_per_step"), ".2f"),
-             fmt(r.get("tokens_per_s"), ".1f"), fmt(r.get("speedup"), ".2f", "×")]
+            "created",
+            "job",
+            "status",
+            "target",
+            "drafter",
+            "requests",
+            "acceptance",
+            "tokens per step",
+            "tokens/s",
+            "speedup",
+        ],
+        [
+            [
+                fmt_time(r["created_at"]),
+                r["job_id"],
+                str(r["status"]),
+                str(r["target"]),
+                str(r["drafter"]),
+                str(r["n_requests"]),
+                fmt(r.get("acceptance_rate"), ".1%"),
+                fmt(r.get("tokens_per_step"), ".2f"),
+                fmt(r.get("tokens_per_s"), ".1f"),
+                fmt(r.get("speedup"), ".2f", "×"),
+            ]
             for r in reversed(rows)
         ],
     )

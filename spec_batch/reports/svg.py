@@ -4,6 +4,7 @@ Text stays text (``svg.fonttype = 'none'``): the browser draws it with a local s
 small and their words searchable. Every element id of a chart is prefixed with the chart's id, so several SVGs
 in one page never share an id (matplotlib names the groups of every file alike).
 """
+
 from __future__ import annotations
 
 import io

@@ -7,6 +7,7 @@ The parts plug in here and nowhere else:
   started in order when the app starts, stopped in reverse when it shuts down (``stop`` returns once in-flight
   work is finished or handed back to the queue).
 """
+
 from __future__ import annotations
 
 import asyncio

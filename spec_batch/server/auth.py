@@ -3,6 +3,7 @@ owner hash, never under the key; without keys every caller is the anonymous owne
 
 Routes take the caller's owner with ``owner: Owner`` (a FastAPI dependency); /health and /metrics do not.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ class KeyRing:
             return None
         if not authorization or not authorization.lower().startswith(_BEARER):
             raise unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.")
-        given = owner_hash(authorization[len(_BEARER):].strip())
+        given = owner_hash(authorization[len(_BEARER) :].strip())
         if not any(hmac.compare_digest(given, known) for known in self._hashes):
             raise unauthorized("Incorrect API key provided.")
         return given

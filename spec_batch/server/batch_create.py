@@ -6,6 +6,7 @@ unknown top-level field), a `url` other than the batch's endpoint, a line over S
 file over the line limit. A line whose envelope is right but whose `body` is not (a bad value, an unknown body
 field) is a request that fails alone: it goes to the error file and the others run (as `spec-batch run` does).
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,13 @@ def _line_url(raw: str) -> Any:
 
 
 def _wrong_url(line: int, url: Any, endpoint: str) -> dict[str, Any]:
-    return _error("invalid_url", f"line {line}: url {url!r} differs from the batch's endpoint {endpoint!r}; every "
-                  f"line of a batch must use its endpoint", "url", line)
+    return _error(
+        "invalid_url",
+        f"line {line}: url {url!r} differs from the batch's endpoint {endpoint!r}; every "
+        f"line of a batch must use its endpoint",
+        "url",
+        line,
+    )
 
 
 def _structural(err: LineError) -> bool:
@@ -75,8 +81,15 @@ def structural_errors(report: ParseReport, endpoint: str, max_lines: int) -> lis
     if report.n_lines == 0:
         found.append(_error("empty_file", "the file has no request line", None, None))
     if report.n_lines > max_lines:
-        found.append(_error("too_many_lines", f"the file has {report.n_lines} requests, more than the limit of "
-                            f"{max_lines} (SPEC_BATCH_API_MAX_FILE_LINES)", None, None))
+        found.append(
+            _error(
+                "too_many_lines",
+                f"the file has {report.n_lines} requests, more than the limit of "
+                f"{max_lines} (SPEC_BATCH_API_MAX_FILE_LINES)",
+                None,
+                None,
+            )
+        )
     for entry in report.entries():
         if isinstance(entry, LineError):
             if _structural(entry):
@@ -92,8 +105,9 @@ def parse_stored(session_factory: sessionmaker[Session], file_id: str, max_line_
     """The stored file's lines through the batch-line parser, read from its chunks line by line."""
     with session_factory() as s:
         reader = open_stored(s, file_id)
-        return parse_lines(iter_lines(reader, max_line_bytes), defaults=sampling_defaults_with(None),
-                           max_bytes=max_line_bytes)
+        return parse_lines(
+            iter_lines(reader, max_line_bytes), defaults=sampling_defaults_with(None), max_bytes=max_line_bytes
+        )
 
 
 def _capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,40 +117,79 @@ def _capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return errors[:MAX_LISTED_ERRORS] + [_error("more_errors", f"{rest} more line(s) have errors", None, None)]
 
 
-def _fail_validation(session_factory: sessionmaker[Session], batch_id: str, fields: JobFields,
-                     errors: list[dict[str, Any]], batch_values: dict[str, Any], metadata: dict[str, Any] | None) -> None:
+def _fail_validation(
+    session_factory: sessionmaker[Session],
+    batch_id: str,
+    fields: JobFields,
+    errors: list[dict[str, Any]],
+    batch_values: dict[str, Any],
+    metadata: dict[str, Any] | None,
+) -> None:
     """A job with no requests, failed at validating, and its batch row with the errors: one transaction."""
     now = utcnow()
     with session_factory.begin() as s:
-        queries.insert_job(s, id=batch_id, status=lifecycle.INITIAL, target=fields.target, drafter=fields.drafter,
-                           input_file=batch_values["input_file_id"], sampling_defaults=sampling_defaults_with(None),
-                           user_metadata=metadata, batch_size=BATCH_SIZE, baseline_sample=BASELINE_SAMPLE,
-                           queue=fields.queue, weights=fields.weights, dtype=fields.dtype, n_requests=0,
-                           created_at=now)
+        queries.insert_job(
+            s,
+            id=batch_id,
+            status=lifecycle.INITIAL,
+            target=fields.target,
+            drafter=fields.drafter,
+            input_file=batch_values["input_file_id"],
+            sampling_defaults=sampling_defaults_with(None),
+            user_metadata=metadata,
+            batch_size=BATCH_SIZE,
+            baseline_sample=BASELINE_SAMPLE,
+            queue=fields.queue,
+            weights=fields.weights,
+            dtype=fields.dtype,
+            n_requests=0,
+            created_at=now,
+        )
         file_sql.insert_batch(s, id=batch_id, errors=_capped(errors), created_at=now, **batch_values)
         first = errors[0]["message"]
-        lifecycle.fail(s, batch_id, f"the input file failed validation ({len(errors)} error(s); first: {first})",
-                       now=now)
+        lifecycle.fail(
+            s, batch_id, f"the input file failed validation ({len(errors)} error(s); first: {first})", now=now
+        )
 
 
-def create_batch(session_factory: sessionmaker[Session], *, input_file_id: str, endpoint: str, completion_window: str,
-                 metadata: dict[str, Any] | None, owner: str | None, fields: JobFields, max_line_bytes: int,
-                 max_lines: int) -> str:
+def create_batch(
+    session_factory: sessionmaker[Session],
+    *,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str,
+    metadata: dict[str, Any] | None,
+    owner: str | None,
+    fields: JobFields,
+    max_line_bytes: int,
+    max_lines: int,
+) -> str:
     """Validates the stored file and stores the batch (its job, request rows and batch row). Returns its id;
     the job is in_progress, or failed (validation errors, or no valid line)."""
     batch_id = new_batch_id()
     report = parse_stored(session_factory, input_file_id, max_line_bytes)
     report.check_model_limits(max_context=fields.max_context, vocab_size=fields.vocab_size)
-    batch_values = dict(owner=owner, input_file_id=input_file_id, endpoint=endpoint,
-                        completion_window=completion_window)
+    batch_values = dict(
+        owner=owner, input_file_id=input_file_id, endpoint=endpoint, completion_window=completion_window
+    )
     errors = structural_errors(report, endpoint, max_lines)
     if errors:
         _fail_validation(session_factory, batch_id, fields, errors, batch_values, metadata)
         return batch_id
     create_job_from_file(
-        session_factory, input_file_id, input_name=input_file_id, job_id=batch_id, report=report,
-        target=fields.target, drafter=fields.drafter, batch_size=BATCH_SIZE, baseline_sample=BASELINE_SAMPLE,
-        metadata=metadata, queue=fields.queue, chunk_size=fields.chunk_size, weights=fields.weights,
+        session_factory,
+        input_file_id,
+        input_name=input_file_id,
+        job_id=batch_id,
+        report=report,
+        target=fields.target,
+        drafter=fields.drafter,
+        batch_size=BATCH_SIZE,
+        baseline_sample=BASELINE_SAMPLE,
+        metadata=metadata,
+        queue=fields.queue,
+        chunk_size=fields.chunk_size,
+        weights=fields.weights,
         dtype=fields.dtype,
     )
     with session_factory.begin() as s:

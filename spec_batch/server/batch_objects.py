@@ -5,6 +5,7 @@ job's rows on download (jobs.export.result_lines: every line exactly what `spec-
 A batch's result files have ids derived from the batch (``file-<batch id>-output`` / ``-errors``), so they need no
 row of their own and always show the job's rows as they are now.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -26,8 +27,18 @@ from spec_batch.store.models import (
 
 OUTPUT_SUFFIX, ERRORS_SUFFIX = "-output", "-errors"
 _KIND_OF_SUFFIX = {OUTPUT_SUFFIX: OUTPUT, ERRORS_SUFFIX: ERROR}
-_SUMMARY_FIELDS = ("output_tokens", "acceptance_rate", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s",
-                   "speedup", "speedup_low", "speedup_high", "speedup_reliable", "forced_tokens")
+_SUMMARY_FIELDS = (
+    "output_tokens",
+    "acceptance_rate",
+    "tokens_per_step",
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "speedup_reliable",
+    "forced_tokens",
+)
 _STREAM_PIECE = 1 << 16  # bytes of lines sent together in a download
 
 
@@ -36,14 +47,27 @@ def ts(when: datetime | None) -> int | None:
 
 
 def file_object(row: StoredFile) -> dict[str, Any]:
-    return {"id": row.id, "object": "file", "bytes": row.bytes, "created_at": ts(row.created_at),
-            "filename": row.filename, "purpose": row.purpose, "status": row.status, "expires_at": None,
-            "status_details": None}
+    return {
+        "id": row.id,
+        "object": "file",
+        "bytes": row.bytes,
+        "created_at": ts(row.created_at),
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": row.status,
+        "expires_at": None,
+        "status_details": None,
+    }
 
 
 def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 # ---------------------------------------------------------------- result files of a batch
@@ -57,7 +81,7 @@ def parse_result_file_id(file_id: str) -> tuple[str, str] | None:
     """(batch id, OUTPUT | ERROR) of a batch's result file id; None for any other id."""
     for suffix, kind in _KIND_OF_SUFFIX.items():
         if file_id.startswith("file-batch_") and file_id.endswith(suffix):
-            return file_id[len("file-"):-len(suffix)], kind
+            return file_id[len("file-") : -len(suffix)], kind
     return None
 
 
@@ -82,10 +106,17 @@ def iter_result_bytes(session_factory: sessionmaker[Session], batch_id: str, kin
 def result_file_object(session_factory: sessionmaker[Session], batch: Batch, job: Job, kind: str) -> dict[str, Any]:
     size = sum(len(p) for p in iter_result_bytes(session_factory, batch.id, kind))
     suffix = OUTPUT_SUFFIX if kind == OUTPUT else ERRORS_SUFFIX
-    return {"id": result_file_id(batch.id, kind), "object": "file", "bytes": size,
-            "created_at": ts(job.completed_at or job.cancelled_at or job.failed_at or job.created_at),
-            "filename": f"{batch.id}{suffix}.jsonl", "purpose": "batch_output", "status": "processed",
-            "expires_at": None, "status_details": None}
+    return {
+        "id": result_file_id(batch.id, kind),
+        "object": "file",
+        "bytes": size,
+        "created_at": ts(job.completed_at or job.cancelled_at or job.failed_at or job.created_at),
+        "filename": f"{batch.id}{suffix}.jsonl",
+        "purpose": "batch_output",
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
 
 
 def result_files(job: Job, counts: dict[str, int]) -> tuple[str | None, str | None]:
@@ -105,8 +136,12 @@ def speculative(session: Session, job: Job) -> dict[str, Any] | None:
     row = summaries.job_summary_row(session, job.id)
     if row is None:
         return None
-    return {"target": job.target, "drafter": job.drafter, **{k: row.get(k) for k in _SUMMARY_FIELDS},
-            "report_url": f"/v1/batches/{job.id}/report"}
+    return {
+        "target": job.target,
+        "drafter": job.drafter,
+        **{k: row.get(k) for k in _SUMMARY_FIELDS},
+        "report_url": f"/v1/batches/{job.id}/report",
+    }
 
 
 def batch_object(session: Session, batch: Batch, job: Job, model: str | None = None) -> dict[str, Any]:
@@ -115,14 +150,30 @@ def batch_object(session: Session, batch: Batch, job: Job, model: str | None = N
     output_file_id, error_file_id = result_files(job, counts)
     errors = {"object": "list", "data": batch.errors} if batch.errors else None
     return {
-        "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": errors,
-        "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
-        "status": job.status, "output_file_id": output_file_id, "error_file_id": error_file_id,
-        "created_at": ts(batch.created_at), "in_progress_at": ts(job.started_at), "expires_at": None,
-        "finalizing_at": ts(job.finalizing_at), "completed_at": ts(job.completed_at), "failed_at": ts(job.failed_at),
-        "expired_at": None, "cancelling_at": ts(batch.cancelling_at), "cancelled_at": ts(job.cancelled_at),
-        "request_counts": {"total": job.n_requests, "completed": counts[REQ_COMPLETED],
-                           "failed": counts[REQ_FAILED] + counts[REQ_CANCELLED]},
-        "metadata": job.user_metadata or None, "model": model,
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": errors,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": job.status,
+        "output_file_id": output_file_id,
+        "error_file_id": error_file_id,
+        "created_at": ts(batch.created_at),
+        "in_progress_at": ts(job.started_at),
+        "expires_at": None,
+        "finalizing_at": ts(job.finalizing_at),
+        "completed_at": ts(job.completed_at),
+        "failed_at": ts(job.failed_at),
+        "expired_at": None,
+        "cancelling_at": ts(batch.cancelling_at),
+        "cancelled_at": ts(job.cancelled_at),
+        "request_counts": {
+            "total": job.n_requests,
+            "completed": counts[REQ_COMPLETED],
+            "failed": counts[REQ_FAILED] + counts[REQ_CANCELLED],
+        },
+        "metadata": job.user_metadata or None,
+        "model": model,
         "speculative": speculative(session, job),
     }

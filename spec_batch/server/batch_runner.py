@@ -10,6 +10,7 @@ that ServerContext.services starts with the app, and registers it as ``ctx.parts
   (``ctx.parts["served"]``), where the existing workers run it. stop() leaves batches with the queue; start()
   enqueues again the open requests of queue batches that no chunk covers (a server that died mid-enqueue).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,8 @@ from typing import Any
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lifecycle import JobStateError
 from spec_batch.jobs.service import resume_job
-from spec_batch.server.context import ServerContext, Service
 from spec_batch.server.batch_create import JobFields
+from spec_batch.server.context import ServerContext, Service
 from spec_batch.server.errors import APIError
 from spec_batch.store import files as file_sql
 from spec_batch.store import queries
@@ -51,7 +52,7 @@ class _Stoppable:
             raise BatchStopped()
         return self._decoder.generate(*args, **kwargs)
 
-    def without_speculation(self) -> "_Stoppable":
+    def without_speculation(self) -> _Stoppable:
         return _Stoppable(self._decoder.without_speculation(), self._stopped)
 
     def __getattr__(self, name: str) -> Any:
@@ -109,7 +110,7 @@ class LocalBatchRunner:
             try:
                 with self.ctx.session_factory() as s:
                     batch_ids = file_sql.local_batches_to_run(s)
-            except Exception as exc:  # noqa: BLE001 - the database is away for a moment: look again later
+            except Exception as exc:
                 log.warning("cannot list the batches to run: %s", exc)
                 batch_ids = []
             for batch_id in batch_ids:
@@ -128,14 +129,19 @@ class LocalBatchRunner:
         decoder = self.ctx.parts.get("decoder")
         stoppable = _Stoppable(decoder, lambda: self._stopped_or_cancelled(batch_id))
         try:
-            resume_job(self.ctx.session_factory, batch_id, stoppable, should_stop=self._stopping.is_set,
-                       baseline=hasattr(decoder, "without_speculation"))
+            resume_job(
+                self.ctx.session_factory,
+                batch_id,
+                stoppable,
+                should_stop=self._stopping.is_set,
+                baseline=hasattr(decoder, "without_speculation"),
+            )
         except BatchStopped:  # claims given back; a cancelled batch settles now (the runner did not get to it)
             with self.ctx.session_factory.begin() as s:
                 lifecycle.settle_cancel(s, batch_id)
         except JobStateError as exc:  # another process holds it, or it was cancelled meanwhile: not ours now
             log.info("batch %s left alone: %s", batch_id, exc)
-        except Exception as exc:  # noqa: BLE001 - a batch that keeps failing is failed, not retried forever
+        except Exception as exc:
             self._failures[batch_id] = n = self._failures.get(batch_id, 0) + 1
             log.exception("batch %s: unexpected error (%d of %d)", batch_id, n, MAX_FAILURES)
             if n >= MAX_FAILURES:
@@ -152,9 +158,13 @@ class QueueBatchRunner:
     def job_fields(self) -> JobFields:
         served, settings = self.ctx.parts["served"], self.ctx.settings
         return JobFields(
-            target=served.target, drafter=served.drafter, weights=served.weights, dtype=served.dtype,
+            target=served.target,
+            drafter=served.drafter,
+            weights=served.weights,
+            dtype=served.dtype,
             queue=queue_name(served.target, served.drafter, served.weights, served.dtype),
-            chunk_size=settings.chunk_size, **_decoder_limits(self.ctx.parts.get("decoder")),
+            chunk_size=settings.chunk_size,
+            **_decoder_limits(self.ctx.parts.get("decoder")),
         )
 
     def check_ready(self) -> None:
@@ -174,8 +184,9 @@ class QueueBatchRunner:
             open_ids = file_sql.queued_batches_open(s)
         for batch_id in open_ids:
             try:
-                enqueue_job(self.ctx.session_factory, batch_id, broker_url=self.ctx.settings.broker_url,
-                            republish_queued=False)
+                enqueue_job(
+                    self.ctx.session_factory, batch_id, broker_url=self.ctx.settings.broker_url, republish_queued=False
+                )
             except BrokerUnavailableError as exc:
                 log.warning("batch %s: open requests not enqueued again: %s", batch_id, exc)
                 return

@@ -1,6 +1,7 @@
 """The Batches API (OpenAI's /v1/batches): create a batch from an uploaded file, retrieve, list, cancel, and the
 job's HTML report. A batch is a job of the store with the same id; its status is the job's (they are OpenAI's).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -13,10 +14,10 @@ from spec_batch.jobs.lifecycle import JobStateError
 from spec_batch.jobs.service import cancel_job
 from spec_batch.openai_format import ENDPOINTS
 from spec_batch.reports import job_report_html
-from spec_batch.server.context import Context
 from spec_batch.server.auth import Owner
 from spec_batch.server.batch_create import JobFields, create_batch
 from spec_batch.server.batch_objects import batch_object, list_object
+from spec_batch.server.context import Context
 from spec_batch.server.errors import APIError, invalid_request, not_found
 from spec_batch.store import files as file_sql
 from spec_batch.store.file_tables import PURPOSE_BATCH
@@ -38,15 +39,25 @@ class CreateBatch(BaseModel):
 
 def _check_create(body: CreateBatch) -> None:
     if body.endpoint not in ENDPOINTS:
-        raise invalid_request(f"endpoint {body.endpoint!r} is not supported: use {' or '.join(ENDPOINTS)}",
-                              param="endpoint", code="invalid_value")
+        raise invalid_request(
+            f"endpoint {body.endpoint!r} is not supported: use {' or '.join(ENDPOINTS)}",
+            param="endpoint",
+            code="invalid_value",
+        )
     if body.completion_window not in COMPLETION_WINDOWS:
-        raise invalid_request(f"completion_window {body.completion_window!r} is not supported: use '24h' "
-                              f"(batches here do not expire)", param="completion_window", code="invalid_value")
-    if body.metadata is not None and (len(body.metadata) > 16 or any(
-            len(k) > 64 or len(v) > 512 for k, v in body.metadata.items())):
-        raise invalid_request("metadata: at most 16 pairs, keys of at most 64 characters and values of at most 512",
-                              param="metadata", code="invalid_value")
+        raise invalid_request(
+            f"completion_window {body.completion_window!r} is not supported: use '24h' (batches here do not expire)",
+            param="completion_window",
+            code="invalid_value",
+        )
+    if body.metadata is not None and (
+        len(body.metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in body.metadata.items())
+    ):
+        raise invalid_request(
+            "metadata: at most 16 pairs, keys of at most 64 characters and values of at most 512",
+            param="metadata",
+            code="invalid_value",
+        )
 
 
 def _runner(ctx: Any) -> Any:
@@ -77,17 +88,24 @@ def create(body: CreateBatch, ctx: Context, owner: Owner) -> dict[str, Any]:
     runner.check_ready()
     fields: JobFields = runner.job_fields()
     batch_id = create_batch(
-        ctx.session_factory, input_file_id=stored.id, endpoint=body.endpoint,
-        completion_window=body.completion_window, metadata=body.metadata, owner=owner, fields=fields,
-        max_line_bytes=ctx.settings.max_line_bytes, max_lines=ctx.settings.api_max_file_lines,
+        ctx.session_factory,
+        input_file_id=stored.id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+        owner=owner,
+        fields=fields,
+        max_line_bytes=ctx.settings.max_line_bytes,
+        max_lines=ctx.settings.api_max_file_lines,
     )
     runner.submitted(batch_id)
     return _object(ctx, batch_id, owner)
 
 
 @router.get("/v1/batches")
-def list_batches(ctx: Context, owner: Owner, after: str | None = None,
-                 limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
+def list_batches(
+    ctx: Context, owner: Owner, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+) -> dict[str, Any]:
     with ctx.session_factory() as s:
         rows = file_sql.list_batches(s, owner, after=after, limit=limit + 1)
         data = [batch_object(s, b, j, model=ctx.model_id) for b, j in rows[:limit]]
@@ -105,8 +123,9 @@ def cancel(batch_id: str, ctx: Context, owner: Owner) -> dict[str, Any]:
     try:
         cancel_job(ctx.session_factory, batch_id)
     except JobStateError as exc:
-        raise APIError(409, f"batch {batch_id} cannot be cancelled: {exc}", param="batch_id",
-                       code="batch_not_cancellable") from None
+        raise APIError(
+            409, f"batch {batch_id} cannot be cancelled: {exc}", param="batch_id", code="batch_not_cancellable"
+        ) from None
     with ctx.session_factory.begin() as s:
         file_sql.mark_cancelling(s, batch_id, utcnow())
     return _object(ctx, batch_id, owner)

@@ -4,6 +4,7 @@ body), so no handler ever holds more than the limit in memory.
 
 Routes that stream a large body to storage with their own limit (``POST /v1/files``) are exempt.
 """
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -21,8 +22,12 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 class BodyLimit:
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], max_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 exempt: tuple[tuple[str, str], ...] = EXEMPT) -> None:
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        max_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        exempt: tuple[tuple[str, str], ...] = EXEMPT,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.exempt = exempt

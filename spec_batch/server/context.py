@@ -1,6 +1,7 @@
 """The server's one context (settings, the store, the served model, background services, named parts) and the
 FastAPI dependency that hands it to a route: ``ctx: Context``. Router modules import this module, never app.py
 (app.py imports the routers)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

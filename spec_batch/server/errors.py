@@ -4,6 +4,7 @@ official clients raise their usual exception classes (BadRequestError, Authentic
 Handlers never echo a traceback, a request header or a key: an unexpected exception is a 500 with a fixed text
 (its type and message go to the server's log only).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,9 @@ _TYPE_OF_STATUS = {
 class APIError(Exception):
     """An error a client gets back as OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, type_: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -56,8 +58,12 @@ def not_found(kind: str, ident: str, *, param: str | None = None, code: str | No
 
 
 def model_not_found(model: str, served: str) -> APIError:
-    return APIError(404, f"The model '{model}' does not exist; this server serves '{served}' (or 'default').",
-                    param="model", code="model_not_found")
+    return APIError(
+        404,
+        f"The model '{model}' does not exist; this server serves '{served}' (or 'default').",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def unauthorized(message: str) -> APIError:

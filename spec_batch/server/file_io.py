@@ -4,6 +4,7 @@ stored file read back as a binary stream (for the batch-line parser, which reads
 Neither direction holds a file whole in memory: the upload is read CHUNK_BYTES at a time from Starlette's spooled
 temporary file (itself at most 1 MB in memory, the rest on disk), and reading back fetches one chunk per query.
 """
+
 from __future__ import annotations
 
 import io
@@ -42,22 +43,45 @@ class LineCounter:
 
 def _check_limits(size: int, counter: LineCounter, max_bytes: int, max_lines: int) -> None:
     if size > max_bytes:
-        raise too_large(f"the file is larger than {max_bytes} bytes, the most this server takes "
-                        f"(SPEC_BATCH_API_MAX_FILE_BYTES); split it into several batches", param="file")
+        raise too_large(
+            f"the file is larger than {max_bytes} bytes, the most this server takes "
+            f"(SPEC_BATCH_API_MAX_FILE_BYTES); split it into several batches",
+            param="file",
+        )
     if counter.lines > max_lines:
-        raise too_large(f"the file has more than {max_lines} lines, the most a batch file may have "
-                        f"(SPEC_BATCH_API_MAX_FILE_LINES); split it into several batches", param="file")
+        raise too_large(
+            f"the file has more than {max_lines} lines, the most a batch file may have "
+            f"(SPEC_BATCH_API_MAX_FILE_LINES); split it into several batches",
+            param="file",
+        )
 
 
-def store_upload(session_factory: sessionmaker[Session], source: BinaryIO, *, owner: str | None, filename: str,
-                 purpose: str, max_bytes: int, max_lines: int) -> str:
+def store_upload(
+    session_factory: sessionmaker[Session],
+    source: BinaryIO,
+    *,
+    owner: str | None,
+    filename: str,
+    purpose: str,
+    max_bytes: int,
+    max_lines: int,
+) -> str:
     """Copies `source` into a new file and its chunks in one transaction (a refused or failed upload leaves
     nothing). Raises a 413 APIError past max_bytes or max_lines, before reading further. Returns the file id."""
     file_id = new_file_id()
     size, counter = 0, LineCounter()
     with session_factory.begin() as s:
-        file_sql.insert_file(s, id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=0, line_count=0,
-                             status=FILE_PROCESSED, created_at=utcnow())
+        file_sql.insert_file(
+            s,
+            id=file_id,
+            owner=owner,
+            purpose=purpose,
+            filename=filename,
+            bytes=0,
+            line_count=0,
+            status=FILE_PROCESSED,
+            created_at=utcnow(),
+        )
         seq = 0
         while data := source.read(CHUNK_BYTES):
             size += len(data)

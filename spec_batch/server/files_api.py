@@ -5,6 +5,7 @@ refused at once when its Content-Length is over the limit; otherwise Starlette s
 and it is copied into the database chunk by chunk, counting bytes and lines, and refused with a 413 the moment it
 passes a limit (nothing is stored). A batch's output and error files are listed under their batch, not here.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -14,7 +15,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
 
-from spec_batch.server.context import Context
 from spec_batch.server.auth import Owner
 from spec_batch.server.batch_objects import (
     file_object,
@@ -23,6 +23,7 @@ from spec_batch.server.batch_objects import (
     parse_result_file_id,
     result_file_object,
 )
+from spec_batch.server.context import Context
 from spec_batch.server.errors import APIError, invalid_request, not_found, too_large
 from spec_batch.server.file_io import iter_content, store_upload
 from spec_batch.store import files as file_sql
@@ -35,8 +36,10 @@ _MULTIPART_SLACK = 1 << 20  # room for the multipart envelope and the purpose fi
 def _check_content_length(request: Request, max_bytes: int) -> None:
     raw = request.headers.get("content-length")
     if raw is not None and raw.isdigit() and int(raw) > max_bytes + _MULTIPART_SLACK:
-        raise too_large(f"the upload is {raw} bytes; files may be at most {max_bytes} bytes "
-                        f"(SPEC_BATCH_API_MAX_FILE_BYTES)", param="file")
+        raise too_large(
+            f"the upload is {raw} bytes; files may be at most {max_bytes} bytes (SPEC_BATCH_API_MAX_FILE_BYTES)",
+            param="file",
+        )
 
 
 def _counted(request: Request, max_bytes: int) -> Request:
@@ -51,8 +54,11 @@ def _counted(request: Request, max_bytes: int) -> Request:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise too_large(f"the upload is larger than {max_bytes} bytes, the most this server takes "
-                                f"(SPEC_BATCH_API_MAX_FILE_BYTES)", param="file")
+                raise too_large(
+                    f"the upload is larger than {max_bytes} bytes, the most this server takes "
+                    f"(SPEC_BATCH_API_MAX_FILE_BYTES)",
+                    param="file",
+                )
         return message
 
     return Request(request.scope, receive)
@@ -67,8 +73,11 @@ async def _form_parts(request: Request, max_bytes: int) -> tuple[UploadFile, str
     if not isinstance(upload, UploadFile):
         problem = invalid_request("the multipart field 'file' is missing", param="file", code="missing_field")
     elif purpose != PURPOSE_BATCH:
-        problem = invalid_request(f"purpose {purpose!r} is not supported: this server takes files of purpose "
-                                  f"'batch'", param="purpose", code="invalid_value")
+        problem = invalid_request(
+            f"purpose {purpose!r} is not supported: this server takes files of purpose 'batch'",
+            param="purpose",
+            code="invalid_value",
+        )
     if problem is not None:
         await form.close()  # its spooled temporary file goes now, not when collected
         raise problem
@@ -83,8 +92,14 @@ async def create_file(request: Request, ctx: Context, owner: Owner) -> dict[str,
     upload, purpose = await _form_parts(request, settings.api_max_file_bytes)
     try:
         file_id = await run_in_threadpool(
-            store_upload, ctx.session_factory, upload.file, owner=owner, filename=upload.filename or "upload.jsonl",
-            purpose=purpose, max_bytes=settings.api_max_file_bytes, max_lines=settings.api_max_file_lines,
+            store_upload,
+            ctx.session_factory,
+            upload.file,
+            owner=owner,
+            filename=upload.filename or "upload.jsonl",
+            purpose=purpose,
+            max_bytes=settings.api_max_file_bytes,
+            max_lines=settings.api_max_file_lines,
         )
     finally:
         await upload.close()
@@ -95,8 +110,13 @@ async def create_file(request: Request, ctx: Context, owner: Owner) -> dict[str,
 
 
 @router.get("/v1/files")
-def list_files(ctx: Context, owner: Owner, after: str | None = None,
-               limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000, purpose: str | None = None) -> dict[str, Any]:
+def list_files(
+    ctx: Context,
+    owner: Owner,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    purpose: str | None = None,
+) -> dict[str, Any]:
     with ctx.session_factory() as s:
         rows = file_sql.list_files(s, owner, after=after, limit=limit + 1, purpose=purpose)
     return list_object([file_object(r) for r in rows[:limit]], len(rows) > limit)
@@ -142,7 +162,11 @@ def delete_file(file_id: str, ctx: Context, owner: Owner) -> dict[str, Any]:
     if not deleted:
         if parse_result_file_id(file_id) is not None:
             _result_file(ctx, file_id, owner)  # another key's, or none: a 404 like any unknown file
-            raise APIError(400, "a batch's output and error files are part of the batch and are not deleted alone",
-                           param="file_id", code="invalid_value")
+            raise APIError(
+                400,
+                "a batch's output and error files are part of the batch and are not deleted alone",
+                param="file_id",
+                code="invalid_value",
+            )
         raise not_found("file", file_id, param="file_id")
     return {"id": file_id, "object": "file", "deleted": True}

@@ -5,6 +5,7 @@ decoded in the server's shared engine (`ctx.parts["engine"]`: requests that arri
 their batch) and rendered like a batch output line (`online_bodies.Reply`). `stream: true` answers as
 server-sent events; a client that goes away frees its rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,11 @@ async def _complete(request: Request, ctx: ServerContext, endpoint: str) -> Any:
         metrics.close()
         raise
     if parsed.stream:
-        return StreamingResponse(_events(call, reply, metrics), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _events(call, reply, metrics),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     try:
         results = await call.wait(request.is_disconnected)
     finally:
@@ -123,8 +127,14 @@ async def _events(call: OnlineCall, reply: Reply, metrics: RequestMetrics) -> As
                     yield sse(reply.tool_call_chunk(index, result))
                 continue
             if chunk.text or chunk.logprobs or result is not None:
-                yield sse(reply.chunk(index, text=chunk.text, logprobs=chunk.logprobs,
-                                      finish_reason=result.finish_reason if result is not None else None))
+                yield sse(
+                    reply.chunk(
+                        index,
+                        text=chunk.text,
+                        logprobs=chunk.logprobs,
+                        finish_reason=result.finish_reason if result is not None else None,
+                    )
+                )
         if _include_usage(call.parsed):
             yield sse(reply.usage_chunk([r for r in call.results if r is not None]))
         yield DONE

@@ -4,6 +4,7 @@ streamed one (chat.completion.chunk; text_completion chunks for /v1/completions)
 Choices and usage come from spec_batch.openai_format.render, the same renderers as the batch output lines, so an
 online answer and the batch line of the same request have the same body (ids and `created` aside).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,14 +50,22 @@ class Reply:
     def choice(self, index: int, result: GenerationResult) -> dict[str, Any]:
         records = self.records(result.logprobs)
         if self.chat:
-            return chat_choice(index, result.text, result.finish_reason, records, tools=self.tools,
-                               call_id=f"call_{self.id[-12:]}_{index}")
+            return chat_choice(
+                index,
+                result.text,
+                result.finish_reason,
+                records,
+                tools=self.tools,
+                call_id=f"call_{self.id[-12:]}_{index}",
+            )
         return completion_choice(index, result.text, result.finish_reason, records)
 
     def body(self, results: list[GenerationResult]) -> dict[str, Any]:
-        return {**self._envelope("chat.completion" if self.chat else "text_completion"),
-                "choices": [self.choice(i, r) for i, r in enumerate(results)],
-                "usage": self.usage(results)}
+        return {
+            **self._envelope("chat.completion" if self.chat else "text_completion"),
+            "choices": [self.choice(i, r) for i, r in enumerate(results)],
+            "usage": self.usage(results),
+        }
 
     def usage(self, results: list[GenerationResult]) -> dict[str, Any]:
         """The request's usage: every choice's tokens and statistics (the prompt once), as a batch line's."""
@@ -71,9 +80,16 @@ class Reply:
 
     # ---------------------------------------------------------------- streamed chunks
 
-    def chunk(self, index: int, *, text: str | None = None, role: bool = False,
-              logprobs: list[TokenLogprob] | None = None, finish_reason: str | None = None,
-              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def chunk(
+        self,
+        index: int,
+        *,
+        text: str | None = None,
+        role: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
+        finish_reason: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """One choice's delta."""
         records = self.records(logprobs) if logprobs else None
         if self.chat:
@@ -82,8 +98,12 @@ class Reply:
                 delta["content"] = text
             if tool_calls is not None:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
-                      "logprobs": None if records is None else {"content": records, "refusal": None}}
+            choice = {
+                "index": index,
+                "delta": delta,
+                "finish_reason": finish_reason,
+                "logprobs": None if records is None else {"content": records, "refusal": None},
+            }
             return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
         choice = completion_choice(index, text or "", finish_reason, records)
         return {**self._envelope("text_completion"), "choices": [choice]}

@@ -4,6 +4,7 @@ event loop, and every row cancelled when the request ends early (a client that d
 The engine calls each row's sink on its own thread; the sink only hands the update to the request's event loop
 (`call_soon_threadsafe`), so the engine never waits for a client.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,6 +58,7 @@ class OnlineCall:
     def _sink(self, loop: asyncio.AbstractEventLoop, index: int):  # type: ignore[no-untyped-def]
         def sink(update: RowUpdate) -> None:
             loop.call_soon_threadsafe(self._queue.put_nowait, (index, update))  # raises once the loop is closed
+
         return sink
 
     @property
@@ -83,7 +85,7 @@ class OnlineCall:
             try:
                 index, update = await asyncio.wait_for(self._queue.get(), DISCONNECT_CHECK_S)
                 self._take(index, update)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if time.monotonic() - checked >= DISCONNECT_CHECK_S:
                 checked = time.monotonic()

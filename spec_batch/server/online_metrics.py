@@ -4,6 +4,7 @@ while it decodes and, once done, in the request and token counters and histogram
 
 When PROMETHEUS_MULTIPROC_DIR is set (several server processes) the scrape adds up every process's values.
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@
 and services [engine, batch runner]: started in that order, stopped in reverse, so on shutdown the batch runner
 hands its work back first and the engine then finishes the online requests in flight.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,28 +42,42 @@ def served_model(options: ServeOptions, decoder: Any) -> ServedModel:
     and dtype as the loaded target runs (None: full weights / the default dtype)."""
     target = getattr(getattr(decoder, "precision", None), "target", None)
     weights = target.weights if target is not None and target.weights != "full" else None
-    return ServedModel(model_id=options.target, target=options.target, drafter=decoder.draft_name,
-                       weights=weights, dtype=options.dtype)
+    return ServedModel(
+        model_id=options.target, target=options.target, drafter=decoder.draft_name, weights=weights, dtype=options.dtype
+    )
 
 
-def build_context(settings: Settings, options: ServeOptions, session_factory: sessionmaker[Session],
-                  decoder: Any | None = None) -> ServerContext:
+def build_context(
+    settings: Settings, options: ServeOptions, session_factory: sessionmaker[Session], decoder: Any | None = None
+) -> ServerContext:
     """Loads the pair (unless a decoder is given: tests) and builds the context; nothing starts yet."""
     if decoder is None:
         from spec_batch.jobs.heads import resolve_with_settings, split_head
         from spec_batch.loading import load_decoder
 
-        decoder = load_decoder(options.target, resolve_with_settings(options.draft, settings), device=options.device,
-                               dtype=options.dtype, num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive,
-                               cache_dir=str(settings.cache_dir), weights=options.weights,
-                               draft_weights=options.draft_weights, tree_width=options.tree_width)
+        decoder = load_decoder(
+            options.target,
+            resolve_with_settings(options.draft, settings),
+            device=options.device,
+            dtype=options.dtype,
+            num_draft_tokens=options.num_draft_tokens,
+            adaptive=options.adaptive,
+            cache_dir=str(settings.cache_dir),
+            weights=options.weights,
+            draft_weights=options.draft_weights,
+            tree_width=options.tree_width,
+        )
         if split_head(options.draft):  # a head keeps the name jobs and queues know it by (head:NAME), not its cache dir
             decoder.draft_name = options.draft
     engine = Engine(decoder, max_batch=options.max_batch)
     served = served_model(options, decoder)
-    ctx = ServerContext(settings=settings, session_factory=session_factory, model_id=served.model_id,
-                        services=[engine],
-                        parts={"served": served, "engine": engine, "decoder": engine.as_decoder()})
+    ctx = ServerContext(
+        settings=settings,
+        session_factory=session_factory,
+        model_id=served.model_id,
+        services=[engine],
+        parts={"served": served, "engine": engine, "decoder": engine.as_decoder()},
+    )
     # --- the batch runner (Files/Batches API, issue 24's other half) plugs in here ---------------------------
     runner = batch_runner(ctx)
     if runner is not None:

@@ -1,4 +1,5 @@
 """What `spec-batch serve` serves: one target and drafter pair at one precision, named as jobs and queues name them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

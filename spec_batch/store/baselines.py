@@ -8,6 +8,7 @@ request's pair, so a report can show which requests sped up and which did not.
 Per-request wall time is the request's own time inside the batch (admission to finish), so the two sides of a
 row are comparable with each other, not with the job's aggregate tokens/s.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

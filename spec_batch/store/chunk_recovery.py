@@ -2,6 +2,7 @@
 lost too often, queue jobs left unfinalized or cancelling, and queue jobs with requests no chunk covers
 (spec_batch.workers.reaper). Every function takes a Session the caller owns; none commits, and the one update
 (republish_claim) is conditional."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -51,9 +52,7 @@ def running_chunks_of(session: Session, worker_prefix: str, limit: int = 100) ->
     )
 
 
-def unpublished_chunks(
-    session: Session, epoch: str, *, grace_before: datetime, limit: int = 500
-) -> list[QueueChunk]:
+def unpublished_chunks(session: Session, epoch: str, *, grace_before: datetime, limit: int = 500) -> list[QueueChunk]:
     """Queued chunks of active jobs whose message is not in the broker's current epoch: published in an
     earlier epoch (Redis lost its data), or never published and older than `grace_before` (a submit that
     failed or died after storing the job)."""
@@ -103,57 +102,65 @@ def requests_over_attempts(session: Session, ids: Sequence[int], max_attempts: i
 
 def jobs_to_adopt(session: Session, *, created_before: datetime, limit: int) -> list[str]:
     """In-progress queue jobs older than `created_before` (a submit may have died before storing chunks)."""
-    return list(session.scalars(
-        select(Job.id)
-        .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, Job.created_at < created_before)
-        .order_by(Job.created_at)
-        .limit(limit)
-    ))
+    return list(
+        session.scalars(
+            select(Job.id)
+            .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, Job.created_at < created_before)
+            .order_by(Job.created_at)
+            .limit(limit)
+        )
+    )
 
 
 def running_chunks_held_by(session: Session, holders: Iterable[str]) -> list[QueueChunk]:
     holders = list(holders)
     if not holders:
         return []
-    return list(session.scalars(
-        select(QueueChunk).where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker.in_(holders))
-    ))
+    return list(
+        session.scalars(select(QueueChunk).where(QueueChunk.state == CHUNK_RUNNING, QueueChunk.worker.in_(holders)))
+    )
 
 
 def queue_jobs_to_finalize(session: Session, limit: int = 50) -> list[str]:
     """In-progress queue jobs with nothing open any more (their last worker died before finalizing)."""
     open_req = exists().where(Request.job_id == Job.id, Request.status.in_(REQUEST_OPEN))
-    return list(session.scalars(
-        select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, ~open_req).limit(limit)
-    ))
+    return list(
+        session.scalars(
+            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS, ~open_req).limit(limit)
+        )
+    )
 
 
 def queue_jobs_to_cancel(session: Session, limit: int = 50) -> list[str]:
     """Cancelling queue jobs with no request running any more."""
     running_req = exists().where(Request.job_id == Job.id, Request.status == REQ_RUNNING)
-    return list(session.scalars(
-        select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_CANCELLING, ~running_req).limit(limit)
-    ))
+    return list(
+        session.scalars(
+            select(Job.id).where(Job.queue.is_not(None), Job.status == JOB_CANCELLING, ~running_req).limit(limit)
+        )
+    )
 
 
 def queue_jobs_stuck_finalizing(session: Session, *, since_before: datetime, limit: int = 50) -> list[str]:
     """Queue jobs finalizing since before `since_before` (the worker finalizing them died in between)."""
-    return list(session.scalars(
-        select(Job.id).where(
-            Job.queue.is_not(None), Job.status == JOB_FINALIZING, Job.finalizing_at < since_before
-        ).limit(limit)
-    ))
+    return list(
+        session.scalars(
+            select(Job.id)
+            .where(Job.queue.is_not(None), Job.status == JOB_FINALIZING, Job.finalizing_at < since_before)
+            .limit(limit)
+        )
+    )
 
 
 __all__ = [
     "expired_chunks",
-    "running_chunks_of",
-    "running_chunks_held_by",
-    "unpublished_chunks",
+    "jobs_to_adopt",
+    "queue_jobs_stuck_finalizing",
+    "queue_jobs_to_cancel",
+    "queue_jobs_to_finalize",
     "republish_claim",
     "requests_over_attempts",
-    "jobs_to_adopt",
-    "queue_jobs_to_finalize",
-    "queue_jobs_to_cancel",
-    "queue_jobs_stuck_finalizing",
+    "running_chunks_held_by",
+    "running_chunks_of",
+    "unpublished_chunks",
 ]

@@ -14,6 +14,7 @@ no request is lost when a worker, its pool child, Redis or the database goes awa
 Every function takes a caller-owned Session and none commits. The racing updates (claim, renew, requeue,
 finish) are single conditional UPDATE statements: at most one racer changes a row.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -25,16 +26,16 @@ from sqlalchemy.orm import Session
 
 from . import request_claims
 from .models import (
-    JOB_CANCELLING,
-    JOB_IN_PROGRESS,
-    JOB_VALIDATING,
-    REQUEST_OPEN,
     CHUNK_DONE,
     CHUNK_LIVE,
     CHUNK_QUEUED,
     CHUNK_RUNNING,
     CHUNK_SPLIT,
     CHUNK_STATES,
+    JOB_CANCELLING,
+    JOB_IN_PROGRESS,
+    JOB_VALIDATING,
+    REQUEST_OPEN,
     Job,
     QueueChunk,
     Request,
@@ -247,8 +248,14 @@ def split_chunk(
     if expected_worker is not None:
         release_worker_requests(session, expected_worker)
     return add_chunks(
-        session, chunk.job_id, chunk.queue, list(open_ids), 1,
-        measure_baseline=chunk.measure_baseline, epoch=epoch, attempts=chunk.attempts,
+        session,
+        chunk.job_id,
+        chunk.queue,
+        list(open_ids),
+        1,
+        measure_baseline=chunk.measure_baseline,
+        epoch=epoch,
+        attempts=chunk.attempts,
     )
 
 
@@ -256,9 +263,7 @@ def open_ids_of(session: Session, ids: Sequence[int]) -> list[int]:
     """Those of `ids` still pending or running, in the given order."""
     if not ids:
         return []
-    open_ = set(
-        session.scalars(select(Request.id).where(Request.id.in_(list(ids)), Request.status.in_(REQUEST_OPEN)))
-    )
+    open_ = set(session.scalars(select(Request.id).where(Request.id.in_(list(ids)), Request.status.in_(REQUEST_OPEN))))
     return [i for i in ids if i in open_]
 
 
@@ -288,19 +293,29 @@ def orphan_request_ids(session: Session, job_id: str) -> list[int]:
 
 def baseline_chunk_pending(session: Session, job_id: str) -> bool:
     """True when a live chunk of the job will measure its baseline."""
-    return bool(session.scalar(select(exists().where(
-        QueueChunk.job_id == job_id, QueueChunk.measure_baseline.is_(True), QueueChunk.state.in_(CHUNK_LIVE)
-    ))))
+    return bool(
+        session.scalar(
+            select(
+                exists().where(
+                    QueueChunk.job_id == job_id, QueueChunk.measure_baseline.is_(True), QueueChunk.state.in_(CHUNK_LIVE)
+                )
+            )
+        )
+    )
 
 
 def set_job_queue(session: Session, job_id: str, queue: str, chunk_size: int) -> None:
     """Gives a job that has none its queue and chunk size (a local job resumed on the queue keeps them)."""
     session.execute(
-        update(Job).where(Job.id == job_id, Job.queue.is_(None)).values(queue=queue)
+        update(Job)
+        .where(Job.id == job_id, Job.queue.is_(None))
+        .values(queue=queue)
         .execution_options(synchronize_session=False)
     )
     session.execute(
-        update(Job).where(Job.id == job_id, Job.chunk_size.is_(None)).values(chunk_size=chunk_size)
+        update(Job)
+        .where(Job.id == job_id, Job.chunk_size.is_(None))
+        .values(chunk_size=chunk_size)
         .execution_options(synchronize_session=False)
     )
 
@@ -317,9 +332,11 @@ def delete_unpublished_job(session: Session, job_id: str) -> bool:
 def running_chunk_holders(session: Session, job_id: str) -> list[tuple[str, datetime | None]]:
     """(worker, lease_expires_at) of the job's running chunks."""
     return [
-        (w, t) for w, t in session.execute(
-            select(QueueChunk.worker, QueueChunk.lease_expires_at)
-            .where(QueueChunk.job_id == job_id, QueueChunk.state == CHUNK_RUNNING)
+        (w, t)
+        for w, t in session.execute(
+            select(QueueChunk.worker, QueueChunk.lease_expires_at).where(
+                QueueChunk.job_id == job_id, QueueChunk.state == CHUNK_RUNNING
+            )
         ).all()
     ]
 
@@ -335,34 +352,33 @@ def cancel_queued_chunks(session: Session, job_id: str) -> int:
 
 
 __all__ = [
-    "QueueChunk",
-    "CHUNK_STATES",
+    "CHUNK_DONE",
+    "CHUNK_LIVE",
     "CHUNK_QUEUED",
     "CHUNK_RUNNING",
-    "CHUNK_DONE",
     "CHUNK_SPLIT",
-    "CHUNK_LIVE",
-    "next_seq",
-    "orphan_request_ids",
-    "baseline_chunk_pending",
-    "set_job_queue",
-    "delete_unpublished_job",
-    "running_chunk_holders",
+    "CHUNK_STATES",
     "JOB_ACTIVE",
-    "new_chunk_id",
+    "QueueChunk",
     "add_chunks",
+    "baseline_chunk_pending",
+    "cancel_queued_chunks",
+    "chunk_counts",
+    "claim_chunk",
+    "delete_unpublished_job",
+    "expire_chunk",
+    "finish_chunk",
     "get_chunk",
     "job_chunks",
     "mark_published",
-    "claim_chunk",
-    "renew",
-    "finish_chunk",
-    "expire_chunk",
-    "requeue_chunk",
-    "release_worker_requests",
-    "split_chunk",
+    "new_chunk_id",
+    "next_seq",
     "open_ids_of",
-    "chunk_counts",
-    "cancel_queued_chunks",
+    "orphan_request_ids",
+    "release_worker_requests",
+    "renew",
+    "requeue_chunk",
+    "running_chunk_holders",
+    "set_job_queue",
+    "split_chunk",
 ]
-

@@ -3,6 +3,7 @@
 SQLite (the embedded default: a file in the working directory) migrates itself on open; a server database
 (PostgreSQL, by URL, psycopg 3) is migrated explicitly with ``spec-batch db upgrade`` or ``alembic upgrade head``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,9 +43,9 @@ def sqlite_path(url: str) -> Path | None:
 def normalize_url(url: str) -> str:
     """postgresql:// and postgres:// use psycopg 3 (the only PostgreSQL driver spec-batch installs)."""
     if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://"):]
+        url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
 
 
@@ -152,9 +153,7 @@ def downgrade(url_or_engine: Engine | str | None, revision: str) -> None:
     _run(engine, "downgrade", revision)
 
 
-def open_store(
-    url: str | None = None, *, migrate: bool | None = None, create: bool = True
-) -> sessionmaker[Session]:
+def open_store(url: str | None = None, *, migrate: bool | None = None, create: bool = True) -> sessionmaker[Session]:
     """A session factory for `url` (default: $SPEC_BATCH_DATABASE_URL or sqlite:///spec_batch.db).
 
     migrate=None: SQLite migrates itself; a server must already be at head (clear error otherwise).
@@ -177,16 +176,16 @@ def open_store(
 
 
 __all__ = [
+    "MIGRATIONS_DIR",
     "DatabaseMissingError",
     "DatabaseNotMigratedError",
-    "sqlite_path",
+    "current_revision",
+    "downgrade",
+    "head_revision",
     "make_engine",
     "make_session_factory",
     "migrate_to_head",
-    "downgrade",
-    "current_revision",
-    "head_revision",
-    "open_store",
     "normalize_url",
-    "MIGRATIONS_DIR",
+    "open_store",
+    "sqlite_path",
 ]

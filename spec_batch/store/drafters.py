@@ -4,6 +4,7 @@ A head is a few MB (safetensors), stored with its row so that a worker on anothe
 (spec_batch/jobs/heads.py writes it to a local cache directory; the loading layer reads only that directory).
 Sessions are the caller's (``with factory.begin() as s:``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,8 +67,18 @@ def list_drafters(session: Session) -> list[DrafterInfo]:
 
 
 def drafter_info(r: DraftHead) -> DrafterInfo:
-    return DrafterInfo(r.name, r.kind, r.target, list(r.source_jobs or []), r.tokens_trained,
-                       r.heldout_accepted_length, len(r.weights or b""), r.sha256, r.created_at, dict(r.config or {}))
+    return DrafterInfo(
+        r.name,
+        r.kind,
+        r.target,
+        list(r.source_jobs or []),
+        r.tokens_trained,
+        r.heldout_accepted_length,
+        len(r.weights or b""),
+        r.sha256,
+        r.created_at,
+        dict(r.config or {}),
+    )
 
 
 @dataclass(frozen=True)

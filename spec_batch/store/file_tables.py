@@ -5,6 +5,7 @@ File content lives in the database, not on a disk of one machine, so API replica
 machines share nothing but the database (and Redis). A chunk holds at most CHUNK_BYTES, so reading or writing a
 file never needs it whole in memory.
 """
+
 from __future__ import annotations
 
 from datetime import datetime

@@ -3,6 +3,7 @@
 Owner filters: ``owner=None`` means auth is off (every caller is the anonymous owner and sees everything);
 otherwise a row is seen only by its owner, so another key's file or batch reads as missing (a 404, no leak).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -49,8 +50,9 @@ def get_file(session: Session, file_id: str, owner: str | None) -> StoredFile | 
     return session.scalars(_owned(select(StoredFile).where(StoredFile.id == file_id), StoredFile.owner, owner)).first()
 
 
-def list_files(session: Session, owner: str | None, *, after: str | None = None, limit: int = 20,
-               purpose: str | None = None) -> list[StoredFile]:
+def list_files(
+    session: Session, owner: str | None, *, after: str | None = None, limit: int = 20, purpose: str | None = None
+) -> list[StoredFile]:
     q = _owned(select(StoredFile), StoredFile.owner, owner)
     if purpose is not None:
         q = q.where(StoredFile.purpose == purpose)
@@ -91,33 +93,50 @@ def get_batch(session: Session, batch_id: str, owner: str | None) -> tuple[Batch
     return (row[0], row[1]) if row is not None else None
 
 
-def list_batches(session: Session, owner: str | None, *, after: str | None = None,
-                 limit: int = 20) -> list[tuple[Batch, Job]]:
+def list_batches(
+    session: Session, owner: str | None, *, after: str | None = None, limit: int = 20
+) -> list[tuple[Batch, Job]]:
     q = _owned(select(Batch, Job).join(Job, Job.id == Batch.id), Batch.owner, owner)
     return [(b, j) for b, j in session.execute(_page(session, q, Batch, after, owner).limit(limit))]
 
 
 def mark_cancelling(session: Session, batch_id: str, now: datetime) -> None:
-    session.execute(update(Batch).where(Batch.id == batch_id, Batch.cancelling_at.is_(None))
-                    .values(cancelling_at=now))
+    session.execute(update(Batch).where(Batch.id == batch_id, Batch.cancelling_at.is_(None)).values(cancelling_at=now))
 
 
 def local_batches_to_run(session: Session) -> list[str]:
     """Batches the server runs itself (their job has no queue) that are not finished: oldest first."""
-    q = (select(Batch.id).join(Job, Job.id == Batch.id)
-         .where(Job.queue.is_(None), Job.status.in_((JOB_IN_PROGRESS, JOB_FINALIZING)))
-         .order_by(Batch.created_at, Batch.id))
+    q = (
+        select(Batch.id)
+        .join(Job, Job.id == Batch.id)
+        .where(Job.queue.is_(None), Job.status.in_((JOB_IN_PROGRESS, JOB_FINALIZING)))
+        .order_by(Batch.created_at, Batch.id)
+    )
     return list(session.scalars(q))
 
 
 def queued_batches_open(session: Session) -> list[str]:
     """Queue batches not finished (in_progress): their orphan requests are enqueued again when a server starts."""
-    q = (select(Batch.id).join(Job, Job.id == Batch.id)
-         .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS).order_by(Batch.created_at, Batch.id))
+    q = (
+        select(Batch.id)
+        .join(Job, Job.id == Batch.id)
+        .where(Job.queue.is_not(None), Job.status == JOB_IN_PROGRESS)
+        .order_by(Batch.created_at, Batch.id)
+    )
     return list(session.scalars(q))
 
 
 __all__ = [
-    "add_chunk", "delete_file", "get_batch", "get_file", "insert_batch", "insert_file", "iter_chunks",
-    "list_batches", "list_files", "local_batches_to_run", "mark_cancelling", "queued_batches_open",
+    "add_chunk",
+    "delete_file",
+    "get_batch",
+    "get_file",
+    "insert_batch",
+    "insert_file",
+    "iter_chunks",
+    "list_batches",
+    "list_files",
+    "local_batches_to_run",
+    "mark_cancelling",
+    "queued_batches_open",
 ]

@@ -6,9 +6,10 @@ migration (``alembic revision -m ...``) that makes the same change, with a worki
 The ``job_summary`` view is not part of this metadata (``create_all`` must not create it); it is created by
 migration 0001 and described for queries by :data:`job_summary` below.
 """
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -27,8 +28,8 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
-    text,
     false,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -72,7 +73,7 @@ REQUEST_DONE = (REQ_COMPLETED, REQ_FAILED, REQ_CANCELLED)
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator):
@@ -86,7 +87,7 @@ class UTCDateTime(TypeDecorator):
             return None
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r}: spec-batch stores timezone-aware UTC timestamps")
-        value = value.astimezone(timezone.utc)
+        value = value.astimezone(UTC)
         if dialect.name == "sqlite":
             return value.replace(tzinfo=None)
         return value
@@ -95,8 +96,8 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
@@ -157,7 +158,7 @@ class Job(Base):
     failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
-    requests: Mapped[list["Request"]] = relationship(
+    requests: Mapped[list[Request]] = relationship(
         back_populates="job", cascade="all, delete-orphan", passive_deletes=True, order_by="Request.line_number"
     )
 
@@ -171,8 +172,14 @@ class Request(Base):
     __tablename__ = "requests"
     __table_args__ = (
         # custom_ids are unique among a job's valid rows; an invalid line keeps its own, even a duplicate (0005)
-        Index("uq_requests_job_id_custom_id_valid", "job_id", "custom_id", unique=True,
-              sqlite_where=text("endpoint IS NOT NULL"), postgresql_where=text("endpoint IS NOT NULL")),
+        Index(
+            "uq_requests_job_id_custom_id_valid",
+            "job_id",
+            "custom_id",
+            unique=True,
+            sqlite_where=text("endpoint IS NOT NULL"),
+            postgresql_where=text("endpoint IS NOT NULL"),
+        ),
         UniqueConstraint("job_id", "line_number"),
         CheckConstraint(_in("status", REQUEST_STATUSES), name="status"),
         Index("ix_requests_job_id_status", "job_id", "status"),

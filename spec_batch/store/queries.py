@@ -5,6 +5,7 @@ The updates that several processes may race on (claiming, storing a result, fina
 conditional UPDATE statements, so at most one of the racers changes a row: nothing is stored twice and a job
 is completed exactly once.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -108,10 +109,17 @@ def cancel_pending_requests(session: Session, job_id: str, *, job_status: str, n
     """The job's pending requests -> cancelled, only while the job's status is `job_status` (cancelling)."""
     return session.execute(
         update(Request)
-        .where(Request.job_id == job_id, Request.status == REQ_PENDING,
-               exists().where(Job.id == job_id, Job.status == job_status))
-        .values(status=REQ_CANCELLED, error_code="batch_cancelled", error="the job was cancelled",
-                completed_at=now or utcnow())
+        .where(
+            Request.job_id == job_id,
+            Request.status == REQ_PENDING,
+            exists().where(Job.id == job_id, Job.status == job_status),
+        )
+        .values(
+            status=REQ_CANCELLED,
+            error_code="batch_cancelled",
+            error="the job was cancelled",
+            completed_at=now or utcnow(),
+        )
         .execution_options(synchronize_session=False)
     ).rowcount
 
@@ -192,9 +200,15 @@ class RequestInput(NamedTuple):
 def request_inputs(session: Session, ids: Iterable[int]) -> dict[int, RequestInput]:
     """The inputs of the requests `ids`, by id."""
     rows = session.execute(
-        select(Request.id, Request.line_number, Request.custom_id, Request.endpoint, Request.prompt, Request.params,
-               Request.options)
-        .where(Request.id.in_(list(ids)))
+        select(
+            Request.id,
+            Request.line_number,
+            Request.custom_id,
+            Request.endpoint,
+            Request.prompt,
+            Request.params,
+            Request.options,
+        ).where(Request.id.in_(list(ids)))
     ).all()
     return {r.id: RequestInput(*r) for r in rows}
 
@@ -346,24 +360,24 @@ def job_counts(session: Session, job_id: str) -> dict[str, int]:
 
 __all__ = [
     "JobNotFoundError",
-    "find_job",
-    "change_job_status",
-    "cancel_pending_requests",
-    "get_job",
-    "resolve_job_id",
-    "add_decode_time",
-    "record_baseline",
-    "request_ids",
-    "open_request_ids",
-    "save_result",
-    "save_failure",
-    "job_counts",
     "RequestInput",
+    "add_decode_time",
+    "cancel_pending_requests",
+    "change_job_status",
+    "failed_requests",
+    "find_job",
+    "get_job",
     "insert_job",
     "insert_requests",
-    "request_inputs",
-    "valid_request_ids",
     "iter_requests",
-    "failed_requests",
+    "job_counts",
+    "open_request_ids",
+    "record_baseline",
     "request_attempts",
+    "request_ids",
+    "request_inputs",
+    "resolve_job_id",
+    "save_failure",
+    "save_result",
+    "valid_request_ids",
 ]

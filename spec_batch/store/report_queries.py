@@ -3,6 +3,7 @@
 Every function takes a caller-owned Session. A job's request rows are read once, in line order, with only the
 columns the report uses (no prompts or outputs).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .baselines import BaselineSample
-from .models import Job, Request, job_summary
+from .models import Request, job_summary
 from .queries import get_job
 from .summaries import job_summary_row
 

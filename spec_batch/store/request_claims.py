@@ -4,6 +4,7 @@ A claim is one conditional UPDATE, so two processes never hold one request. `req
 that ended without a result because their holder crashed or lost its lease (docs/architecture.md): a takeover of
 an expired claim, a dead holder released, or `release_requests(lost=True)`; a clean give-back counts nothing.
 Every function takes a Session the caller owns; none commits."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -76,7 +77,9 @@ def release_requests(session: Session, ids: Sequence[int], *, worker: str | None
         cond.append(Request.worker == worker)
     attempts = Request.attempts + 1 if lost else Request.attempts
     res = session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None, attempts=attempts)
+        update(Request)
+        .where(*cond)
+        .values(status=REQ_PENDING, lease_expires_at=None, attempts=attempts)
         .execution_options(synchronize_session=False)
     )
     return res.rowcount
@@ -89,7 +92,9 @@ def release_holder(session: Session, worker: str, *, job_id: str | None = None) 
     if job_id is not None:
         cond.append(Request.job_id == job_id)
     return session.execute(
-        update(Request).where(*cond).values(status=REQ_PENDING, lease_expires_at=None, attempts=Request.attempts + 1)
+        update(Request)
+        .where(*cond)
+        .values(status=REQ_PENDING, lease_expires_at=None, attempts=Request.attempts + 1)
         .execution_options(synchronize_session=False)
     ).rowcount
 
@@ -106,8 +111,8 @@ def request_holders(session: Session, job_id: str) -> list[tuple[str, int, datet
 
 __all__ = [
     "claim_requests",
-    "renew_holder",
-    "release_requests",
     "release_holder",
+    "release_requests",
+    "renew_holder",
     "request_holders",
 ]

@@ -1,5 +1,6 @@
 """Read queries of the job_summary view and the statistics over jobs (`spec-batch jobs / show / stats`, reports).
 Every function takes a Session the caller owns; none writes."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,9 +16,7 @@ def job_summary_row(session: Session, job_id: str) -> dict[str, Any] | None:
     return dict(row) if row is not None else None
 
 
-def list_job_summaries(
-    session: Session, *, limit: int | None = 20, status: str | None = None
-) -> list[dict[str, Any]]:
+def list_job_summaries(session: Session, *, limit: int | None = 20, status: str | None = None) -> list[dict[str, Any]]:
     """job_summary rows, newest first."""
     q = select(job_summary).order_by(job_summary.c.created_at.desc(), job_summary.c.job_id.desc())
     if status is not None:
@@ -57,8 +56,7 @@ def model_totals(session: Session) -> list[dict[str, Any]]:
             func.min(job_summary.c.speedup).label("min_speedup"),
             func.max(job_summary.c.speedup).label("max_speedup"),
             func.avg(job_summary.c.tokens_per_s).label("tokens_per_s"),
-        )
-        .group_by(job_summary.c.target, job_summary.c.drafter)
+        ).group_by(job_summary.c.target, job_summary.c.drafter)
     ).subquery()
     q = (
         select(
@@ -86,20 +84,24 @@ def model_totals(session: Session) -> list[dict[str, Any]]:
 
 def job_request_totals(session: Session, job_id: str) -> dict[str, int]:
     """Sums of the job's request statistics (the inputs of job_summary's rates)."""
-    row = session.execute(
-        select(
-            func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
-            func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
-            func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
-            func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
-        ).where(Request.job_id == job_id)
-    ).mappings().one()
+    row = (
+        session.execute(
+            select(
+                func.coalesce(func.sum(Request.output_tokens), 0).label("output_tokens"),
+                func.coalesce(func.sum(Request.draft_tokens), 0).label("draft_tokens"),
+                func.coalesce(func.sum(Request.accepted_tokens), 0).label("accepted_tokens"),
+                func.coalesce(func.sum(Request.target_forwards), 0).label("target_forwards"),
+            ).where(Request.job_id == job_id)
+        )
+        .mappings()
+        .one()
+    )
     return {k: int(v) for k, v in row.items()}
 
 
 __all__ = [
+    "job_request_totals",
     "job_summary_row",
     "list_job_summaries",
     "model_totals",
-    "job_request_totals",
 ]

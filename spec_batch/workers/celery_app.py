@@ -22,6 +22,7 @@ Delivery guarantees (why each setting):
   (the reaper, spec_batch/workers/reaper.py) re-queues a dead worker's chunk after SPEC_BATCH_LEASE_SECONDS.
 - ``socket_timeout`` on the broker connection: a publish to a Redis that vanished fails instead of hanging.
 """
+
 from __future__ import annotations
 
 from celery import Celery
@@ -84,4 +85,4 @@ app = Celery("spec_batch", include=["spec_batch.workers.tasks"])
 # Lazy: the callable runs when the configuration is first read (in the worker, after the CLI set it up).
 app.add_defaults(celery_config)
 
-__all__ = ["app", "celery_config", "TASK_NAME_PROCESS_CHUNK", "VISIBILITY_MARGIN_S"]
+__all__ = ["TASK_NAME_PROCESS_CHUNK", "VISIBILITY_MARGIN_S", "app", "celery_config"]

@@ -10,6 +10,7 @@ Order of operations (docs/architecture.md: enqueue only after the job rows are c
    half-created job); otherwise the rest is published by the workers' reaper as soon as Redis is back (within
    one lease), or at once by :func:`enqueue_job` (``spec-batch resume JOB``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,12 +23,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import create_job_from_file, lifecycle
 from spec_batch.settings import get_settings, shown_url
-from spec_batch.store import chunks
-from spec_batch.store import queries
+from spec_batch.store import chunks, queries
 from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING
 
-from .reaper import broker_epoch
 from .publish import publish_chunk
+from .reaper import broker_epoch
 from .routing import check_queue_name, queue_name
 
 log = logging.getLogger("spec_batch.workers.enqueue")
@@ -118,9 +118,18 @@ def submit_file(
     epoch = check_broker(broker_url)
 
     job_id, report = create_job_from_file(
-        session_factory, path, target=target, drafter=drafter, batch_size=batch_size, baseline_sample=baseline_sample,
-        sampling_defaults=sampling_defaults, metadata=metadata, queue=queue, chunk_size=chunk_size,
-        weights=weights, dtype=dtype,
+        session_factory,
+        path,
+        target=target,
+        drafter=drafter,
+        batch_size=batch_size,
+        baseline_sample=baseline_sample,
+        sampling_defaults=sampling_defaults,
+        metadata=metadata,
+        queue=queue,
+        chunk_size=chunk_size,
+        weights=weights,
+        dtype=dtype,
     )
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
@@ -144,7 +153,9 @@ def submit_file(
         f"job {job_id} is stored but only {published} of {len(pending)} chunks could be enqueued "
         f"({error.__class__.__name__}: {error}). The workers publish the rest once Redis is back (within "
         f"SPEC_BATCH_LEASE_SECONDS), or run `spec-batch resume {job_id}` then.",
-        job_id, published, len(pending),
+        job_id,
+        published,
+        len(pending),
     ) from error
 
 
@@ -194,11 +205,15 @@ def enqueue_job(
         needs_baseline = (
             job.baseline_sample > 0 and job.baseline_wall_s is None and not chunks.baseline_chunk_pending(s, job_id)
         )
-        new = chunks.add_chunks(s, job_id, queue, chunks.orphan_request_ids(s, job_id), size,
-                                measure_baseline=needs_baseline)
+        new = chunks.add_chunks(
+            s, job_id, queue, chunks.orphan_request_ids(s, job_id), size, measure_baseline=needs_baseline
+        )
         new_ids = {c.id for c in new}
-        todo = [(c.id, c.queue) for c in chunks.job_chunks(s, job_id, [chunks.CHUNK_QUEUED])
-                if republish_queued or c.id in new_ids]
+        todo = [
+            (c.id, c.queue)
+            for c in chunks.job_chunks(s, job_id, [chunks.CHUNK_QUEUED])
+            if republish_queued or c.id in new_ids
+        ]
     published, error = _publish(todo, session_factory, epoch, broker_url)
     if error is not None:
         raise BrokerUnavailableError(
@@ -210,11 +225,10 @@ def enqueue_job(
 
 __all__ = [
     "BrokerUnavailableError",
+    "EnqueueReport",
     "PartialEnqueueError",
     "SubmitResult",
-    "EnqueueReport",
     "check_broker",
-    "submit_file",
     "enqueue_job",
+    "submit_file",
 ]
-

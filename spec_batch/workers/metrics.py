@@ -31,6 +31,7 @@ the same requests (``record_request`` is called with the stats of each stored re
 - ``spec_batch_requests_in_progress`` (gauge, summed over live processes): requests of the chunks in hand, not
   stored yet.
 """
+
 from __future__ import annotations
 
 import glob
@@ -94,8 +95,9 @@ def serve(port: int, addr: str | None = None) -> None:
     try:
         start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:  # the worker still works; say loudly why nobody can scrape it
-        log.error("cannot serve metrics on %s:%d (SPEC_BATCH_METRICS_HOST, SPEC_BATCH_METRICS_PORT): %s",
-                  addr, port, exc)
+        log.error(
+            "cannot serve metrics on %s:%d (SPEC_BATCH_METRICS_HOST, SPEC_BATCH_METRICS_PORT): %s", addr, port, exc
+        )
         return
     log.warning("Prometheus metrics on http://%s:%d/metrics", addr, port)
 
@@ -156,8 +158,9 @@ def _metrics() -> _Metrics:
     from prometheus_client import Counter, Gauge, Histogram
 
     return _Metrics(
-        requests=Counter("spec_batch_requests", "Requests whose result a worker stored, by status.",
-                         [*LABELS, "status"]),
+        requests=Counter(
+            "spec_batch_requests", "Requests whose result a worker stored, by status.", [*LABELS, "status"]
+        ),
         output_tokens=Counter("spec_batch_output_tokens", "Output tokens of stored results.", LABELS),
         draft_tokens=Counter("spec_batch_draft_tokens", "Draft tokens proposed and checked by the target.", LABELS),
         accepted_tokens=Counter("spec_batch_accepted_tokens", "Draft tokens the target accepted.", LABELS),
@@ -166,15 +169,27 @@ def _metrics() -> _Metrics:
             "Accepted draft tokens by position in the draft (1 = the first drafted token of a step).",
             [*LABELS, "position"],
         ),
-        target_forwards=Counter("spec_batch_target_forwards", "Steps: target forward passes after the prefill.",
-                                LABELS),
-        latency=Histogram("spec_batch_request_latency_seconds", "A request's decode time, admission to finish.",
-                          LABELS, buckets=LATENCY_BUCKETS),
-        step_seconds=Histogram("spec_batch_step_seconds",
-                               "A request's mean seconds per step (its decode time / its target forwards).",
-                               LABELS, buckets=STEP_BUCKETS),
-        in_progress=Gauge("spec_batch_requests_in_progress", "Requests claimed by a worker and not stored yet.",
-                          LABELS, multiprocess_mode="livesum"),
+        target_forwards=Counter(
+            "spec_batch_target_forwards", "Steps: target forward passes after the prefill.", LABELS
+        ),
+        latency=Histogram(
+            "spec_batch_request_latency_seconds",
+            "A request's decode time, admission to finish.",
+            LABELS,
+            buckets=LATENCY_BUCKETS,
+        ),
+        step_seconds=Histogram(
+            "spec_batch_step_seconds",
+            "A request's mean seconds per step (its decode time / its target forwards).",
+            LABELS,
+            buckets=STEP_BUCKETS,
+        ),
+        in_progress=Gauge(
+            "spec_batch_requests_in_progress",
+            "Requests claimed by a worker and not stored yet.",
+            LABELS,
+            multiprocess_mode="livesum",
+        ),
     )
 
 
@@ -189,8 +204,12 @@ def record_request(*, target: str, drafter: str, status: str, stats: Any | None)
     m.requests.labels(status=status, **labels).inc()
     if stats is None:
         return
-    for metric, name in ((m.output_tokens, "output_tokens"), (m.draft_tokens, "draft_tokens"),
-                         (m.accepted_tokens, "accepted_tokens"), (m.target_forwards, "target_forwards")):
+    for metric, name in (
+        (m.output_tokens, "output_tokens"),
+        (m.draft_tokens, "draft_tokens"),
+        (m.accepted_tokens, "accepted_tokens"),
+        (m.target_forwards, "target_forwards"),
+    ):
         value = _count(stats, name)
         if value:
             metric.labels(**labels).inc(value)

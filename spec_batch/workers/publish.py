@@ -3,6 +3,7 @@
 Used by submit and resume (workers/enqueue.py) and by the reaper (workers/reaper.py, through the task module's
 runtime). The message names the task by its registered name, so publishing needs the app, not the task module.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -29,6 +29,7 @@ unless it can claim it, so a duplicate message (redelivery, republish) does noth
 Clocks: leases compare timestamps written by different machines; keep them NTP-synchronised (skew well under
 the lease). Lease time is the only wait: a chunk of a vanished worker is re-queued within ``lease + lease/3``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import abandoned_tokens, brief, forget_abandoned, holder_is_dead, holder_prefix
-from spec_batch.store import chunk_recovery, chunks
-from spec_batch.store import queries
+from spec_batch.store import chunk_recovery, chunks, queries
 from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
 
 log = logging.getLogger("spec_batch.workers.reaper")
@@ -100,8 +100,9 @@ class ReapReport:
     errors: list[str] = field(default_factory=list)
 
     def any(self) -> bool:
-        return bool(self.requeued or self.split or self.republished or self.failed_requests or self.finalized
-                    or self.cancelled)
+        return bool(
+            self.requeued or self.split or self.republished or self.failed_requests or self.finalized or self.cancelled
+        )
 
 
 def _give_up_message(attempts: int) -> str:
@@ -135,9 +136,8 @@ def _recover_chunk(
             # Nothing to run any more: free the dead holder's requests, let cancellation finish.
             chunks.release_worker_requests(s, holder)
             chunks.finish_chunk(s, chunk.id, holder)
-            if job is not None and job.status == JOB_CANCELLING:
-                if lifecycle.settle_cancel(s, job.id):
-                    report.cancelled += 1
+            if job is not None and job.status == JOB_CANCELLING and lifecycle.settle_cancel(s, job.id):
+                report.cancelled += 1
             return
         chunks.release_worker_requests(s, holder)  # the lost claims count their attempt now
         over = set(chunk_recovery.requests_over_attempts(s, open_ids, max_attempts))
@@ -187,13 +187,21 @@ def reap(
     return report
 
 
-def _recover_lost_chunks(session_factory: sessionmaker[Session], epoch: str, publish: Publisher, max_attempts: int,
-                         finalize: Callable[[str], None], report: ReapReport, now: datetime) -> None:
+def _recover_lost_chunks(
+    session_factory: sessionmaker[Session],
+    epoch: str,
+    publish: Publisher,
+    max_attempts: int,
+    finalize: Callable[[str], None],
+    report: ReapReport,
+    now: datetime,
+) -> None:
     """1. chunks of vanished holders: expired leases, dead processes of this machine, attempts given up here."""
     with session_factory.begin() as s:
         lost = [(c.id, c.worker) for c in chunk_recovery.expired_chunks(s, now=now)]
-        lost += [(c.id, c.worker) for c in chunk_recovery.running_chunks_of(s, holder_prefix())
-                 if holder_is_dead(c.worker)]
+        lost += [
+            (c.id, c.worker) for c in chunk_recovery.running_chunks_of(s, holder_prefix()) if holder_is_dead(c.worker)
+        ]
         lost += [(c.id, c.worker) for c in chunk_recovery.running_chunks_held_by(s, abandoned_tokens())]
     seen: set[str] = set()
     for chunk_id, holder in lost:
@@ -207,8 +215,9 @@ def _recover_lost_chunks(session_factory: sessionmaker[Session], epoch: str, pub
             report.errors.append(f"chunk {chunk_id}: {brief(exc)}")
 
 
-def _republish_lost_messages(session_factory: sessionmaker[Session], epoch: str, publish: Publisher,
-                             report: ReapReport, grace: datetime) -> None:
+def _republish_lost_messages(
+    session_factory: sessionmaker[Session], epoch: str, publish: Publisher, report: ReapReport, grace: datetime
+) -> None:
     """2. queued chunks whose message the broker does not have (an older epoch, or never published)."""
     with session_factory.begin() as s:
         stale = [(c.id, c.epoch) for c in chunk_recovery.unpublished_chunks(s, epoch, grace_before=grace)]
@@ -223,8 +232,9 @@ def _republish_lost_messages(session_factory: sessionmaker[Session], epoch: str,
             report.errors.append(f"republish {chunk_id}: {brief(exc)}")
 
 
-def _end_queue_jobs(session_factory: sessionmaker[Session], finalize: Callable[[str], None], report: ReapReport,
-                    grace: datetime) -> None:
+def _end_queue_jobs(
+    session_factory: sessionmaker[Session], finalize: Callable[[str], None], report: ReapReport, grace: datetime
+) -> None:
     """3. queue jobs left unfinalized (or stuck finalizing), cancelling jobs with nothing running."""
     with session_factory.begin() as s:
         to_finalize = chunk_recovery.queue_jobs_to_finalize(s)
@@ -253,7 +263,12 @@ def _end_queue_jobs(session_factory: sessionmaker[Session], finalize: Callable[[
 
 
 def adopt_orphans(
-    session_factory: sessionmaker[Session], *, grace_s: float, publish: Publisher, epoch: str, chunk_size: int,
+    session_factory: sessionmaker[Session],
+    *,
+    grace_s: float,
+    publish: Publisher,
+    epoch: str,
+    chunk_size: int,
     limit: int = 20,
 ) -> int:
     """Reaper step: chunks for open requests of in-progress queue jobs that no live chunk covers (a submit that
@@ -278,8 +293,8 @@ def adopt_orphans(
 
 __all__ = [
     "EPOCH_KEY",
-    "ReapReport",
     "WORKER_LOST",
+    "ReapReport",
     "adopt_orphans",
     "broker_epoch",
     "reap",

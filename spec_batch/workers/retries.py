@@ -1,4 +1,5 @@
 """When a chunk's task retries: which failures are transient (the database or broker away), and the backoff."""
+
 from __future__ import annotations
 
 import random
@@ -31,8 +32,9 @@ def is_transient(exc: BaseException) -> bool:
         import kombu.exceptions
         import redis.exceptions
 
-        if isinstance(exc, (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
-                            redis.exceptions.TimeoutError)):
+        if isinstance(
+            exc, (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+        ):
             return True
     except ImportError:  # pragma: no cover
         pass

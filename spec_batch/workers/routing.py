@@ -15,6 +15,7 @@ A queue name given by hand (``submit --queue``, ``worker --queues``) must be 1 t
 ``[A-Za-z0-9._:-]`` (:func:`check_queue_name`): no spaces, slashes or other characters that Redis keys, the
 shell and ``celery inspect`` treat specially. Derived names always are.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,4 +86,4 @@ def parse_model_pair(value: str, default_drafter: str = "suffix") -> tuple[str, 
     return head.strip(), tail.strip()
 
 
-__all__ = ["QUEUE_PREFIX", "QueueNameError", "check_queue_name", "precision_part", "queue_name", "parse_model_pair"]
+__all__ = ["QUEUE_PREFIX", "QueueNameError", "check_queue_name", "parse_model_pair", "precision_part", "queue_name"]

@@ -1,5 +1,6 @@
 """A worker process's runtime: its database engine (never shared across a fork), loaded decoders, the heartbeat
 thread with the reaper's tick. One per process, created lazily where tasks run."""
+
 from __future__ import annotations
 
 import logging
@@ -70,9 +71,13 @@ class Runtime:
             self._last_adopt = now
             try:
                 epoch = reaper.broker_epoch(self.settings.broker_url)
-                rep.requeued += reaper.adopt_orphans(self.session_factory, grace_s=self.settings.lease_seconds,
-                                                    publish=self.publish, epoch=epoch,
-                                                    chunk_size=self.settings.chunk_size)
+                rep.requeued += reaper.adopt_orphans(
+                    self.session_factory,
+                    grace_s=self.settings.lease_seconds,
+                    publish=self.publish,
+                    epoch=epoch,
+                    chunk_size=self.settings.chunk_size,
+                )
             except Exception as exc:
                 rep.errors.append(f"orphans: {lease.brief(exc)}")
         return rep
@@ -89,14 +94,28 @@ class Runtime:
                 hf_logging.disable_progress_bar()
             except Exception:  # pragma: no cover
                 pass
-        dec = shared_decoder(target, resolve_with_settings(drafter, self.settings), device=self.device, cache_dir=self.settings.cache_dir,
-                             num_draft_tokens=self.settings.num_draft_tokens, adaptive=self.settings.adaptive,
-                             weights=weights, dtype=dtype, draft_weights=self.settings.draft_weights,
-                             tree_width=self.settings.tree_width)
+        dec = shared_decoder(
+            target,
+            resolve_with_settings(drafter, self.settings),
+            device=self.device,
+            cache_dir=self.settings.cache_dir,
+            num_draft_tokens=self.settings.num_draft_tokens,
+            adaptive=self.settings.adaptive,
+            weights=weights,
+            dtype=dtype,
+            draft_weights=self.settings.draft_weights,
+            tree_width=self.settings.tree_width,
+        )
         if key not in self._loaded:
             self._loaded.add(key)
-            log.warning("loaded %s + %s on %s in %.1fs (pid %d)", target, drafter, self.device,
-                        time.perf_counter() - t0, os.getpid())
+            log.warning(
+                "loaded %s + %s on %s in %.1fs (pid %d)",
+                target,
+                drafter,
+                self.device,
+                time.perf_counter() - t0,
+                os.getpid(),
+            )
         return dec
 
 
@@ -137,8 +156,6 @@ def apply_torch_threads() -> None:
             pass
     except Exception as exc:  # pragma: no cover
         log.warning("could not set torch threads to %s: %s", threads, exc)
-
-
 
 
 def runtime_of_this_process() -> Runtime | None:

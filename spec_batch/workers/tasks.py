@@ -18,6 +18,7 @@ exponential backoff; anything else fails the task without retry (a request's own
 is stored on the request). A chunk that ran past the soft time limit is given back with its finished requests
 stored; the reaper re-queues the rest.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,8 @@ from spec_batch.store.models import JOB_CANCELLING, REQ_FAILED
 
 from . import metrics
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
-from .runtime import Runtime, apply_torch_threads, runtime, runtime_of_this_process, stop_in_this_process
 from .retries import MAX_RETRIES, is_transient, retry_delay
+from .runtime import Runtime, apply_torch_threads, runtime, runtime_of_this_process, stop_in_this_process
 
 log = logging.getLogger("spec_batch.workers")
 
@@ -103,17 +104,28 @@ def _on_worker_shutdown(**_: Any) -> None:
 # ---------------------------------------------------------------- the task
 
 
-@app.task(bind=True, name=TASK_NAME_PROCESS_CHUNK, max_retries=MAX_RETRIES, acks_late=True,
-          reject_on_worker_lost=True, ignore_result=True)
+@app.task(
+    bind=True,
+    name=TASK_NAME_PROCESS_CHUNK,
+    max_retries=MAX_RETRIES,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
 def process_chunk(self, chunk_id: str) -> dict[str, Any]:
     token = lease.new_token()
     try:
         rt = runtime()
     except Exception as exc:  # the database is down or not migrated yet: the environment, not the input
         delay = retry_delay(self.request.retries)
-        log.error("chunk %s: this worker cannot open the job database (%s); retry %d in %.1fs", chunk_id,
-                  lease.brief(exc), self.request.retries + 1, delay)
-        raise self.retry(exc=exc, countdown=delay)
+        log.error(
+            "chunk %s: this worker cannot open the job database (%s); retry %d in %.1fs",
+            chunk_id,
+            lease.brief(exc),
+            self.request.retries + 1,
+            delay,
+        )
+        raise self.retry(exc=exc, countdown=delay) from exc
     try:
         return _process(rt, chunk_id, token)
     except SoftTimeLimitExceeded:
@@ -124,9 +136,14 @@ def process_chunk(self, chunk_id: str) -> dict[str, Any]:
         if is_transient(exc):
             _give_back(chunk_id, token)
             delay = retry_delay(self.request.retries)
-            log.warning("chunk %s: transient failure (%s); retry %d in %.1fs", chunk_id, lease.brief(exc),
-                        self.request.retries + 1, delay)
-            raise self.retry(exc=exc, countdown=delay)
+            log.warning(
+                "chunk %s: transient failure (%s); retry %d in %.1fs",
+                chunk_id,
+                lease.brief(exc),
+                self.request.retries + 1,
+                delay,
+            )
+            raise self.retry(exc=exc, countdown=delay) from exc
         _give_back(chunk_id, token)
         raise
 
@@ -145,8 +162,7 @@ def _give_back(chunk_id: str, token: str) -> None:
             chunks.expire_chunk(s, chunk_id, token)
         rt.heartbeat.poke()
     except Exception as exc:
-        log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id,
-                    lease.brief(exc))
+        log.warning("chunk %s: could not give it back now (%s); its lease will expire", chunk_id, lease.brief(exc))
 
 
 @dataclass
@@ -186,7 +202,11 @@ def _claim(rt: Runtime, chunk_id: str, token: str) -> _ChunkWork | str:
         if previous:  # its lease expired or it is known dead: its unfinished requests are claimable now
             chunks.release_worker_requests(s, previous)
         return _ChunkWork(
-            chunk.job_id, list(chunk.request_ids), job.target, job.drafter, job.batch_size,
+            chunk.job_id,
+            list(chunk.request_ids),
+            job.target,
+            job.drafter,
+            job.batch_size,
             measure=chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None,
             cancelling=job.status == JOB_CANCELLING,
             precision={k: v for k, v in (("weights", job.weights), ("dtype", job.dtype)) if v is not None},
@@ -219,20 +239,22 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
         rt.heartbeat.drop(token)
 
 
-def _fail_unloadable(rt: Runtime, work: _ChunkWork, chunk_id: str, token: str, exc: Exception,
-                     counted: metrics.ChunkMetrics) -> None:
+def _fail_unloadable(
+    rt: Runtime, work: _ChunkWork, chunk_id: str, token: str, exc: Exception, counted: metrics.ChunkMetrics
+) -> None:
     msg = f"the worker could not load target {work.target!r} with drafter {work.drafter!r}: {exc}"
     with rt.session_factory.begin() as s:
-        failed = sum(queries.save_failure(s, rid, "model_error", msg, worker=token)
-                     for rid in chunks.open_ids_of(s, work.request_ids))
+        failed = sum(
+            queries.save_failure(s, rid, "model_error", msg, worker=token)
+            for rid in chunks.open_ids_of(s, work.request_ids)
+        )
         chunks.finish_chunk(s, chunk_id, token)
     for _ in range(failed):
         counted.on_stored(REQ_FAILED, None)
     finalize_job(rt.session_factory, work.job_id)
 
 
-def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease,
-             counted: metrics.ChunkMetrics) -> None:
+def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease, counted: metrics.ChunkMetrics) -> None:
     try:
         measure_baseline(rt.session_factory, work.job_id, decoder, lease=holding, on_stored=counted.on_stored)
     except Exception as exc:
@@ -241,21 +263,40 @@ def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease,
         log.warning("job %s: baseline measurement failed: %s", work.job_id, exc)
 
 
-def _run_chunk(rt: Runtime, work: _ChunkWork, decoder: Any, chunk_id: str, holding: lease.Lease,
-               counted: metrics.ChunkMetrics, out: dict[str, Any]) -> dict[str, Any]:
+def _run_chunk(
+    rt: Runtime,
+    work: _ChunkWork,
+    decoder: Any,
+    chunk_id: str,
+    holding: lease.Lease,
+    counted: metrics.ChunkMetrics,
+    out: dict[str, Any],
+) -> dict[str, Any]:
     # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
     # another worker took the chunk over; rows it did not finish go back to pending.
     # a job already partly done (by others too) warms this worker's memory of it from SQL on first use
     session_factory, job_id = rt.session_factory, work.job_id
     memory = rt.memories.get(session_factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
     report = run_requests(
-        session_factory, job_id, decoder,
-        request_ids=work.request_ids, batch_size=work.batch_size, lease=holding,  # the heartbeat renews it
-        should_stop=lambda: holding.lost, on_stored=counted.on_stored, finalize=True, memory=memory,
+        session_factory,
+        job_id,
+        decoder,
+        request_ids=work.request_ids,
+        batch_size=work.batch_size,
+        lease=holding,  # the heartbeat renews it
+        should_stop=lambda: holding.lost,
+        on_stored=counted.on_stored,
+        finalize=True,
+        memory=memory,
     )
     stopped = TAKEN_OVER if report.stopped == STOPPED_BY_CALLER else report.stopped
-    out.update(completed=report.completed, failed=report.failed, skipped=report.skipped,
-               output_tokens=report.output_tokens, finalized=report.finalized)
+    out.update(
+        completed=report.completed,
+        failed=report.failed,
+        skipped=report.skipped,
+        output_tokens=report.output_tokens,
+        finalized=report.finalized,
+    )
     with session_factory.begin() as s:
         status = queries.get_job(s, job_id).status
         open_ids = chunks.open_ids_of(s, work.request_ids)
@@ -278,4 +319,4 @@ def _run_chunk(rt: Runtime, work: _ChunkWork, decoder: Any, chunk_id: str, holdi
     return out
 
 
-__all__ = ["process_chunk", "runtime", "Runtime"]
+__all__ = ["Runtime", "process_chunk", "runtime"]

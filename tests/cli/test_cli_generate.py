@@ -1,4 +1,5 @@
 """`spec-batch generate` through click's CliRunner (the real default model; flag errors need no model)."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ from click.testing import CliRunner
 
 from spec_batch import SamplingParams
 from spec_batch.cli import main
-
 
 MODEL = ["--target", "default", "--draft", "ngram"]  # explicit: SPEC_BATCH_DEFAULT_* in the environment must not matter
 
@@ -34,8 +34,17 @@ def test_generate_json(runner, default_decoder):
     assert isinstance(out["text"], str) and out["text"]
     assert all(isinstance(t, int) for t in out["token_ids"]) and 1 <= len(out["token_ids"]) <= 8
     stats = out["stats"]
-    for key in ("prompt_tokens", "output_tokens", "draft_tokens", "accepted_tokens", "target_forwards",
-                "accepted_length_histogram", "acceptance_rate", "tokens_per_step", "wall_s"):
+    for key in (
+        "prompt_tokens",
+        "output_tokens",
+        "draft_tokens",
+        "accepted_tokens",
+        "target_forwards",
+        "accepted_length_histogram",
+        "acceptance_rate",
+        "tokens_per_step",
+        "wall_s",
+    ):
         assert key in stats, key
     assert stats["output_tokens"] == len(out["token_ids"]) + (1 if out["finish_reason"] == "stop" else 0)
     # the same as the library, greedy, token for token
@@ -45,8 +54,22 @@ def test_generate_json(runner, default_decoder):
 
 @pytest.mark.slow
 def test_generate_json_chat_several_prompts_seeded(runner, default_decoder):
-    args = ["generate", "Say hi.", "Name a fruit.", "--chat", "--json", "--max-new-tokens", "6",
-            "--temperature", "0.8", "--seed", "5", "--batch-size", "2", *MODEL]
+    args = [
+        "generate",
+        "Say hi.",
+        "Name a fruit.",
+        "--chat",
+        "--json",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "5",
+        "--batch-size",
+        "2",
+        *MODEL,
+    ]
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output
     outs = _json_lines(first.stdout)
@@ -120,19 +143,38 @@ def test_unknown_target_is_a_clean_error(runner, tmp_path):
 
 @pytest.mark.slow
 def test_generate_with_a_response_format_from_a_file(runner, tmp_path, default_decoder):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}
     path = tmp_path / "format.json"
     path.write_text(json.dumps(fmt), encoding="utf-8")
     prompt = "What is the capital of France? Answer in JSON."
-    result = runner.invoke(main, ["generate", prompt, "--chat", "--json", "--max-new-tokens", "30",
-                                  "--response-format", f"@{path}", *MODEL])
+    result = runner.invoke(
+        main,
+        ["generate", prompt, "--chat", "--json", "--max-new-tokens", "30", "--response-format", f"@{path}", *MODEL],
+    )
     assert result.exit_code == 0, result.output
     [out] = _json_lines(result.stdout)
     assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"city"}
     assert out["stats"]["forced_tokens"] > 0
-    inline = runner.invoke(main, ["generate", prompt, "--chat", "--json", "--max-new-tokens", "30",
-                                  "--response-format", json.dumps(fmt), *MODEL])
+    inline = runner.invoke(
+        main,
+        [
+            "generate",
+            prompt,
+            "--chat",
+            "--json",
+            "--max-new-tokens",
+            "30",
+            "--response-format",
+            json.dumps(fmt),
+            *MODEL,
+        ],
+    )
     assert _json_lines(inline.stdout)[0]["token_ids"] == out["token_ids"]
 
 

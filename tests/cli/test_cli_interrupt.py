@@ -1,6 +1,7 @@
 """Ctrl-C is not a lost attempt (issue 23, item 8): a real `spec-batch run` interrupted with SIGINT during its
 baseline phase, then resumed and interrupted again, gives its claims back without counting; the job then resumes
 to completion with every request's attempts at 0 (SPEC_BATCH_MAX_ATTEMPTS never comes near)."""
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from batch_lines import completion_line, write_batch
 from sqlalchemy import select
 
-from batch_lines import completion_line, write_batch
 from spec_batch.store import Request, make_session_factory, queries, summaries
 
 SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
@@ -36,8 +37,15 @@ def _as_from_a_terminal() -> None:
 def _interrupt_during_the_baseline(args, env, cwd, factory_for, job_id=None) -> str:
     """Starts `args`, waits until its baseline sample is claimed (running in SQL, no baseline stored yet), sends
     SIGINT and waits for the exit. Returns the job id."""
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_as_from_a_terminal)
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
+    )
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -49,7 +57,7 @@ def _interrupt_during_the_baseline(args, env, cwd, factory_for, job_id=None) -> 
                 with factory() as s:
                     job_id = job_id or queries.resolve_job_id(s, "latest")
                     running = queries.job_counts(s, job_id)["running"]
-            except Exception:  # noqa: BLE001  (no tables or job yet)
+            except Exception:
                 continue
             if running:
                 break
@@ -67,8 +75,9 @@ def _interrupt_during_the_baseline(args, env, cwd, factory_for, job_id=None) -> 
 
 @pytest.mark.slow
 def test_sigint_during_the_baseline_counts_no_attempt_and_the_job_resumes(tmp_path):
-    path = write_batch(tmp_path / "in.jsonl", [completion_line(f"r{i}", p, max_tokens=12)
-                                               for i, p in enumerate(PROMPTS)])
+    path = write_batch(
+        tmp_path / "in.jsonl", [completion_line(f"r{i}", p, max_tokens=12) for i, p in enumerate(PROMPTS)]
+    )
     db = tmp_path / "jobs.db"
     url = f"sqlite:///{db}"
     env = {**os.environ, "SPEC_BATCH_DATABASE_URL": url}
@@ -93,8 +102,9 @@ def test_sigint_during_the_baseline_counts_no_attempt_and_the_job_resumes(tmp_pa
         if i + 1 < INTERRUPTS:
             _interrupt_during_the_baseline([SPEC_BATCH, "resume", job_id], env, tmp_path, factory_for, job_id)
 
-    res = subprocess.run([SPEC_BATCH, "resume", job_id], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run(
+        [SPEC_BATCH, "resume", job_id], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = _requests(factory_for(), job_id)
     assert all(r.status == "completed" for r in rows) and all(r.attempts == 0 for r in rows)

@@ -1,5 +1,6 @@
 """`spec-batch run | resume | jobs | show | results | stats | db`: the history commands, and a run killed
 with SIGKILL that `spec-batch resume` finishes without losing or repeating anything."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,24 @@ import time
 from pathlib import Path
 
 import pytest
+from batch_lines import chat_line, completion_line, write_batch
 from click.testing import CliRunner
+from db_fixtures import create_pg_database, drop_pg_database
 from sqlalchemy import select
 
-from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.store import Request, current_revision, head_revision, make_engine, make_session_factory, queries, request_claims, summaries
-
-from batch_lines import chat_line, completion_line, write_batch
-from db_fixtures import create_pg_database, drop_pg_database
+from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
+from spec_batch.store import (
+    Request,
+    current_revision,
+    head_revision,
+    make_engine,
+    make_session_factory,
+    queries,
+    request_claims,
+    summaries,
+)
 
 SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
 
@@ -31,10 +40,12 @@ def _invoke(url: str, *args: str):
 
 def test_history_commands(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
-    path = write_batch(tmp_path / "in.jsonl", [completion_line(f"c{i}", f"p{i}", max_tokens=3) for i in range(4)]
-                       + ["{bad json"])
-    job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=2,
-                                     metadata={"team": "docs"})
+    path = write_batch(
+        tmp_path / "in.jsonl", [completion_line(f"c{i}", f"p{i}", max_tokens=3) for i in range(4)] + ["{bad json"]
+    )
+    job_id, _ = create_job_from_file(
+        factory, path, target="fake-target", drafter="ngram", baseline_sample=2, metadata={"team": "docs"}
+    )
     run_job(factory, job_id, fake_decoder_cls())
 
     r = _invoke(db_url, "jobs", "--limit", "100")
@@ -124,7 +135,7 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
                 try:
                     with factory() as s:
                         done = s.query(Request).filter(Request.status == "completed").count()
-                except Exception:  # noqa: BLE001  (tables not created yet)
+                except Exception:
                     continue
                 if done >= 2:
                     break
@@ -138,13 +149,16 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
     with factory() as s:
         job_id = queries.resolve_job_id(s, "latest")
         counts = queries.job_counts(s, job_id)
-        before = {r.id: (r.output, r.completed_at) for r in
-                  s.scalars(select(Request).where(Request.job_id == job_id, Request.status == "completed"))}
+        before = {
+            r.id: (r.output, r.completed_at)
+            for r in s.scalars(select(Request).where(Request.job_id == job_id, Request.status == "completed"))
+        }
     assert 2 <= counts["completed"] < n and counts["completed"] + counts["pending"] + counts["running"] == n
     assert not out.exists()
 
-    res = subprocess.run([SPEC_BATCH, "resume", job_id], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run(
+        [SPEC_BATCH, "resume", job_id], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "completed" in res.stdout and job_id in res.stdout
     with factory() as s:
@@ -161,8 +175,15 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
     from spec_batch.store import migrate_to_head
 
     migrate_to_head(f"sqlite:///{tmp_path / 'ref.db'}")
-    ref_id, _ = create_job_from_file(ref_factory, path, target="default", drafter="ngram", batch_size=n,
-                                     baseline_sample=0, output_file=tmp_path / "ref.jsonl")
+    ref_id, _ = create_job_from_file(
+        ref_factory,
+        path,
+        target="default",
+        drafter="ngram",
+        batch_size=n,
+        baseline_sample=0,
+        output_file=tmp_path / "ref.jsonl",
+    )
     run_job(ref_factory, ref_id, default_decoder)
     reference = {o["custom_id"]: o for o in iter_jsonl(tmp_path / "ref.jsonl")}
 
@@ -173,8 +194,19 @@ def test_run_killed_then_resumed_loses_nothing(tmp_path, default_decoder):
     assert {k: text(v) for k, v in resumed.items()} == {k: text(v) for k, v in reference.items()}
 
 
-@pytest.mark.parametrize("args", [["jobs"], ["show", "latest"], ["stats"], ["results", "latest", "-o", "x.jsonl"],
-                                  ["wait", "latest"], ["cancel", "latest"], ["resume", "latest"], ["db", "current"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs"],
+        ["show", "latest"],
+        ["stats"],
+        ["results", "latest", "-o", "x.jsonl"],
+        ["wait", "latest"],
+        ["cancel", "latest"],
+        ["resume", "latest"],
+        ["db", "current"],
+    ],
+)
 def test_read_only_commands_on_a_missing_database_create_nothing(tmp_path, args):
     db = tmp_path / "nowhere" / "jobs.db"
     r = _invoke(f"sqlite:///{db}", *args)
@@ -191,8 +223,9 @@ def test_resume_refuses_a_job_a_live_process_holds(tmp_path, fake_decoder_cls):
     path = write_batch(tmp_path / "in.jsonl", [completion_line(f"c{i}", f"p{i}", max_tokens=3) for i in range(3)])
     job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=0)
     with factory.begin() as s:  # the original `spec-batch run`, still alive on another machine
-        request_claims.claim_requests(s, job_id, queries.request_ids(s, job_id)[:1], worker="elsewhere/ns1/77/ab",
-                               lease_seconds=600)
+        request_claims.claim_requests(
+            s, job_id, queries.request_ids(s, job_id)[:1], worker="elsewhere/ns1/77/ab", lease_seconds=600
+        )
     r = _invoke(url, "resume", job_id)
     assert r.exit_code == 5 and "process 77 on elsewhere holds 1 request(s)" in r.output, r.output
     assert "--wait" in r.output

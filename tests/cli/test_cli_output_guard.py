@@ -1,15 +1,16 @@
 """The output guard of every command that writes a file (`run`, `results`, `wait -o`, `report`): a job's own
 files, devices, FIFOs and folders are never replaced, --force or not; an existing file needs --force; and all of
 it is checked before the model loads (the model here is the fake decoder)."""
+
 from __future__ import annotations
 
 import os
 import stat
 
 import pytest
+from batch_lines import completion_line, write_batch
 from click.testing import CliRunner
 
-from batch_lines import completion_line, write_batch
 from spec_batch.cli import jobs as cli_jobs
 from spec_batch.cli import main
 
@@ -39,8 +40,9 @@ def _cli(*args: str):
 
 
 def _input(tmp_path, name: str = "in.jsonl"):
-    return write_batch(tmp_path / name, [completion_line(f"r{i}", f"prompt {i}", max_tokens=4) for i in range(3)]
-                       + ["{not json"])  # one invalid line: the job has an errors file
+    return write_batch(
+        tmp_path / name, [completion_line(f"r{i}", f"prompt {i}", max_tokens=4) for i in range(3)] + ["{not json"]
+    )  # one invalid line: the job has an errors file
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """`spec-batch submit | worker | cancel | wait`: the commands, a broker that is down, cancelling, waiting."""
+
 from __future__ import annotations
 
+from batch_lines import completion_line, write_batch
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from batch_lines import completion_line, write_batch
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import Job, make_session_factory, queries
@@ -90,9 +91,11 @@ def test_queue_names_given_by_hand_are_validated(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", url)
     monkeypatch.setenv("SPEC_BATCH_BROKER_URL", DEAD_BROKER)
-    for args in (["submit", str(path), "--no-model-check", "--queue", "../../evil queue"],
-                 ["submit", str(path), "--no-model-check", "--queue", ""],
-                 ["worker", "--queues", "fine,../evil"]):
+    for args in (
+        ["submit", str(path), "--no-model-check", "--queue", "../../evil queue"],
+        ["submit", str(path), "--no-model-check", "--queue", ""],
+        ["worker", "--queues", "fine,../evil"],
+    ):
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 2, res.output
         assert "is not allowed: use 1 to 120 characters among letters, digits and . _ : -" in res.output

@@ -1,11 +1,12 @@
 """`spec-batch report`: jobs and history pages from the job database, and the command's usage errors."""
+
 from __future__ import annotations
 
 import re
 
+from batch_lines import completion_line, write_batch
 from click.testing import CliRunner
 
-from batch_lines import completion_line, write_batch
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import make_session_factory
@@ -16,8 +17,9 @@ def _invoke(url: str, *args: str):
 
 
 def _job(factory, tmp_path, name: str, fake_decoder_cls) -> str:
-    path = write_batch(tmp_path / f"{name}.jsonl", [completion_line(f"{name}{i}", f"p{i}", max_tokens=9)
-                                                    for i in range(5)])
+    path = write_batch(
+        tmp_path / f"{name}.jsonl", [completion_line(f"{name}{i}", f"p{i}", max_tokens=9) for i in range(5)]
+    )
     job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=2)
     run_job(factory, job_id, fake_decoder_cls())
     return job_id

@@ -1,5 +1,6 @@
 """`spec-batch run` as a script sees it: the job id alone on stdout's first line, exit codes that say how the
 job ended, and every file check done before the model loads (the model here is the fake decoder)."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import os
 import stat
 
 import pytest
+from batch_lines import chat_line, completion_line, write_batch
 from click.testing import CliRunner
 
-from batch_lines import chat_line, completion_line, write_batch
 from spec_batch.cli import _common, main
 from spec_batch.cli import jobs as cli_jobs
 from spec_batch.store import make_session_factory, queries
@@ -44,8 +45,9 @@ def _run(*args: str):
 
 
 def _lines(tmp_path, n: int = 3, extra: tuple[str, ...] = ()):
-    return write_batch(tmp_path / "in.jsonl", [completion_line(f"r{i}", f"prompt {i}", max_tokens=5)
-                                               for i in range(n)] + list(extra))
+    return write_batch(
+        tmp_path / "in.jsonl", [completion_line(f"r{i}", f"prompt {i}", max_tokens=5) for i in range(n)] + list(extra)
+    )
 
 
 def test_the_job_id_is_stdouts_first_line_and_a_completed_job_exits_0(env, tmp_path, loads):
@@ -83,8 +85,10 @@ def test_no_valid_line_fails_before_the_model_loads(env, tmp_path, loads, lines)
 
 
 def test_lines_the_model_cannot_run_are_refused_at_validation(env, tmp_path, loads):
-    path = write_batch(tmp_path / "in.jsonl", [completion_line("ok", "fine", max_tokens=5),
-                                               completion_line("huge", "x", max_tokens=10**12)])
+    path = write_batch(
+        tmp_path / "in.jsonl",
+        [completion_line("ok", "fine", max_tokens=5), completion_line("huge", "x", max_tokens=10**12)],
+    )
     res = _run(str(path), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "0")
     assert res.exit_code == _common.EXIT_COMPLETED, res.output
     assert "line 2: body.max_tokens: 1000000000000 leaves no room for the prompt in the model's context" in res.stderr
@@ -134,8 +138,9 @@ def test_an_output_that_cannot_be_written_at_the_end_exits_4(env, tmp_path, load
 
 
 def test_a_chat_line_with_a_bad_template_fails_alone(env, tmp_path, loads):
-    path = write_batch(tmp_path / "in.jsonl", [chat_line("a", "hello", max_tokens=4),
-                                               chat_line("b", "BAD TEMPLATE", max_tokens=4)])
+    path = write_batch(
+        tmp_path / "in.jsonl", [chat_line("a", "hello", max_tokens=4), chat_line("b", "BAD TEMPLATE", max_tokens=4)]
+    )
     res = _run(str(path), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "0")
     assert res.exit_code == 0, res.output  # the job completed; the failed request is in the errors file
     err = json.loads((tmp_path / "out.errors.jsonl").read_text())
@@ -143,9 +148,13 @@ def test_a_chat_line_with_a_bad_template_fails_alone(env, tmp_path, loads):
 
 
 def test_a_line_whose_grammar_matches_nothing_fails_alone(env, tmp_path, loads):
-    path = write_batch(tmp_path / "in.jsonl", [
-        completion_line("ok", "fine", max_tokens=4),
-        completion_line("never", "x", max_tokens=4, response_format={"type": "regex", "pattern": "[a&&b]"})])
+    path = write_batch(
+        tmp_path / "in.jsonl",
+        [
+            completion_line("ok", "fine", max_tokens=4),
+            completion_line("never", "x", max_tokens=4, response_format={"type": "regex", "pattern": "[a&&b]"}),
+        ],
+    )
     res = _run(str(path), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "0")
     assert res.exit_code == 0, res.output
     [err] = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
@@ -172,19 +181,53 @@ def test_a_batch_file_as_common_openai_tools_write_it_runs_end_to_end(env, tmp_p
     from openai.types.chat import ChatCompletion
 
     monkeypatch.setattr(cli_jobs, "_load_decoder", lambda *a: default_decoder)
-    weather = {"type": "function", "function": {
-        "name": "get_weather", "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
     common = {"user": "u-42", "store": False, "metadata": {"team": "search"}, "service_tier": "auto"}
-    path = write_batch(tmp_path / "in.jsonl", [
-        chat_line("tools", "What is the weather in Paris?", max_tokens=24, tools=[weather], tool_choice="required",
-                  parallel_tool_calls=False, **common),
-        chat_line("n3", "Say hi.", max_tokens=6, n=3, temperature=1.0, seed=11, logprobs=True, top_logprobs=2,
-                  frequency_penalty=0.5, presence_penalty=0.2, logit_bias={"0": -100}, **common),
-        completion_line("comp", "Once upon a time", max_tokens=6, n=2, logprobs=1, user="u-42",
-                        stream_options={"include_usage": True}),
-        chat_line("unknown", "hi", frobnicate=1),
-    ])
+    path = write_batch(
+        tmp_path / "in.jsonl",
+        [
+            chat_line(
+                "tools",
+                "What is the weather in Paris?",
+                max_tokens=24,
+                tools=[weather],
+                tool_choice="required",
+                parallel_tool_calls=False,
+                **common,
+            ),
+            chat_line(
+                "n3",
+                "Say hi.",
+                max_tokens=6,
+                n=3,
+                temperature=1.0,
+                seed=11,
+                logprobs=True,
+                top_logprobs=2,
+                frequency_penalty=0.5,
+                presence_penalty=0.2,
+                logit_bias={"0": -100},
+                **common,
+            ),
+            completion_line(
+                "comp",
+                "Once upon a time",
+                max_tokens=6,
+                n=2,
+                logprobs=1,
+                user="u-42",
+                stream_options={"include_usage": True},
+            ),
+            chat_line("unknown", "hi", frobnicate=1),
+        ],
+    )
     out = tmp_path / "out.jsonl"
     result = _run(str(path), "-o", str(out))  # the baseline samples the one-choice line only
     assert result.exit_code == 0, result.output

@@ -1,16 +1,17 @@
 """The measured speedup's range (issue 23, item 9): `spec-batch run` measures the baseline sample in interleaved
 rounds and stores the lowest and highest round ratio; `show`, the HTML report and job_summary say when the
 rounds disagree by more than 25% of the speedup (the load changed while it was measured)."""
+
 from __future__ import annotations
 
 import os
 from types import SimpleNamespace
 
 import pytest
+from batch_lines import completion_line, write_batch
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from batch_lines import completion_line, write_batch
 from spec_batch.cli import _common, main
 from spec_batch.cli import jobs as cli_jobs
 from spec_batch.jobs import baseline
@@ -49,10 +50,12 @@ def virtual_time(monkeypatch, fake_decoder_cls):
 
 
 def _run_and_show(tmp_path, n: int = 6) -> tuple[str, str]:
-    path = write_batch(tmp_path / "in.jsonl", [completion_line(f"r{i}", f"prompt {i}", max_tokens=24)
-                                               for i in range(n)])
-    res = CliRunner().invoke(main, ["run", str(path), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "6",
-                                    "--batch-size", "2"])
+    path = write_batch(
+        tmp_path / "in.jsonl", [completion_line(f"r{i}", f"prompt {i}", max_tokens=24) for i in range(n)]
+    )
+    res = CliRunner().invoke(
+        main, ["run", str(path), "-o", str(tmp_path / "out.jsonl"), "--baseline-sample", "6", "--batch-size", "2"]
+    )
     assert res.exit_code == _common.EXIT_COMPLETED, res.output
     job_id = res.stdout.splitlines()[0]
     shown = CliRunner().invoke(main, ["show", job_id])
@@ -113,9 +116,22 @@ def test_job_summary_rule_in_sql(db_url):
     with factory.begin() as s:
         for name, (low, high, _) in cases.items():
             ids[name] = job_id = "job_" + os.urandom(8).hex()
-            s.add(Job(id=job_id, target="t", drafter="ngram", sampling_defaults={}, status="completed",
-                      baseline_requests=1, baseline_output_tokens=10, baseline_wall_s=1.0, sample_output_tokens=20,
-                      sample_wall_s=1.0, speedup_low=low, speedup_high=high))
+            s.add(
+                Job(
+                    id=job_id,
+                    target="t",
+                    drafter="ngram",
+                    sampling_defaults={},
+                    status="completed",
+                    baseline_requests=1,
+                    baseline_output_tokens=10,
+                    baseline_wall_s=1.0,
+                    sample_output_tokens=20,
+                    sample_wall_s=1.0,
+                    speedup_low=low,
+                    speedup_high=high,
+                )
+            )
     with factory() as s:
         for name, (low, high, reliable) in cases.items():
             row = summaries.job_summary_row(s, ids[name])

@@ -1,4 +1,5 @@
 """Confidence calibration: priors, learning observed acceptance per bin and kind, and what a run observes."""
+
 from __future__ import annotations
 
 import pytest

@@ -9,10 +9,13 @@
 - the Drafter protocol: the loop reads `free` and `initial_acceptance`, never the drafter's name;
 - the statistical test: sampled sequences follow the target's distribution (draft model, n-gram, none).
 """
+
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 import threading
 
 import pytest
@@ -89,7 +92,10 @@ def check_stats(result: GenerationResult, prompt_len: int, eos_finished: bool = 
     d = st.to_dict()
     assert d["acceptance_rate"] == st.acceptance_rate and d["tokens_per_step"] == st.tokens_per_step
     assert (d["drafted_per_position"], d["accepted_per_position"], d["forced_tokens"]) == (
-        st.drafted_per_position, st.accepted_per_position, 0)
+        st.drafted_per_position,
+        st.accepted_per_position,
+        0,
+    )
 
 
 def _naive_lookup(tokens: list[int], k: int, n_max: int = 3) -> list[int]:
@@ -126,9 +132,15 @@ def replay_ngram(prompt: list[int], output: list[int], max_new: int, k_max: int 
             for j in range(a):
                 accepted_at[j] += 1
         n += a + 1
-    trim = lambda counts: counts[: max([j + 1 for j, c in enumerate(counts) if c] or [0])]  # noqa: E731
-    return dict(target_forwards=steps, draft_tokens=drafted, accepted_tokens=accepted, accepted_length_histogram=hist,
-                drafted_per_position=trim(drafted_at), accepted_per_position=trim(accepted_at))
+    trim = lambda counts: counts[: max([j + 1 for j, c in enumerate(counts) if c] or [0])]
+    return dict(
+        target_forwards=steps,
+        draft_tokens=drafted,
+        accepted_tokens=accepted,
+        accepted_length_histogram=hist,
+        drafted_per_position=trim(drafted_at),
+        accepted_per_position=trim(accepted_at),
+    )
 
 
 def check_ngram_replay(result: GenerationResult, prompt: list[int], max_new: int) -> None:
@@ -137,7 +149,9 @@ def check_ngram_replay(result: GenerationResult, prompt: list[int], max_new: int
     assert got == replay_ngram(prompt, result.token_ids, max_new)
 
 
-def naive_sample(model, prompt: list[int], n: int, seed: int, temperature: float, top_k: int = 0, top_p: float = 1.0) -> list[int]:
+def naive_sample(
+    model, prompt: list[int], n: int, seed: int, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> list[int]:
     """The sampled oracle: one full forward per token, the token drawn by the exponential race with the noise keyed
     by (seed, output position) that the decoder uses."""
     tokens = list(prompt)
@@ -152,7 +166,9 @@ def naive_sample(model, prompt: list[int], n: int, seed: int, temperature: float
 # ---------------------------------------------------------------- the oracle (tiny models)
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "ngram-fixed", "suffix", "suffix-fixed", "model", "model-fixed", "self"])
+@pytest.mark.parametrize(
+    "name", ["none", "ngram", "ngram-fixed", "suffix", "suffix-fixed", "model", "model-fixed", "self"]
+)
 @pytest.mark.parametrize("batch_size", [1, 2, 5])
 def test_greedy_equals_hf_greedy(decoders, greedy_refs, name, batch_size):
     dec = decoders[name]
@@ -275,8 +291,15 @@ def test_eos_inside_an_accepted_run(name, tiny_target, tiny_draft, greedy_refs, 
     prompt, ref = PROMPTS[EOS_PROMPT], greedy_refs[EOS_PROMPT]
     pos, eos = _first_new_token_at(ref, [6, 7, 5, 8])
     draft = {"none": "none", "ngram": "ngram", "suffix": "suffix", "self": tiny_target, "model-fixed": tiny_draft}[name]
-    dec = build_decoder(tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft=draft, device=CPU,
-                        num_draft_tokens=4, adaptive=False)
+    dec = build_decoder(
+        tiny_target,
+        fake_tokenizer_cls(eos_token_id=eos),
+        target_name="tiny",
+        draft=draft,
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+    )
     assert hf_greedy(tiny_target, prompt, N_NEW, eos_token_id=eos) == ref[:pos]
     res = dec.generate([prompt], SamplingParams(max_new_tokens=N_NEW))[0]
     assert res.token_ids == ref[:pos] and eos not in res.token_ids
@@ -352,7 +375,9 @@ def test_seeded_ngram_equals_none(decoders, kw):
         check_ngram_replay(res, prompt, N_NEW)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=8, top_p=0.9)], ids=["plain", "topk-topp"])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=8, top_p=0.9)], ids=["plain", "topk-topp"]
+)
 @pytest.mark.parametrize("name", ["none", "ngram-fixed", "suffix-fixed"])
 def test_seeded_sampling_equals_the_naive_sampler(decoders, tiny_target, name, kw):
     """One-hot drafts change nothing: batched, cached, speculative sampling gives the naive sampler's tokens."""
@@ -383,7 +408,9 @@ def test_seeded_draft_model_output_is_reproducible_with_the_adaptive_policy(deco
     dec = decoders["model"]
     p = _sampled(7)
     alone = dec.generate([PROMPTS[0]], p)[0].token_ids
-    batched = dec.generate([PROMPTS[2], PROMPTS[0], PROMPTS[4]], [_sampled(1), p, _sampled(2)], batch_size=3)[1].token_ids
+    batched = dec.generate([PROMPTS[2], PROMPTS[0], PROMPTS[4]], [_sampled(1), p, _sampled(2)], batch_size=3)[
+        1
+    ].token_ids
     assert batched == alone
 
 
@@ -401,8 +428,9 @@ def test_seed_none_draws_a_fresh_seed_per_request(decoders, monkeypatch):
     monkeypatch.setattr("spec_batch.core.decoder.fresh_seed", lambda: next(fresh))
     p = SamplingParams(max_new_tokens=N_NEW, temperature=1.0)
     out = decoders["none"].generate([PROMPTS[1], PROMPTS[2]], p, batch_size=2)
-    assert [r.token_ids for r in out] == [decoders["none"].generate([PROMPTS[i]], _sampled(s))[0].token_ids
-                                          for i, s in ((1, 5), (2, 6))]
+    assert [r.token_ids for r in out] == [
+        decoders["none"].generate([PROMPTS[i]], _sampled(s))[0].token_ids for i, s in ((1, 5), (2, 6))
+    ]
 
 
 def test_different_seeds_differ_and_sampling_is_not_greedy(decoders, greedy_refs):
@@ -429,7 +457,7 @@ def test_stream_concatenates_to_generate(decoders, name, params):
     for prompt in (PROMPTS[0], PROMPTS[3]):
         full = dec.generate([prompt], params)[0]
         chunks = list(dec.stream(prompt, params))
-        assert sum((c.token_ids for c in chunks), []) == full.token_ids
+        assert functools.reduce(operator.iadd, (c.token_ids for c in chunks), []) == full.token_ids
         assert "".join(c.text for c in chunks) == full.text
         assert chunks[-1].finish_reason == full.finish_reason and chunks[-1].stats is not None
         assert all(c.finish_reason is None and c.stats is None for c in chunks[:-1])
@@ -444,17 +472,24 @@ def test_stream_with_stop_string_never_leaks_it(decoders, greedy_refs):
     for name in ("ngram", "self"):
         chunks = list(decoders[name].stream(prompt, params))
         assert "".join(c.text for c in chunks) == want_text
-        assert sum((c.token_ids for c in chunks), []) == want_ids
+        assert functools.reduce(operator.iadd, (c.token_ids for c in chunks), []) == want_ids
         assert chunks[-1].finish_reason == "stop"
 
 
 def test_stream_eos(tiny_target, greedy_refs, fake_tokenizer_cls):
     prompt, ref = PROMPTS[EOS_PROMPT], greedy_refs[EOS_PROMPT]
     pos, eos = _first_new_token_at(ref, [6, 7, 5, 8])
-    dec = build_decoder(tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft=tiny_target,
-                        device=CPU, num_draft_tokens=4, adaptive=False)
+    dec = build_decoder(
+        tiny_target,
+        fake_tokenizer_cls(eos_token_id=eos),
+        target_name="tiny",
+        draft=tiny_target,
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+    )
     chunks = list(dec.stream(prompt, SamplingParams(max_new_tokens=N_NEW)))
-    assert sum((c.token_ids for c in chunks), []) == ref[:pos]
+    assert functools.reduce(operator.iadd, (c.token_ids for c in chunks), []) == ref[:pos]
     assert chunks[-1].finish_reason == "stop"
 
 
@@ -494,8 +529,13 @@ def test_return_errors_fails_only_that_prompt(decoders, greedy_refs):
     dec = decoders["ngram"]
     seen = {}
     prompts = [PROMPTS[0], list(range(1, 60)) * 9, PROMPTS[1], [64], [], PROMPTS[2]]
-    results = dec.generate(prompts, SamplingParams(max_new_tokens=N_NEW), batch_size=2, return_errors=True,
-                           on_result=lambda i, r: seen.__setitem__(i, r))
+    results = dec.generate(
+        prompts,
+        SamplingParams(max_new_tokens=N_NEW),
+        batch_size=2,
+        return_errors=True,
+        on_result=lambda i, r: seen.__setitem__(i, r),
+    )
     assert [r.finish_reason for r in results] == ["length", "error", "length", "error", "error", "length"]
     assert results[0].token_ids == greedy_refs[0] and results[2].token_ids == greedy_refs[1]
     assert results[5].token_ids == greedy_refs[2]
@@ -558,8 +598,9 @@ def test_should_stop_cancels_in_flight_and_waiting_requests(decoders, greedy_ref
     params = [SamplingParams(max_new_tokens=2)] + [SamplingParams(max_new_tokens=N_NEW)] * 4
     should_stop, calls = _stop_after(4)
     seen = {}
-    results = dec.generate(PROMPTS, params, batch_size=2, should_stop=should_stop,
-                           on_result=lambda i, r: seen.__setitem__(i, r))
+    results = dec.generate(
+        PROMPTS, params, batch_size=2, should_stop=should_stop, on_result=lambda i, r: seen.__setitem__(i, r)
+    )
     assert len(calls) == 4
     assert (results[0].token_ids, results[0].finish_reason) == (greedy_refs[0][:2], "length")
     # request 1: 3 steps of one token; request 2 joined after step 2 (when request 0 finished): 1 step
@@ -567,7 +608,11 @@ def test_should_stop_cancels_in_flight_and_waiting_requests(decoders, greedy_ref
         r = results[i]
         assert r.finish_reason == "cancelled"
         assert r.token_ids == greedy_refs[i][:steps] and r.text == " ".join(map(str, r.token_ids))
-        assert (r.stats.target_forwards, r.stats.output_tokens, r.stats.prompt_tokens) == (steps, steps, len(PROMPTS[i]))
+        assert (r.stats.target_forwards, r.stats.output_tokens, r.stats.prompt_tokens) == (
+            steps,
+            steps,
+            len(PROMPTS[i]),
+        )
         check_stats(r, len(PROMPTS[i]))
     for i in (3, 4):
         r = results[i]
@@ -641,15 +686,25 @@ class ReplayDrafter:
 
 
 def _replay_decoder(tiny_target, fake_tokenizer, drafter, **kw) -> Decoder:
-    return Decoder(tiny_target, fake_tokenizer, target_name="tiny", drafter_factory=lambda: drafter,
-                   draft_name=drafter.name, device=CPU, max_context=512, num_draft_tokens=4, **kw)
+    return Decoder(
+        tiny_target,
+        fake_tokenizer,
+        target_name="tiny",
+        drafter_factory=lambda: drafter,
+        draft_name=drafter.name,
+        device=CPU,
+        max_context=512,
+        num_draft_tokens=4,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("free", [True, False])
 def test_a_new_drafter_needs_no_change_to_the_loop(tiny_target, fake_tokenizer, greedy_refs, free):
     drafter = ReplayDrafter({tuple(PROMPTS[1]): greedy_refs[1]}, free=free)
     res = _replay_decoder(tiny_target, fake_tokenizer, drafter, adaptive=False).generate(
-        [PROMPTS[1]], SamplingParams(max_new_tokens=N_NEW))[0]
+        [PROMPTS[1]], SamplingParams(max_new_tokens=N_NEW)
+    )[0]
     assert res.token_ids == greedy_refs[1]
     st = res.stats
     assert (st.target_forwards, st.draft_tokens, st.accepted_tokens) == (5, 19, 19)  # 4 + 4 + 4 + 4 + 3 (budget)
@@ -715,7 +770,9 @@ N_TOKENS = 3
 @pytest.fixture(scope="module")
 def sharp_pair(tiny_llama):
     """A target and a different draft over 8 tokens with sharpened (non-uniform) next-token distributions."""
-    return tiny_llama(11, vocab=V_SMALL, layers=2, lm_head_scale=10.0), tiny_llama(12, vocab=V_SMALL, layers=1, lm_head_scale=10.0)
+    return tiny_llama(11, vocab=V_SMALL, layers=2, lm_head_scale=10.0), tiny_llama(
+        12, vocab=V_SMALL, layers=1, lm_head_scale=10.0
+    )
 
 
 def _exact_sequence_probs(model, prompt, n_tokens, temperature, top_k, top_p) -> dict[tuple[int, ...], float]:
@@ -761,20 +818,31 @@ STAT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("drafter,kw,prompt", STAT_CASES, ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in STAT_CASES])
+@pytest.mark.parametrize(
+    "drafter,kw,prompt", STAT_CASES, ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in STAT_CASES]
+)
 def test_sampled_sequences_follow_the_target_distribution(sharp_pair, fake_tokenizer, drafter, kw, prompt):
     """4000 seeded requests, 3 tokens each, one batched call; chi-square against the exact sequence
     distribution of the target (enumerated with HF's warpers), p > 1e-3 (fixed seeds: deterministic)."""
     target, draft_model = sharp_pair
-    dec = build_decoder(target, fake_tokenizer, target_name="sharp", draft=draft_model if drafter == "model" else drafter,
-                        device=CPU, num_draft_tokens=4, adaptive=False)
+    dec = build_decoder(
+        target,
+        fake_tokenizer,
+        target_name="sharp",
+        draft=draft_model if drafter == "model" else drafter,
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+    )
     params = [SamplingParams(max_new_tokens=N_TOKENS, seed=10_000 + i, **kw) for i in range(N_SAMPLES)]
     results = dec.generate([prompt] * N_SAMPLES, params, batch_size=256)
     counts: dict[tuple[int, ...], int] = {}
     for r in results:
         assert len(r.token_ids) == N_TOKENS
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    exact = _exact_sequence_probs(target, prompt, N_TOKENS, kw.get("temperature", 1.0), kw.get("top_k", 0), kw.get("top_p", 1.0))
+    exact = _exact_sequence_probs(
+        target, prompt, N_TOKENS, kw.get("temperature", 1.0), kw.get("top_k", 0), kw.get("top_p", 1.0)
+    )
     impossible = {s: c for s, c in counts.items() if exact[s] == 0}
     assert not impossible, f"sequences the target gives probability 0: {impossible}"
     res = _chisquare(counts, exact, N_SAMPLES)
@@ -787,7 +855,9 @@ def test_sampled_sequences_follow_the_target_distribution(sharp_pair, fake_token
         assert 0 < accepted < drafted, "the test needs both accepted and rejected draft tokens"
     if drafter == "model":
         # the test can tell the draft's distribution from the target's: this is what sampling the draft would give
-        wrong = _exact_sequence_probs(draft_model, prompt, N_TOKENS, kw.get("temperature", 1.0), kw.get("top_k", 0), kw.get("top_p", 1.0))
+        wrong = _exact_sequence_probs(
+            draft_model, prompt, N_TOKENS, kw.get("temperature", 1.0), kw.get("top_k", 0), kw.get("top_p", 1.0)
+        )
         assert 0.5 * sum(abs(wrong[s] - exact[s]) for s in exact) > 0.15
 
 
@@ -832,8 +902,9 @@ def test_default_model_greedy_equals_hf(default_decoder, default_refs):
     _check_default(batched, default_refs, dec.eos_ids)
     # whether the adaptive policy drafts at all depends on this machine's measured step costs; with the policy
     # fixed the copy-heavy prompt is drafted for certain, so exactness under accepted drafts is always checked
-    fixed = build_decoder(dec.target, dec.tokenizer, target_name=dec.target_name, draft=dec.draft_name,
-                          device=dec.device, adaptive=False)
+    fixed = build_decoder(
+        dec.target, dec.tokenizer, target_name=dec.target_name, draft=dec.draft_name, device=dec.device, adaptive=False
+    )
     drafted = fixed.generate(prompts, params, batch_size=4)
     _check_default(drafted, default_refs, dec.eos_ids)
     assert drafted[0].stats.accepted_tokens > 0, "the copy-heavy prompt got no n-gram token accepted"

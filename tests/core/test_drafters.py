@@ -1,5 +1,6 @@
 """Drafters: the protocol's traits, n-gram lookup rules, and the draft model's cache (rollback, feeding the last
 draft token) and distributions (shaped like the target's)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -125,8 +126,9 @@ def _fresh_logits(model, tokens) -> torch.Tensor:
 
 def _fresh_probs(model, tokens, params: SamplingParams) -> torch.Tensor:
     logits = _fresh_logits(model, tokens).view(1, 1, -1)
-    return logits_to_probs(logits, torch.tensor([params.temperature]), torch.tensor([params.top_k]),
-                           torch.tensor([params.top_p]))[0, 0]
+    return logits_to_probs(
+        logits, torch.tensor([params.temperature]), torch.tensor([params.top_k]), torch.tensor([params.top_p])
+    )[0, 0]
 
 
 def _check_next_draft(drafter, model, rows, k):
@@ -139,7 +141,9 @@ def _check_next_draft(drafter, model, rows, k):
         elif row.params.greedy:
             assert draft.tokens[b][0] == int(_fresh_logits(model, row.tokens).argmax())
         else:
-            torch.testing.assert_close(draft.probs[b, 0], _fresh_probs(model, row.tokens, row.params), atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                draft.probs[b, 0], _fresh_probs(model, row.tokens, row.params), atol=2e-5, rtol=1e-4
+            )
     return draft
 
 
@@ -216,6 +220,7 @@ def test_draft_batch_rows_with_different_k_and_acceptance(draft_model):
 
 def test_draft_sampling_is_seeded_by_position(draft_model):
     """The same row (seed, position) drafts the same tokens whatever batch it is in."""
+
     def row(tokens, seed):
         return Row(tokens, SamplingParams(temperature=1.0, seed=seed), seed=seed)
 

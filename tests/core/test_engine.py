@@ -8,6 +8,7 @@
   return_errors, should_stop) and proxies the decoder's attributes;
 - stop() lets in-flight requests finish, then refuses new ones.
 """
+
 from __future__ import annotations
 
 import queue
@@ -37,9 +38,9 @@ def refs(tiny_target, hf_greedy):
 @pytest.fixture(scope="module", params=["none", "ngram", "model", "head"])
 def decoder(request, tiny_decoder, tiny_draft, tiny_target):
     if request.param == "head":  # a learned head: rows joining mid-batch hand it their prompts' hidden states
-        from spec_batch.core.head import head_for_target
-
         import torch
+
+        from spec_batch.core.head import head_for_target
 
         torch.manual_seed(0)
         return tiny_decoder(head_for_target(tiny_target, torch.arange(0, 64, 2), "tiny"), adaptive=False)
@@ -151,9 +152,15 @@ def test_as_decoder_has_generates_signature(engine, decoder, refs):
     assert dec.tokenizer is decoder.tokenizer and dec.target_name == decoder.target_name
     got = {}
     too_long = SamplingParams(max_new_tokens=10**6)
-    results = dec.generate(PROMPTS[:2] + [PROMPTS[2]], [GREEDY, GREEDY, too_long], batch_size=2,
-                           return_errors=True, on_result=lambda i, r: got.setdefault(i, r), should_stop=None,
-                           memory=None)
+    results = dec.generate(
+        PROMPTS[:2] + [PROMPTS[2]],
+        [GREEDY, GREEDY, too_long],
+        batch_size=2,
+        return_errors=True,
+        on_result=lambda i, r: got.setdefault(i, r),
+        should_stop=None,
+        memory=None,
+    )
     assert [r.token_ids for r in results[:2]] == refs[:2]
     assert results[2].finish_reason == "error" and "context" in results[2].error
     assert sorted(got) == [0, 1, 2]
@@ -176,7 +183,9 @@ def test_stop_finishes_in_flight_then_refuses(decoder, refs):
 
 
 def test_seeded_sampling_equals_decoder(engine, decoder):
-    params = [SamplingParams(max_new_tokens=N_NEW, temperature=0.9, top_p=0.9, seed=11 + i) for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(max_new_tokens=N_NEW, temperature=0.9, top_p=0.9, seed=11 + i) for i in range(len(PROMPTS))
+    ]
     alone = decoder.generate(PROMPTS, params, batch_size=2)
     shared = engine.generate(PROMPTS, params, batch_size=4)
     assert [r.token_ids for r in shared] == [r.token_ids for r in alone]

@@ -1,4 +1,5 @@
 """response_format parsing, compiled-grammar caching, per-row matcher states and logit masks (no models)."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import torch
 
 from spec_batch.core.grammar import (
     GrammarEngine,
-    GrammarState,
     apply_bitmask,
     grammar_engine,
     mask_logits,
@@ -161,7 +161,7 @@ def test_one_engine_per_tokenizer(byte_tokenizer):
 
 def test_masks_follow_the_grammar_and_eos_only_where_it_accepts(engine, byte_tokenizer):
     state = engine.state(FORMS[3])  # yes | ye | no
-    yes, ye, no, y, e, s = (ids(byte_tokenizer, w)[0] for w in ("yes", "ye", "no", "y", "e", "s"))
+    yes, ye, no, _y, _e, s = (ids(byte_tokenizer, w)[0] for w in ("yes", "ye", "no", "y", "e", "s"))
     first = allowed(state.mask())
     assert {yes, ye, no} <= first and EOS not in first
     assert state.speculate([ye]) == 1
@@ -229,8 +229,16 @@ def test_a_speculative_eos_ends_the_run(engine, byte_tokenizer):
 
 
 def test_forced_tokens_are_the_chains_of_single_allowed_tokens(engine, byte_tokenizer):
-    form = {"type": "json_schema", "json_schema": {"name": "p", "schema": {**PERSON, "properties": {
-        "name": {"type": "string", "enum": ["abc"]}, "age": {"type": "integer"}}}}}
+    form = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "p",
+            "schema": {
+                **PERSON,
+                "properties": {"name": {"type": "string", "enum": ["abc"]}, "age": {"type": "integer"}},
+            },
+        },
+    }
     state = engine.state(form)
     chain = state.forced(limit=100)
     assert byte_tokenizer.decode(chain) == '{"name": "abc", "age": '
@@ -262,7 +270,9 @@ def _reference_allowed(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))])
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_apply_bitmask_sets_minus_inf_exactly_where_forbidden(device, dtype):
     gen = torch.Generator().manual_seed(0)
@@ -304,12 +314,15 @@ def test_forced_tokens_on_the_real_tokenizer_are_its_own_tokenization(default_de
 # ---------------------------------------------------------------- grammars that match nothing
 
 
-@pytest.mark.parametrize("fmt, field", [
-    ({"type": "regex", "pattern": "[a&&b]"}, "response_format.pattern"),
-    ({"type": "regex", "pattern": r"[^\s\S]"}, "response_format.pattern"),
-    ({"type": "regex", "pattern": r"ab[^\s\S]"}, "response_format.pattern"),
-    ({"type": "lark", "grammar": "start: /[a&&b]/"}, "response_format.grammar"),
-])
+@pytest.mark.parametrize(
+    "fmt, field",
+    [
+        ({"type": "regex", "pattern": "[a&&b]"}, "response_format.pattern"),
+        ({"type": "regex", "pattern": r"[^\s\S]"}, "response_format.pattern"),
+        ({"type": "regex", "pattern": r"ab[^\s\S]"}, "response_format.pattern"),
+        ({"type": "lark", "grammar": "start: /[a&&b]/"}, "response_format.grammar"),
+    ],
+)
 def test_a_grammar_that_matches_nothing_is_refused_without_a_tokenizer(fmt, field):
     """validate_grammar alone accepts these: a matcher over single bytes sees that nothing, not even EOS, is allowed."""
     with pytest.raises(InvalidParameterError, match=f"{field} matches no string at all"):

@@ -7,6 +7,7 @@
 - every output of a schema-constrained job parses and validates against its schema;
 - forced tokens: drafted with certainty (counted in stats.forced_tokens), never by the `none` drafter.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,17 +44,29 @@ FORMATS = {
     "regex": {"type": "regex", "pattern": "(ab|c)+-[0-9]{1,3}"},
     "choice": {"type": "choice", "choices": ["yes", "ye", "no", "abc", "ab"]},
 }
-PROMPTS = [[9, 10, 11, 12, 9, 10, 11], [45, 56, 46], [20, 21, 22, 23, 24, 20, 21, 22], [57], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]]
+PROMPTS = [
+    [9, 10, 11, 12, 9, 10, 11],
+    [45, 56, 46],
+    [20, 21, 22, 23, 24, 20, 21, 22],
+    [57],
+    [1, 2, 3, 4, 5, 6, 7, 8, 1, 2],
+]
 N_NEW = 40
 
 
 @pytest.fixture(scope="module")
 def decoders(tiny_target, tiny_draft, byte_tokenizer):
     def make(draft, **kw):
-        return build_decoder(tiny_target, byte_tokenizer, target_name="tiny", draft=draft, device=CPU,
-                             num_draft_tokens=4, **kw)
+        return build_decoder(
+            tiny_target, byte_tokenizer, target_name="tiny", draft=draft, device=CPU, num_draft_tokens=4, **kw
+        )
 
-    out = {"none": make("none"), "ngram": make("ngram"), "model": make(tiny_draft), "model-fixed": make(tiny_draft, adaptive=False)}
+    out = {
+        "none": make("none"),
+        "ngram": make("ngram"),
+        "model": make(tiny_draft),
+        "model-fixed": make(tiny_draft, adaptive=False),
+    }
     if "suffix" in DRAFTERS_WITHOUT_MODEL:
         out["suffix"] = make("suffix")
     return out
@@ -77,17 +90,25 @@ def hf_constrained_greedy(model, tokenizer, ids: list[int], max_new: int, respon
     engine = grammar_engine(tokenizer, [EOS])
     x = torch.tensor([ids])
     with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=EOS, pad_token_id=EOS,
-                             logits_processor=LogitsProcessorList([GrammarMask(engine, response_format, len(ids))]))
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+            logits_processor=LogitsProcessorList([GrammarMask(engine, response_format, len(ids))]),
+        )
     out = out[0, len(ids) :].tolist()
     return out[: out.index(EOS)] if EOS in out else out
 
 
 @pytest.fixture(scope="module")
 def greedy_refs(tiny_target, byte_tokenizer):
-    return {name: [hf_constrained_greedy(tiny_target, byte_tokenizer, p, N_NEW, fmt) for p in PROMPTS]
-            for name, fmt in FORMATS.items()}
+    return {
+        name: [hf_constrained_greedy(tiny_target, byte_tokenizer, p, N_NEW, fmt) for p in PROMPTS]
+        for name, fmt in FORMATS.items()
+    }
 
 
 # ---------------------------------------------------------------- greedy: the oracle
@@ -127,9 +148,18 @@ def test_unconstrained_rows_in_a_constrained_batch_are_unchanged(decoders, tiny_
 
 
 def test_forced_chains_ride_in_one_step(decoders, byte_tokenizer):
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"name": {"enum": ["abc"]}, "age": {"enum": [7]}},
-        "required": ["name", "age"], "additionalProperties": False}}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "x",
+            "schema": {
+                "type": "object",
+                "properties": {"name": {"enum": ["abc"]}, "age": {"enum": [7]}},
+                "required": ["name", "age"],
+                "additionalProperties": False,
+            },
+        },
+    }
     expected = '{"name": "abc", "age": 7}'
     for name, dec in decoders.items():
         res = dec.generate([PROMPTS[0]], SamplingParams(max_new_tokens=N_NEW, response_format=fmt))[0]
@@ -156,7 +186,9 @@ def test_max_tokens_mid_structure_cut_the_text(decoders):
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "top_p": 0.95}])
 def test_every_output_of_a_schema_job_validates(decoders, drafter, sampling):
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
-    params = [SamplingParams(max_new_tokens=80, seed=i, response_format=FORMATS["schema"], **sampling) for i in range(16)]
+    params = [
+        SamplingParams(max_new_tokens=80, seed=i, response_format=FORMATS["schema"], **sampling) for i in range(16)
+    ]
     results = decoders[drafter].generate(prompts, params, batch_size=8)
     for res in results:
         assert res.finish_reason == "stop", res.text
@@ -171,9 +203,13 @@ def test_stream_under_a_grammar_concatenates_to_generate(decoders):
     assert chunks[-1].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("eos, why", [(None, "needs a model with an EOS token"), (63, "fast (tokenizers-backed) tokenizer")])
+@pytest.mark.parametrize(
+    "eos, why", [(None, "needs a model with an EOS token"), (63, "fast (tokenizers-backed) tokenizer")]
+)
 def test_a_grammar_the_tokenizer_cannot_take_fails_that_request_only(tiny_target, fake_tokenizer_cls, eos, why):
-    dec = build_decoder(tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft="ngram", device=CPU)
+    dec = build_decoder(
+        tiny_target, fake_tokenizer_cls(eos_token_id=eos), target_name="tiny", draft="ngram", device=CPU
+    )
     params = [SamplingParams(max_new_tokens=4), SamplingParams(max_new_tokens=4, response_format=FORMATS["choice"])]
     ok, bad = dec.generate([PROMPTS[0], PROMPTS[1]], params, return_errors=True)
     assert ok.finish_reason == "length"
@@ -218,11 +254,14 @@ def exact_paths(model, tokenizer, prompt, response_format, temperature, top_k, t
     return out
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=6, top_p=0.9)], ids=["t1", "t0.8-k6-p0.9"])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=1.0), dict(temperature=0.8, top_k=6, top_p=0.9)], ids=["t1", "t0.8-k6-p0.9"]
+)
 def test_sampled_choices_follow_the_masked_distribution(sharp_pair, byte_tokenizer, kw):
     target, draft_model = sharp_pair
-    dec = build_decoder(target, byte_tokenizer, target_name="sharp", draft=draft_model, device=CPU,
-                        num_draft_tokens=4, adaptive=False)
+    dec = build_decoder(
+        target, byte_tokenizer, target_name="sharp", draft=draft_model, device=CPU, num_draft_tokens=4, adaptive=False
+    )
     prompt = [45, 56, 46, 5]
     params = [SamplingParams(max_new_tokens=8, seed=50_000 + i, response_format=CHOICE, **kw) for i in range(N_SAMPLES)]
     results = dec.generate([prompt] * N_SAMPLES, params, batch_size=128)
@@ -230,7 +269,9 @@ def test_sampled_choices_follow_the_masked_distribution(sharp_pair, byte_tokeniz
     for r in results:
         assert r.finish_reason == "stop"
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    exact = exact_paths(target, byte_tokenizer, prompt, CHOICE, kw["temperature"], kw.get("top_k", 0), kw.get("top_p", 1.0))
+    exact = exact_paths(
+        target, byte_tokenizer, prompt, CHOICE, kw["temperature"], kw.get("top_k", 0), kw.get("top_p", 1.0)
+    )
     assert abs(sum(exact.values()) - 1) < 1e-4
     assert not set(counts) - set(exact), "paths the constrained target gives probability 0"
     assert len([p for p in exact.values() if p * N_SAMPLES >= 5]) >= 4, "too few likely paths to test anything"
@@ -275,9 +316,15 @@ def test_default_model_greedy_constrained_equals_hf_and_validates(default_decode
     for ids, res in zip(prompts, results):
         x = torch.tensor([ids])
         with torch.inference_mode():
-            out = dec.target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=60, do_sample=False,
-                                      eos_token_id=sorted(dec.eos_ids), pad_token_id=sorted(dec.eos_ids)[0],
-                                      logits_processor=LogitsProcessorList([GrammarMask(engine, fmt, len(ids))]))
+            out = dec.target.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=60,
+                do_sample=False,
+                eos_token_id=sorted(dec.eos_ids),
+                pad_token_id=sorted(dec.eos_ids)[0],
+                logits_processor=LogitsProcessorList([GrammarMask(engine, fmt, len(ids))]),
+            )
         ref = [t for t in out[0, len(ids) :].tolist() if t not in dec.eos_ids]
         assert res.token_ids == ref, (res.text, dec.tokenizer.decode(ref))
         assert res.finish_reason == "stop"

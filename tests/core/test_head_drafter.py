@@ -2,10 +2,12 @@
 target's (greedy token for token against `none` and Hugging Face at batch 1 and 8, sampling by chi-square with the
 head's own reduced-vocabulary distributions, under a grammar too), its cache rolls back with the target's, and
 a head made for another target is refused."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from test_decoder import N_NEW, PROMPTS, _chisquare, _exact_sequence_probs, check_stats
 
 from spec_batch import SamplingParams
 from spec_batch.core.head import EagleHead, HeadConfig, head_for_target, init_from_target, round_to_storage
@@ -14,7 +16,6 @@ from spec_batch.errors import IncompatibleModelsError
 from spec_batch.loading import build_decoder
 from spec_batch.loading.heads import load_head, save_head
 from spec_batch.loading.quant_linear import Int8Linear
-from test_decoder import N_NEW, PROMPTS, _chisquare, _exact_sequence_probs, check_stats
 
 CPU = torch.device("cpu")
 
@@ -35,11 +36,16 @@ def head_decoders(tiny_target, fake_tokenizer):
     head = random_head(tiny_target, 48)
 
     def make(**kw):
-        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU,
-                             num_draft_tokens=4, **kw)
+        return build_decoder(
+            tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4, **kw
+        )
 
-    return {"head": make(), "head-fixed": make(adaptive=False), "head-full": make(draft_weights="full"),
-            "none": make().without_speculation()}
+    return {
+        "head": make(),
+        "head-fixed": make(adaptive=False),
+        "head-full": make(draft_weights="full"),
+        "none": make().without_speculation(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +74,16 @@ def test_every_draft_reads_exactly_the_accepted_states(tiny_target, fake_tokeniz
     (or accepted) draft survives a step. Batch 3 with rows joining and leaving, a 1-token prompt (no state until
     its first step) among them; sampled rows (greedy rows draft argmaxes and carry no distributions)."""
     head = random_head(tiny_target, 32, seed=5)
-    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
-                        adaptive=False, draft_weights=weights)
+    dec = build_decoder(
+        tiny_target,
+        fake_tokenizer,
+        target_name="tiny",
+        draft=head,
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+        draft_weights=weights,
+    )
     seen: list[tuple[list[int], torch.Tensor]] = []
     drafting: list[EagleHead] = []
     real = HeadDrafter.propose
@@ -82,8 +96,11 @@ def test_every_draft_reads_exactly_the_accepted_states(tiny_target, fake_tokeniz
 
     HeadDrafter.propose = spy
     try:
-        dec.generate(PROMPTS, [SamplingParams(max_new_tokens=10, temperature=1.0, seed=i) for i in range(len(PROMPTS))],
-                     batch_size=3)
+        dec.generate(
+            PROMPTS,
+            [SamplingParams(max_new_tokens=10, temperature=1.0, seed=i) for i in range(len(PROMPTS))],
+            batch_size=3,
+        )
     finally:
         HeadDrafter.propose = real
     assert len(seen) > 10
@@ -103,8 +120,16 @@ def test_greedy_rows_draft_the_heads_argmax_without_distributions(tiny_target, f
     """A batch of greedy rows without bias, penalties or grammar drafts the head's argmax over its own vocabulary,
     mapped to the target's ids, and carries no distributions (the verifier compares argmaxes)."""
     head = random_head(tiny_target, 32, seed=5)
-    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=1,
-                        adaptive=False, draft_weights="full")
+    dec = build_decoder(
+        tiny_target,
+        fake_tokenizer,
+        target_name="tiny",
+        draft=head,
+        device=CPU,
+        num_draft_tokens=1,
+        adaptive=False,
+        draft_weights="full",
+    )
     seen: list[tuple[list[int], int, torch.Tensor | None]] = []
     real = HeadDrafter.propose
 
@@ -140,15 +165,18 @@ def test_sampled_sequences_follow_the_target_distribution(sharp_target, fake_tok
     head = random_head(sharp_target, 6, seed=1, name="sharp")
     with torch.no_grad():
         head.lm_head.weight.mul_(3.0)  # a confident head: drafts that are often wrong
-    dec = build_decoder(sharp_target, fake_tokenizer, target_name="sharp", draft=head, device=CPU, num_draft_tokens=3,
-                        adaptive=False)
+    dec = build_decoder(
+        sharp_target, fake_tokenizer, target_name="sharp", draft=head, device=CPU, num_draft_tokens=3, adaptive=False
+    )
     prompt, n, n_tokens = [1, 2, 3], 3000, 3
     params = [SamplingParams(max_new_tokens=n_tokens, seed=20_000 + i, **kw) for i in range(n)]
     results = dec.generate([prompt] * n, params, batch_size=256)
     counts: dict[tuple[int, ...], int] = {}
     for r in results:
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    exact = _exact_sequence_probs(sharp_target, prompt, n_tokens, kw["temperature"], kw.get("top_k", 0), kw.get("top_p", 1.0))
+    exact = _exact_sequence_probs(
+        sharp_target, prompt, n_tokens, kw["temperature"], kw.get("top_k", 0), kw.get("top_p", 1.0)
+    )
     assert not {s for s in counts if exact[s] == 0}
     assert _chisquare(counts, exact, n).pvalue > 1e-3
     drafted, accepted = sum(r.stats.draft_tokens for r in results), sum(r.stats.accepted_tokens for r in results)
@@ -172,7 +200,9 @@ def test_save_load_round_trip_and_refusal(tiny_target, tiny_llama, tmp_path, fak
         build_decoder(tiny_target, fake_tokenizer, target_name="other", draft=loaded, device=CPU)
 
 
-def test_a_trained_heads_lm_head_is_the_targets_rows_and_is_not_stored(tiny_target, fake_tokenizer, tmp_path, hf_greedy):
+def test_a_trained_heads_lm_head_is_the_targets_rows_and_is_not_stored(
+    tiny_target, fake_tokenizer, tmp_path, hf_greedy
+):
     """head_for_target's default: the target's LM head rows of the draft vocabulary, frozen, read from the target
     (rebuilt at the head's dtype), never saved; the saved head is the decoder layer and fc in bfloat16."""
     d2t = torch.arange(0, 64, 3)
@@ -204,8 +234,15 @@ def test_a_trained_heads_lm_head_is_the_targets_rows_and_is_not_stored(tiny_targ
 def test_greedy_constrained_equals_hf_with_the_mask(tiny_target, byte_tokenizer, batch_size):
     import test_grammar_decoding as g
 
-    dec = build_decoder(tiny_target, byte_tokenizer, target_name="tiny", draft=random_head(tiny_target, 40), device=CPU,
-                        num_draft_tokens=4, adaptive=False)
+    dec = build_decoder(
+        tiny_target,
+        byte_tokenizer,
+        target_name="tiny",
+        draft=random_head(tiny_target, 40),
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+    )
     prompts = [p for _ in g.FORMATS for p in g.PROMPTS]
     params = [SamplingParams(max_new_tokens=g.N_NEW, response_format=f) for f in g.FORMATS.values() for _ in g.PROMPTS]
     results = dec.generate(prompts, params, batch_size=batch_size)
@@ -219,10 +256,13 @@ def test_sampled_choices_follow_the_masked_distribution(tiny_llama, byte_tokeniz
 
     target = tiny_llama(21, vocab=64, layers=2, lm_head_scale=4.0)
     head = random_head(target, 48, seed=4)
-    dec = build_decoder(target, byte_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
-                        adaptive=False)
+    dec = build_decoder(
+        target, byte_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4, adaptive=False
+    )
     prompt, n = [45, 56, 46, 5], 2000
-    params = [SamplingParams(max_new_tokens=8, seed=70_000 + i, response_format=g.CHOICE, temperature=1.0) for i in range(n)]
+    params = [
+        SamplingParams(max_new_tokens=8, seed=70_000 + i, response_format=g.CHOICE, temperature=1.0) for i in range(n)
+    ]
     results = dec.generate([prompt] * n, params, batch_size=128)
     counts: dict[tuple[int, ...], int] = {}
     for r in results:
@@ -240,8 +280,16 @@ def test_sampled_choices_follow_the_masked_distribution(tiny_llama, byte_tokeniz
 def _hybrid(target, tokenizer, threshold: float = 0.5, **kw):
     from spec_batch.loading.heads import HybridHead
 
-    return build_decoder(target, tokenizer, target_name="tiny", draft=HybridHead(random_head(target, 48), threshold),
-                         device=CPU, num_draft_tokens=4, adaptive=False, **kw)
+    return build_decoder(
+        target,
+        tokenizer,
+        target_name="tiny",
+        draft=HybridHead(random_head(target, 48), threshold),
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])
@@ -274,11 +322,21 @@ def test_hybrid_sampling_follows_the_target_distribution(sharp_target, fake_toke
     """Rows switch between one-hot suffix drafts and the head's distributions; sampled sequences stay exact."""
     from spec_batch.loading.heads import HybridHead
 
-    dec = build_decoder(sharp_target, fake_tokenizer, target_name="sharp", device=CPU, num_draft_tokens=3,
-                        draft=HybridHead(random_head(sharp_target, 6, seed=1, name="sharp"), 0.3), adaptive=False)
+    dec = build_decoder(
+        sharp_target,
+        fake_tokenizer,
+        target_name="sharp",
+        device=CPU,
+        num_draft_tokens=3,
+        draft=HybridHead(random_head(sharp_target, 6, seed=1, name="sharp"), 0.3),
+        adaptive=False,
+    )
     prompt, n = [1, 2, 3, 1, 2, 3, 1, 2], 3000
-    results = dec.generate([prompt] * n, [SamplingParams(max_new_tokens=3, seed=30_000 + i, temperature=1.0)
-                                          for i in range(n)], batch_size=256)
+    results = dec.generate(
+        [prompt] * n,
+        [SamplingParams(max_new_tokens=3, seed=30_000 + i, temperature=1.0) for i in range(n)],
+        batch_size=256,
+    )
     counts: dict[tuple[int, ...], int] = {}
     for r in results:
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
@@ -290,8 +348,16 @@ def test_hybrid_sampling_follows_the_target_distribution(sharp_target, fake_toke
 @pytest.mark.parametrize("width", [2, 3])
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_greedy_tree_equals_none_and_hf(tiny_target, fake_tokenizer, head_decoders, greedy_refs, width, batch_size):
-    decoder = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=random_head(tiny_target, 48),
-                            device=CPU, num_draft_tokens=4, adaptive=False, tree_width=width)
+    decoder = build_decoder(
+        tiny_target,
+        fake_tokenizer,
+        target_name="tiny",
+        draft=random_head(tiny_target, 48),
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+        tree_width=width,
+    )
     decoder.policy.tree_batch = batch_size
     params = SamplingParams(max_new_tokens=N_NEW)
     results = decoder.generate(PROMPTS * 2, params, batch_size=batch_size)

@@ -1,6 +1,7 @@
 """EAGLE-3's training-time test (core/head_train.ttt_passes): pass j must compute exactly what drafting computes at
 depth j + 1, where the head's cache holds the real entries up to the chain's start and the chain's own entries,
 so that what the head is trained on is what it drafts with."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,17 @@ from spec_batch.core.head_train import TTT_STEPS, _PassCache, _ttt_mask, ttt_pas
 
 def _eagle3_head(seed: int = 0) -> EagleHead:
     torch.manual_seed(seed)
-    config = HeadConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-                        vocab_size=64, draft_vocab_size=64, layout="eagle3", final_norm=True, target_layers=[0, 1, 2])
+    config = HeadConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        draft_vocab_size=64,
+        layout="eagle3",
+        final_norm=True,
+        target_layers=[0, 1, 2],
+    )
     return EagleHead(config, nn.Embedding(64, 32)).eval()
 
 
@@ -44,8 +54,14 @@ def test_passes_equal_drafting_through_the_cache():
             state = out.features[:, -1:]
             for depth in range(1, TTT_STEPS):
                 u = start + depth
-                out = head(ids[:, u : u + 1], state, attention_mask=torch.ones(1, u + 1, dtype=torch.long),
-                           position_ids=torch.tensor([[u]]), past_key_values=cache, raw=False)
+                out = head(
+                    ids[:, u : u + 1],
+                    state,
+                    attention_mask=torch.ones(1, u + 1, dtype=torch.long),
+                    position_ids=torch.tensor([[u]]),
+                    past_key_values=cache,
+                    raw=False,
+                )
                 torch.testing.assert_close(out.logits[0, 0], passes[depth].logits[0, u], rtol=1e-4, atol=1e-5)
                 state = out.features
 

@@ -1,4 +1,5 @@
 """generate()'s inputs: one SamplingParams per prompt; prompt ids checked against the vocabulary and context."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,15 @@ def test_params_list():
 
 
 def _ids(prompt, max_new_tokens=4, tokenizer=None, index=7):
-    return prompt_ids(prompt, SamplingParams(max_new_tokens=max_new_tokens), index, tokenizer=tokenizer,
-                      vocab_size=64, max_context=16, model_name="tiny")
+    return prompt_ids(
+        prompt,
+        SamplingParams(max_new_tokens=max_new_tokens),
+        index,
+        tokenizer=tokenizer,
+        vocab_size=64,
+        max_context=16,
+        model_name="tiny",
+    )
 
 
 def test_prompt_ids(fake_tokenizer):
@@ -34,8 +42,11 @@ def test_prompt_ids(fake_tokenizer):
         ([], InvalidParameterError, "prompt 7 is empty"),
         ([True], InvalidParameterError, "prompt 7: expected a string or a list of token ids, got list"),
         (None, InvalidParameterError, "got NoneType"),
-        ([1] * 13, PromptTooLongError, "prompt 7 has 13 tokens; with max_new_tokens=4 it needs 17 positions but 'tiny' "
-                                       "has a context of 16"),
+        (
+            [1] * 13,
+            PromptTooLongError,
+            "prompt 7 has 13 tokens; with max_new_tokens=4 it needs 17 positions but 'tiny' has a context of 16",
+        ),
     ],
 )
 def test_prompt_errors_name_the_prompt(prompt, error, message):

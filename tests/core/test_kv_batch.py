@@ -1,5 +1,6 @@
 """KVBatch: rows that advance by different amounts, rollback holes, compaction, row selection and extension
 all keep each row's logits equal to a fresh, unbatched forward over the row's valid tokens."""
+
 from __future__ import annotations
 
 import pytest

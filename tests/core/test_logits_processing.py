@@ -6,6 +6,7 @@ with the same parameters must give its tokens exactly, at batch 1 and 8; seeded 
 sampled sequences must follow the penalized distribution (chi-square). Logprobs under speculation equal plain
 decoding's and a teacher-forced forward's.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -60,8 +61,12 @@ def naive_decode(model, prompt: list[int], params: SamplingParams, seed: int | N
         if params.greedy:
             output.append(int(shaped.argmax()))
             continue
-        probs = logits_to_probs(shaped.view(1, 1, -1), torch.tensor([params.temperature]),
-                                torch.tensor([params.top_k]), torch.tensor([params.top_p]))[0, 0]
+        probs = logits_to_probs(
+            shaped.view(1, 1, -1),
+            torch.tensor([params.temperature]),
+            torch.tensor([params.top_k]),
+            torch.tensor([params.top_p]),
+        )[0, 0]
         output.append(int(sample_from(probs, exponential_noise(seed, pos, STREAM_TARGET, probs.shape[-1], CPU))))
     return output
 
@@ -81,12 +86,24 @@ def decoders(tiny_decoder, tiny_draft, tiny_target):
 # ---------------------------------------------------------------- the parameters
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(frequency_penalty=float("nan")), dict(presence_penalty="1"), dict(presence_penalty=float("inf")),
-    dict(logit_bias={-1: 1.0}), dict(logit_bias={"x": 1.0}), dict(logit_bias={1: float("nan")}),
-    dict(logit_bias=[1, 2]), dict(logit_bias={True: 1.0}), dict(logprobs=1), dict(top_logprobs=-1),
-    dict(top_logprobs=3), dict(logprobs=True, top_logprobs=1.5), dict(logprobs=True, top_logprobs=10**6),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(frequency_penalty=float("nan")),
+        dict(presence_penalty="1"),
+        dict(presence_penalty=float("inf")),
+        dict(logit_bias={-1: 1.0}),
+        dict(logit_bias={"x": 1.0}),
+        dict(logit_bias={1: float("nan")}),
+        dict(logit_bias=[1, 2]),
+        dict(logit_bias={True: 1.0}),
+        dict(logprobs=1),
+        dict(top_logprobs=-1),
+        dict(top_logprobs=3),
+        dict(logprobs=True, top_logprobs=1.5),
+        dict(logprobs=True, top_logprobs=10**6),
+    ],
+)
 def test_nonsense_is_rejected(kwargs):
     with pytest.raises(InvalidParameterError):
         SamplingParams(**kwargs)
@@ -138,8 +155,10 @@ def test_no_parameters_no_copy():
 
 @pytest.fixture(scope="module")
 def naive_refs(tiny_target):
-    return {i: [naive_decode(tiny_target, p, SamplingParams(max_new_tokens=N_NEW, **kw)) for p in PROMPTS]
-            for i, kw in enumerate(PENALTIES)}
+    return {
+        i: [naive_decode(tiny_target, p, SamplingParams(max_new_tokens=N_NEW, **kw)) for p in PROMPTS]
+        for i, kw in enumerate(PENALTIES)
+    }
 
 
 @pytest.mark.parametrize("name", ["none", "ngram", "ngram-fixed", "suffix-fixed", "model-fixed", "self"])
@@ -197,11 +216,19 @@ def test_sampled_sequences_follow_the_penalized_distribution(tiny_llama, fake_to
     target = tiny_llama(11, vocab=V_SMALL, layers=2, lm_head_scale=10.0)
     draft = tiny_llama(12, vocab=V_SMALL, layers=1, lm_head_scale=10.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    dec = build_decoder(target, fake_tokenizer, target_name="sharp", draft=draft if drafter == "model" else drafter,
-                        device=CPU, num_draft_tokens=4, adaptive=False)
+    dec = build_decoder(
+        target,
+        fake_tokenizer,
+        target_name="sharp",
+        draft=draft if drafter == "model" else drafter,
+        device=CPU,
+        num_draft_tokens=4,
+        adaptive=False,
+    )
     kw = dict(max_new_tokens=3, temperature=1.0, frequency_penalty=1.5, presence_penalty=0.5, logit_bias={3: 1.0})
-    results = dec.generate([prompt] * N_SAMPLES, [SamplingParams(seed=50_000 + i, **kw) for i in range(N_SAMPLES)],
-                           batch_size=256)
+    results = dec.generate(
+        [prompt] * N_SAMPLES, [SamplingParams(seed=50_000 + i, **kw) for i in range(N_SAMPLES)], batch_size=256
+    )
     counts = Counter(tuple(r.token_ids) for r in results)
     exact = _exact_probs(target, prompt, 3, SamplingParams(**kw))
     big = [s for s, p in exact.items() if p * N_SAMPLES >= 5]
@@ -227,13 +254,21 @@ GRAMMAR_FORMATS = [
 def test_penalties_under_a_grammar_equal_plain_decoding(tiny_target, tiny_draft, byte_tokenizer, fmt):
     """Bias and penalties shape the logits, then the mask forbids: a boosted forbidden token stays forbidden, and
     forced tokens stay certain (logprob 0). Speculative output == plain decoding's, and it matches the grammar."""
+
     def make(draft, **kw):
-        return build_decoder(tiny_target, byte_tokenizer, target_name="tiny", draft=draft, device=CPU,
-                             num_draft_tokens=4, **kw)
+        return build_decoder(
+            tiny_target, byte_tokenizer, target_name="tiny", draft=draft, device=CPU, num_draft_tokens=4, **kw
+        )
 
     boosted = byte_tokenizer.encode("z")[0]  # never allowed by either format's start
-    params = SamplingParams(max_new_tokens=30, response_format=fmt, frequency_penalty=0.8, presence_penalty=0.3,
-                            logit_bias={boosted: 50.0}, logprobs=True)
+    params = SamplingParams(
+        max_new_tokens=30,
+        response_format=fmt,
+        frequency_penalty=0.8,
+        presence_penalty=0.3,
+        logit_bias={boosted: 50.0},
+        logprobs=True,
+    )
     prompts = [[9, 10, 11, 12, 9, 10, 11], [45, 56, 46], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]]
     plain = make("none").generate(prompts, params, batch_size=8)
     for draft in ("ngram", tiny_draft):

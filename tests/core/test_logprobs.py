@@ -3,13 +3,14 @@
 Under speculation they equal plain decoding's (to float rounding: the forward runs at another width), and a
 teacher-forced forward over prompt + output with the same bias and penalties gives the same numbers.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from test_logits_processing import PENALTIES, PROMPTS, _naive_shaped
 
 from spec_batch import SamplingParams, TokenLogprob
-from test_logits_processing import PENALTIES, PROMPTS, _naive_shaped
 
 N_NEW = 20
 TOL = 1e-4
@@ -42,8 +43,10 @@ def teacher_forced(model, prompt: list[int], output: list[int], params: Sampling
     """One forward over prompt + output; each output token's log-probability after bias and penalties."""
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + output])).logits[0]
-    return [float(_naive_shaped(logits[len(prompt) - 1 + j], params, output[:j]).log_softmax(-1)[t])
-            for j, t in enumerate(output)]
+    return [
+        float(_naive_shaped(logits[len(prompt) - 1 + j], params, output[:j]).log_softmax(-1)[t])
+        for j, t in enumerate(output)
+    ]
 
 
 @pytest.mark.parametrize("kw", [{}, PENALTIES[0], PENALTIES[3]], ids=["plain", "penalties", "cycle"])

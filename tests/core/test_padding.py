@@ -1,4 +1,5 @@
 """The real-positions hint a forward publishes for layers that can skip padding (core/padding.py)."""
+
 from __future__ import annotations
 
 import threading

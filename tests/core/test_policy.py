@@ -1,4 +1,5 @@
 """The draft-length policy: the expected-tokens formula, cost estimates, and the choices they lead to."""
+
 from __future__ import annotations
 
 import math
@@ -251,6 +252,7 @@ def _quiet(ks: list[int]) -> float:
 def test_a_busy_spell_does_not_lock_a_free_drafter_off(ragged, batch):
     """Issue 23 item 9: noisy step costs (a busy spell that hit the drafted steps hardest) switch drafting off; once
     the machine is quiet again the policy must draft again. Without probes the stale costs lock it off for good."""
+
     def cost(t: int, ks: list[int]) -> float:
         if 5 <= t < 120:  # other processes share the CPU: every step slower, drafted ones much more
             return _quiet(ks) * (rng.uniform(2.0, 8.0) if any(ks) else rng.uniform(1.0, 1.5))
@@ -383,6 +385,7 @@ def test_a_width_measured_in_a_slow_moment_is_measured_again(ragged):
     width 3 was measured once at 3.0 (a slow moment). A width's cost is only measured where it is drafted, so
     without exploration the policy never drafts 2 or more again; drafting one token more every explore_every-th
     step re-measures it, and the policy climbs to long drafts."""
+
     def cost(_t: int, ks: list[int]) -> float:
         return 1.0 + 0.01 * max(ks)
 

@@ -1,5 +1,6 @@
 """A request in flight: a step's tokens join it and stop exactly at EOS, a stop string or max_new_tokens; the
 statistics of a step; cancelling keeps what was produced."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,16 @@ PROMPT = [1, 2, 3]
 
 def _row(tokenizer, max_new_tokens: int = 10, stop=(), eos=frozenset()) -> Row:
     params = SamplingParams(max_new_tokens=max_new_tokens, stop=list(stop))
-    return Row(index=4, prompt_len=len(PROMPT), tokens=list(PROMPT), params=params, seed=0,
-               text=OutputText(tokenizer, params.stop, eos), acceptance=RowAcceptance(),
-               stats=RequestStats(prompt_tokens=len(PROMPT)))
+    return Row(
+        index=4,
+        prompt_len=len(PROMPT),
+        tokens=list(PROMPT),
+        params=params,
+        seed=0,
+        text=OutputText(tokenizer, params.stop, eos),
+        acceptance=RowAcceptance(),
+        stats=RequestStats(prompt_tokens=len(PROMPT)),
+    )
 
 
 def test_append_until_the_budget(fake_tokenizer):
@@ -46,7 +54,12 @@ def test_stop_string_keeps_the_fewest_tokens(fake_tokenizer):
     row = _row(fake_tokenizer, stop=["11 12"])
     assert row.append([10, 11]) == [10, 11] and not row.finished
     assert row.append([12, 13, 14]) == [12]  # 13 and 14 came in the same step but after the stop string
-    assert (row.finish_reason, row.output_ids, row.text.text, row.stats.output_tokens) == ("stop", [10, 11, 12], "10 ", 3)
+    assert (row.finish_reason, row.output_ids, row.text.text, row.stats.output_tokens) == (
+        "stop",
+        [10, 11, 12],
+        "10 ",
+        3,
+    )
 
 
 def test_cancel_keeps_what_was_produced(fake_tokenizer):

@@ -1,4 +1,5 @@
 """SamplingParams validation, logits -> probabilities against Hugging Face's warpers, seeded randomness."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,6 @@ import torch
 from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from spec_batch.errors import InvalidParameterError
 from spec_batch.core.params import SamplingParams, fresh_seed
 from spec_batch.core.sampling import (
     STREAM_ACCEPT,
@@ -18,6 +18,7 @@ from spec_batch.core.sampling import (
     sample_from,
     sampling_tensors,
 )
+from spec_batch.errors import InvalidParameterError
 
 CPU = torch.device("cpu")
 

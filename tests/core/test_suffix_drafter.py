@@ -1,13 +1,14 @@
 """The suffix drafter: per-row drafts with confidences from a row's own tokens and from the job memory, and the
 job memory's token cap."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
 
-from spec_batch.core.params import SamplingParams
 from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.params import SamplingParams
 from spec_batch.core.suffix_drafter import SuffixDrafter
 
 

@@ -1,5 +1,6 @@
 """The suffix index against a brute-force oracle: counts, continuations, longest matches and drafts equal a
 naive scan of the sequences, through interleaved appends, closes and removals."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,7 +10,6 @@ from collections import Counter
 import pytest
 
 from spec_batch.core.suffix_index import SuffixIndex
-
 
 # ---------------------------------------------------------------- the oracle: naive scans
 
@@ -57,7 +57,9 @@ def check_against_oracle(index: SuffixIndex, seqs: dict[int, list[int]], alphabe
         context = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 2 * depth))]
         max_tokens, max_match = rng.randrange(1, 8), rng.randrange(1, depth + 1)
         factor, min_prob = rng.choice([0.5, 1.0, 3.0]), rng.choice([0.0, 0.1, 0.4])
-        got = index.draft(context, max_tokens=max_tokens, max_match=max_match, max_spec_factor=factor, min_token_prob=min_prob)
+        got = index.draft(
+            context, max_tokens=max_tokens, max_match=max_match, max_spec_factor=factor, min_token_prob=min_prob
+        )
         want = naive_draft(seqs, context, depth, max_tokens, max_match, factor, min_prob)
         assert (got.match_len, got.tokens, got.probs) == want, context
 
@@ -70,7 +72,7 @@ def test_interleaved_appends_closes_and_removals_match_a_naive_scan(seed):
     seqs: dict[int, list[int]] = {}
     open_ids: list[int] = []
     next_id = 0
-    for round_ in range(12):
+    for _ in range(12):
         action = rng.random()
         if action < 0.25 or not open_ids:
             open_ids.append(next_id)

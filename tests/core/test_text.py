@@ -1,6 +1,7 @@
 """Output text: incremental detokenization equals the full decode (byte-level BPE, sentencepiece with byte
 fallback, the real default tokenizer), stop strings cut at the earliest one with the fewest tokens, EOS, and
 the text held back while streaming."""
+
 from __future__ import annotations
 
 import random
@@ -25,7 +26,9 @@ def byte_bpe() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
@@ -35,9 +38,13 @@ def sentencepiece_like() -> PreTrainedTokenizerFast:
     """Llama 2 style: "▁" for spaces, byte-fallback tokens <0xNN>, one leading space stripped when decoding."""
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     specials = ["<unk>", "<eos>"] + [f"<0x{i:02X}>" for i in range(256)]
-    tok.train_from_iterator([c.replace("日本語", "") for c in CORPUS], trainers.BpeTrainer(vocab_size=400, special_tokens=specials))
+    tok.train_from_iterator(
+        [c.replace("日本語", "") for c in CORPUS], trainers.BpeTrainer(vocab_size=400, special_tokens=specials)
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
 
 
@@ -230,7 +237,11 @@ def test_default_model_text_equals_full_decode(default_decoder):
     tok = dec.tokenizer
     prompts = [
         dec.apply_chat_template([{"role": "user", "content": text}])
-        for text in ("Write the word 'café' in French and 'hello' in Japanese.", "Reply with three emoji.", "Count to five.")
+        for text in (
+            "Write the word 'café' in French and 'hello' in Japanese.",
+            "Reply with three emoji.",
+            "Count to five.",
+        )
     ]
     results = dec.generate(prompts, SamplingParams(max_new_tokens=40), batch_size=3)
     texts = [r.text for r in results]

@@ -1,11 +1,14 @@
 """Draft trees (core/tree.py): the layout helpers, a tree forward against a chain forward of the same path, and
 decoding with trees against the plain-decoding oracle."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 import torch
+from test_decoder import N_NEW, PROMPTS, check_stats
+from test_head_drafter import random_head
 
 from spec_batch import SamplingParams
 from spec_batch.core.calibration import FIRST_AFTER_MISS
@@ -13,10 +16,18 @@ from spec_batch.core.decoder import Decoder
 from spec_batch.core.drafters import Draft
 from spec_batch.core.head_drafter import HeadDrafter
 from spec_batch.core.kv_batch import KVBatch
-from spec_batch.core.tree import (TreeInput, ancestors, best_nodes, checked, depths, path_keep, path_logits, reaches,
-                                  subtree, walk)
-from test_decoder import N_NEW, PROMPTS, check_stats
-from test_head_drafter import random_head
+from spec_batch.core.tree import (
+    TreeInput,
+    ancestors,
+    best_nodes,
+    checked,
+    depths,
+    path_keep,
+    path_logits,
+    reaches,
+    subtree,
+    walk,
+)
 
 CPU = torch.device("cpu")
 
@@ -88,12 +99,15 @@ def test_a_tree_forward_gives_each_path_the_logits_and_cache_of_its_chain(tiny_t
         for path_nodes in ([0, 2, 4], [1, 3]):
             chain = [TOKENS[i] for i in path_nodes]
             kv_chain = _prefilled(tiny_target, prompt)
-            ref = kv_chain.forward(torch.tensor([[prompt[-1], *chain]]), torch.ones(1, 1 + len(chain), dtype=torch.bool))
+            ref = kv_chain.forward(
+                torch.tensor([[prompt[-1], *chain]]), torch.ones(1, 1 + len(chain), dtype=torch.bool)
+            )
             kv_tree = _prefilled(tiny_target, prompt)
             tree = TreeInput.of([PARENTS], 1 + len(TOKENS), CPU)
             ids = torch.tensor([[prompt[-1], *TOKENS]])
-            out = kv_tree.forward_tree(ids, torch.ones_like(ids, dtype=torch.bool),
-                                       kv_tree.next_pos.unsqueeze(1) + tree.depth, tree.attend).logits
+            out = kv_tree.forward_tree(
+                ids, torch.ones_like(ids, dtype=torch.bool), kv_tree.next_pos.unsqueeze(1) + tree.depth, tree.attend
+            ).logits
             positions = [[0] + [i + 1 for i in path_nodes]]
             torch.testing.assert_close(path_logits(out, positions), ref, rtol=0, atol=1e-5)
             kv_tree.keep_last(path_keep(positions, ids.shape[1], CPU))
@@ -113,10 +127,17 @@ class OracleTreeDrafter:
     def __init__(self, references: dict[tuple[int, ...], list[int]], vocab: int):
         self.references, self.vocab, self.trees = references, vocab, 0
 
-    def admit(self, rows): pass
-    def feedback(self, rows, k, accepted): pass
-    def keep_rows(self, keep): pass
-    def use_memory(self, memory): pass
+    def admit(self, rows):
+        pass
+
+    def feedback(self, rows, k, accepted):
+        pass
+
+    def keep_rows(self, keep):
+        pass
+
+    def use_memory(self, memory):
+        pass
 
     def available(self, rows, k_max):
         return [k_max] * len(rows)
@@ -149,9 +170,18 @@ class OracleTreeDrafter:
 def test_decoding_with_trees_equals_hf_and_accepts_the_hidden_path(tiny_target, fake_tokenizer, hf_greedy, batch_size):
     refs = {tuple(p): hf_greedy(tiny_target, p, N_NEW) for p in PROMPTS}
     drafter = OracleTreeDrafter(refs, tiny_target.config.vocab_size)
-    decoder = Decoder(tiny_target, fake_tokenizer, target_name="tiny", drafter_factory=lambda: drafter,
-                      draft_name="oracle-tree", device=CPU, max_context=512, num_draft_tokens=4, adaptive=False,
-                      tree_width=6)  # fixed: depth 4 + 5 = all 9 nodes verified
+    decoder = Decoder(
+        tiny_target,
+        fake_tokenizer,
+        target_name="tiny",
+        drafter_factory=lambda drafter=drafter: drafter,
+        draft_name="oracle-tree",
+        device=CPU,
+        max_context=512,
+        num_draft_tokens=4,
+        adaptive=False,
+        tree_width=6,
+    )  # fixed: depth 4 + 5 = all 9 nodes verified
     decoder.policy.tree_batch = batch_size
     results = decoder.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=batch_size)
     assert drafter.trees > 0
@@ -175,7 +205,7 @@ class ConfidentOracle(OracleTreeDrafter):
         draft = super().propose_tree(rows, k, width)
         tokens, parents, conf = [], [], []
         for t, p, row in zip(draft.tokens, draft.parents, rows):
-            ref = self.references[tuple(row.tokens[: row.prompt_len])][len(row.tokens) - row.prompt_len:]
+            ref = self.references[tuple(row.tokens[: row.prompt_len])][len(row.tokens) - row.prompt_len :]
             on_path = [v is True for v in checked(t, p, ref)]
             below_truth: list[bool] = []  # the node or an ancestor is on the hidden path
             for i, q in enumerate(p):
@@ -195,10 +225,20 @@ def test_adaptive_trees_verify_what_calibrated_confidence_says_pays(tiny_target,
     unlikely are still verified depends on what a wider step costs: test_policy's tree tests)."""
     refs = {tuple(p): hf_greedy(tiny_target, p, N_NEW) for p in PROMPTS}
     for honest in (True, False):
-        drafter = ConfidentOracle(refs, tiny_target.config.vocab_size, truth=0.9, decoy=0.9 if not honest else 0.3,
-                                  honest=honest)
-        decoder = Decoder(tiny_target, fake_tokenizer, target_name="tiny", drafter_factory=lambda: drafter,
-                          draft_name="oracle-tree", device=CPU, max_context=512, num_draft_tokens=4, tree_width=2)
+        drafter = ConfidentOracle(
+            refs, tiny_target.config.vocab_size, truth=0.9, decoy=0.9 if not honest else 0.3, honest=honest
+        )
+        decoder = Decoder(
+            tiny_target,
+            fake_tokenizer,
+            target_name="tiny",
+            drafter_factory=lambda drafter=drafter: drafter,
+            draft_name="oracle-tree",
+            device=CPU,
+            max_context=512,
+            num_draft_tokens=4,
+            tree_width=2,
+        )
         results = decoder.generate(PROMPTS, SamplingParams(max_new_tokens=N_NEW), batch_size=1)
         assert drafter.trees > 0
         for prompt, res in zip(PROMPTS, results):
@@ -246,16 +286,28 @@ def test_after_tree_steps_the_head_reads_exactly_the_accepted_paths_states(tiny_
     from spec_batch.loading import build_decoder
 
     head = random_head(tiny_target, 32, seed=5)
-    dec = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=3,
-                        adaptive=False, draft_weights="full", tree_width=3)
+    dec = build_decoder(
+        tiny_target,
+        fake_tokenizer,
+        target_name="tiny",
+        draft=head,
+        device=CPU,
+        num_draft_tokens=3,
+        adaptive=False,
+        draft_weights="full",
+        tree_width=3,
+    )
     seen: list[tuple[list[int], list[int]]] = []
     real = HeadDrafter.propose_tree
 
     def spy(self, rows, k, width, **kwargs):
         draft = real(self, rows, k, width, **kwargs)
         assert draft.parents is not None
-        seen.extend((list(r.tokens), [t for t, p in zip(draft.tokens[b], draft.parents[b]) if p < 0])
-                    for b, r in enumerate(rows) if k[b] > 0)
+        seen.extend(
+            (list(r.tokens), [t for t, p in zip(draft.tokens[b], draft.parents[b]) if p < 0])
+            for b, r in enumerate(rows)
+            if k[b] > 0
+        )
         return draft
 
     HeadDrafter.propose_tree = spy

@@ -1,6 +1,7 @@
 """Table tests of the pure accept/reject rules (spec_batch.core.verify), with hand-computed distributions,
 an exactness check of rejection sampling's marginals on many simulated rows, and the batch glue (verify_input,
 verify): shape checks, greedy / one-hot / rejection rows side by side, each row as it would be alone."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ MATCHING_TABLE = [
 ]
 
 
-@pytest.mark.parametrize("name,draft,draft_len,target,want_acc,want_next", MATCHING_TABLE, ids=[r[0] for r in MATCHING_TABLE])
+@pytest.mark.parametrize(
+    "name,draft,draft_len,target,want_acc,want_next", MATCHING_TABLE, ids=[r[0] for r in MATCHING_TABLE]
+)
 def test_accept_matching_table(name, draft, draft_len, target, want_acc, want_next):
     accepted = accept_matching(_long([draft]), _long([draft_len]), _long([target]))
     assert accepted.tolist() == [want_acc]
@@ -178,8 +181,12 @@ def test_mixed_batch_rows_independent():
     assert (acc <= _long(lens)).all()
     for b, n in enumerate(lens):
         a1, n1 = accept_rejection_sampling(
-            draft_tokens[b : b + 1, :n], _long([n]), draft_probs[b : b + 1, :n], target[b : b + 1, : n + 1],
-            uniforms[b : b + 1, :n], noise[b : b + 1, : n + 1],
+            draft_tokens[b : b + 1, :n],
+            _long([n]),
+            draft_probs[b : b + 1, :n],
+            target[b : b + 1, : n + 1],
+            uniforms[b : b + 1, :n],
+            noise[b : b + 1, : n + 1],
         )
         assert (acc[b].item(), nxt[b].item()) == (a1.item(), n1.item()), b
     # the row that drafted nothing samples the target at position 0, not a residual of padding
@@ -202,7 +209,9 @@ def test_rejection_sampling_marginals_equal_target():
         [[0.30, 0.25, 0.20, 0.15, 0.10, 0.00], [0.05, 0.05, 0.10, 0.00, 0.40, 0.40], [0.1, 0.2, 0.3, 0.4, 0.0, 0.0]]
     )
     draft_rows = T([[0.10, 0.10, 0.20, 0.20, 0.10, 0.30], [0.40, 0.30, 0.00, 0.10, 0.10, 0.10]])
-    draft_tokens = torch.stack([torch.multinomial(draft_rows[j], n, replacement=True, generator=gen) for j in range(k)], 1)
+    draft_tokens = torch.stack(
+        [torch.multinomial(draft_rows[j], n, replacement=True, generator=gen) for j in range(k)], 1
+    )
     acc, nxt = accept_rejection_sampling(
         draft_tokens,
         torch.full((n,), k, dtype=torch.long),
@@ -302,7 +311,13 @@ def test_verify_mixed_batch_equals_each_row_alone():
     V = 8
     gen = torch.Generator().manual_seed(7)
     sampled = SamplingParams(temperature=0.9, top_k=6, seed=1)
-    rows = [Row(GREEDY), Row(sampled, seed=11, n_generated=3), Row(sampled, seed=12), Row(GREEDY), Row(sampled, seed=13)]
+    rows = [
+        Row(GREEDY),
+        Row(sampled, seed=11, n_generated=3),
+        Row(sampled, seed=12),
+        Row(GREEDY),
+        Row(sampled, seed=13),
+    ]
     drafts = [[1, 2, 3], [4, 5], [], [6], [7, 0, 1]]
     k = 3
     logits = torch.randn(len(rows), k + 1, V, generator=gen) * 3

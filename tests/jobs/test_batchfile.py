@@ -1,9 +1,10 @@
 """Batch files: OpenAI Batch API input lines, every kind of bad line, output and error lines."""
+
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from types import SimpleNamespace
-from datetime import datetime, timezone
 
 import pytest
 
@@ -29,8 +30,12 @@ from spec_batch.jobs.batchfile import (
 
 
 def chat(body_extra=None, **top):
-    line = {"custom_id": "a", "method": "POST", "url": CHAT,
-            "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], **(body_extra or {})}}
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], **(body_extra or {})},
+    }
     line.update(top)
     return json.dumps(line)
 
@@ -51,22 +56,52 @@ def test_valid_chat_line_with_defaults():
 
 def test_valid_line_values_override_defaults():
     req = parse_line(
-        chat({"max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "seed": 42, "stop": "END", "n": 1}), 1,
+        chat({"max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "seed": 42, "stop": "END", "n": 1}),
+        1,
         defaults={"max_new_tokens": 50},
     )
     p = req.params
     assert (p.max_new_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.7, 0.9, 42, ["END"])
-    assert req.params.to_dict() == {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 42,
-                                 "stop": ["END"], "response_format": None, "frequency_penalty": 0.0,
-                                 "presence_penalty": 0.0, "logit_bias": {}, "logprobs": False, "top_logprobs": 0}
+    assert req.params.to_dict() == {
+        "max_new_tokens": 7,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "seed": 42,
+        "stop": ["END"],
+        "response_format": None,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "logit_bias": {},
+        "logprobs": False,
+        "top_logprobs": 0,
+    }
 
 
 def test_max_completion_tokens_and_content_parts_and_nulls():
     req = parse_line(
-        json.dumps({"custom_id": "x", "method": "POST", "url": CHAT, "body": {
-            "messages": [{"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
-                         {"role": "user", "content": "go"}],
-            "max_completion_tokens": 9, "temperature": None, "stop": None, "seed": None}}), 1)
+        json.dumps(
+            {
+                "custom_id": "x",
+                "method": "POST",
+                "url": CHAT,
+                "body": {
+                    "messages": [
+                        {
+                            "role": "system",
+                            "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}],
+                        },
+                        {"role": "user", "content": "go"},
+                    ],
+                    "max_completion_tokens": 9,
+                    "temperature": None,
+                    "stop": None,
+                    "seed": None,
+                },
+            }
+        ),
+        1,
+    )
     assert req.params.max_new_tokens == 9 and req.params.temperature == 0.0
     assert req.prompt[0] == {"role": "system", "content": "be brief"}
 
@@ -104,10 +139,18 @@ BAD_LINES = [
     (chat({"messages": []}), INVALID_VALUE, "body.messages", "non-empty list"),
     (chat({"messages": "hi"}), INVALID_VALUE, "body.messages", "non-empty list"),
     (chat({"messages": [{"role": "robot", "content": "x"}]}), INVALID_VALUE, "body.messages[0].role", "robot"),
-    (chat({"messages": [{"role": "user", "content": "x", "name": "bob"}]}), UNSUPPORTED_FIELD,
-     "body.messages[0].name", "unsupported message field"),
-    (chat({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), INVALID_VALUE,
-     "body.messages[0].content[0]", "text parts"),
+    (
+        chat({"messages": [{"role": "user", "content": "x", "name": "bob"}]}),
+        UNSUPPORTED_FIELD,
+        "body.messages[0].name",
+        "unsupported message field",
+    ),
+    (
+        chat({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+        INVALID_VALUE,
+        "body.messages[0].content[0]",
+        "text parts",
+    ),
     (chat({"messages": [{"role": "user", "content": None}]}), INVALID_VALUE, "body.messages[0].content", "string"),
     (chat({"messages": ["hi"]}), INVALID_VALUE, "body.messages[0]", "object"),
     (json.dumps({"custom_id": "a", "url": COMPLETIONS, "body": {}}), MISSING_FIELD, "body.prompt", "missing"),
@@ -133,7 +176,9 @@ BAD_LINES = [
 ]
 
 
-@pytest.mark.parametrize("text,code,param,words", BAD_LINES, ids=[f"{b[1]}:{b[2]}:{i}" for i, b in enumerate(BAD_LINES)])
+@pytest.mark.parametrize(
+    "text,code,param,words", BAD_LINES, ids=[f"{b[1]}:{b[2]}:{i}" for i, b in enumerate(BAD_LINES)]
+)
 def test_every_kind_of_bad_line(text, code, param, words):
     with pytest.raises(BatchLineError) as info:
         parse_line(text, 4)
@@ -158,7 +203,10 @@ def test_parse_lines_keeps_valid_lines_and_numbers_every_bad_one():
     report = parse_lines(lines)
     assert [r.custom_id for r in report.requests] == ["a", "c"]
     assert [(e.line_number, e.code) for e in report.errors] == [
-        (3, INVALID_JSON), (4, UNSUPPORTED_ENDPOINT), (5, DUPLICATE_CUSTOM_ID), (8, UNSUPPORTED_FIELD),
+        (3, INVALID_JSON),
+        (4, UNSUPPORTED_ENDPOINT),
+        (5, DUPLICATE_CUSTOM_ID),
+        (8, UNSUPPORTED_FIELD),
         (9, DUPLICATE_CUSTOM_ID),
     ]
     assert report.n_lines == 7
@@ -170,7 +218,13 @@ def test_parse_lines_keeps_valid_lines_and_numbers_every_bad_one():
 
 def test_read_batch_file_bytes_bom_crlf_and_bad_utf8(tmp_path):
     p = tmp_path / "in.jsonl"
-    p.write_bytes(b"\xef\xbb\xbf" + chat(custom_id="a").encode() + b"\r\n" + b'{"custom_id": "\xff"}\n' + comp(custom_id="b").encode())
+    p.write_bytes(
+        b"\xef\xbb\xbf"
+        + chat(custom_id="a").encode()
+        + b"\r\n"
+        + b'{"custom_id": "\xff"}\n'
+        + comp(custom_id="b").encode()
+    )
     report = read_batch_file(p)
     assert [r.custom_id for r in report.requests] == ["a", "b"]
     assert report.requests[0].raw == chat(custom_id="a")  # BOM and CRLF stripped
@@ -179,15 +233,35 @@ def test_read_batch_file_bytes_bom_crlf_and_bad_utf8(tmp_path):
 
 def test_errors_path_is_beside_the_output(tmp_path):
     assert errors_path_for(tmp_path / "out.jsonl") == tmp_path / "out.errors.jsonl"
-    assert errors_path_for("res") .name == "res.errors.jsonl"
+    assert errors_path_for("res").name == "res.errors.jsonl"
 
 
 def _row(**kw):
-    base = dict(id=12, custom_id="r1", line_number=3, input=chat(custom_id="r1"), endpoint=CHAT, status="completed",
-                output="Hello.", finish_reason="stop", error_code=None, error_param=None, error=None,
-                prompt_tokens=20, output_tokens=6, draft_tokens=8, accepted_tokens=4, target_forwards=2,
-                draft_forwards=0, accepted_length_histogram=[0, 1, 1], wall_s=0.5, forced_tokens=3,
-                completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc), choices=None, options=None)
+    base = dict(
+        id=12,
+        custom_id="r1",
+        line_number=3,
+        input=chat(custom_id="r1"),
+        endpoint=CHAT,
+        status="completed",
+        output="Hello.",
+        finish_reason="stop",
+        error_code=None,
+        error_param=None,
+        error=None,
+        prompt_tokens=20,
+        output_tokens=6,
+        draft_tokens=8,
+        accepted_tokens=4,
+        target_forwards=2,
+        draft_forwards=0,
+        accepted_length_histogram=[0, 1, 1],
+        wall_s=0.5,
+        forced_tokens=3,
+        completed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        choices=None,
+        options=None,
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -198,8 +272,9 @@ def test_output_line_is_openai_shaped_with_speculative_usage():
     assert line["response"]["status_code"] == 200
     body = line["response"]["body"]
     assert body["object"] == "chat.completion" and body["model"] == "default"
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello."}, "logprobs": None,
-                                "finish_reason": "stop"}]
+    assert body["choices"] == [
+        {"index": 0, "message": {"role": "assistant", "content": "Hello."}, "logprobs": None, "finish_reason": "stop"}
+    ]
     usage = body["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (20, 6, 26)
     spec = usage["speculative"]
@@ -212,13 +287,24 @@ def test_output_line_is_openai_shaped_with_speculative_usage():
 
 
 def test_error_lines_for_invalid_lines_and_decode_failures():
-    invalid = _row(custom_id="r1", endpoint=None, status="failed", error_code=UNSUPPORTED_FIELD,
-                   error_param="body.logprobs", error="line 3: body.logprobs: unsupported field", output=None)
+    invalid = _row(
+        custom_id="r1",
+        endpoint=None,
+        status="failed",
+        error_code=UNSUPPORTED_FIELD,
+        error_param="body.logprobs",
+        error="line 3: body.logprobs: unsupported field",
+        output=None,
+    )
     line = error_line(invalid)
     assert line["custom_id"] == "r1"  # stored with the invalid line (0005), not re-parsed from it
     assert line["response"] is None
-    assert line["error"] == {"code": UNSUPPORTED_FIELD, "message": "line 3: body.logprobs: unsupported field",
-                             "param": "body.logprobs", "line": 3}
+    assert line["error"] == {
+        "code": UNSUPPORTED_FIELD,
+        "message": "line 3: body.logprobs: unsupported field",
+        "param": "body.logprobs",
+        "line": 3,
+    }
     garbage = error_line(_row(custom_id=None, endpoint=None, status="failed", input="{oops", error_code=INVALID_JSON))
     assert garbage["custom_id"] is None and garbage["error"]["code"] == INVALID_JSON
     failed = error_line(_row(status="failed", error_code="decode_error", error="prompt too long", output=None))
@@ -233,25 +319,35 @@ def test_a_negative_token_id_gets_its_own_message():
     with pytest.raises(BatchLineError) as exc:
         parse_line(comp({"prompt": [5, 9, -3]}), 4)
     assert exc.value.param == "body.prompt[2]" and exc.value.message == (
-        "body.prompt[2]: token id -3 is negative; token ids are >= 0")
+        "body.prompt[2]: token id -3 is negative; token ids are >= 0"
+    )
 
 
 def test_lines_the_model_cannot_run_become_invalid_lines():
-    report = parse_lines([
-        comp({"max_tokens": 5}, custom_id="ok"),
-        comp({"max_tokens": 10**12}, custom_id="huge"),
-        comp({"prompt": [1, 2, 900]}, custom_id="ids"),
-        chat({"max_completion_tokens": 4000}, custom_id="chat"),
-        comp(custom_id="default"),
-    ], defaults={"max_new_tokens": 256})
+    report = parse_lines(
+        [
+            comp({"max_tokens": 5}, custom_id="ok"),
+            comp({"max_tokens": 10**12}, custom_id="huge"),
+            comp({"prompt": [1, 2, 900]}, custom_id="ids"),
+            chat({"max_completion_tokens": 4000}, custom_id="chat"),
+            comp(custom_id="default"),
+        ],
+        defaults={"max_new_tokens": 256},
+    )
     report.check_model_limits(max_context=2048, vocab_size=512)
     assert [r.custom_id for r in report.requests] == ["ok", "default"]
     assert [(e.line_number, e.param, e.custom_id) for e in report.errors] == [
-        (2, "body.max_tokens", "huge"), (3, "body.prompt[2]", "ids"), (4, "body.max_completion_tokens", "chat")]
+        (2, "body.max_tokens", "huge"),
+        (3, "body.prompt[2]", "ids"),
+        (4, "body.max_completion_tokens", "chat"),
+    ]
     assert report.errors[0].message == (
         "line 2: body.max_tokens: 1000000000000 leaves no room for the prompt in the model's context of 2048 "
-        "tokens; ask for fewer than 2048 tokens")
-    assert report.errors[1].message == "line 3: body.prompt[2]: token id 900 is not in the model's vocabulary (ids 0..511)"
+        "tokens; ask for fewer than 2048 tokens"
+    )
+    assert (
+        report.errors[1].message == "line 3: body.prompt[2]: token id 900 is not in the model's vocabulary (ids 0..511)"
+    )
     report = parse_lines([comp(custom_id="default")], defaults={"max_new_tokens": 4096})
     report.check_model_limits(max_context=2048)
     assert "4096 (the job's default: --max-tokens) leaves no room" in report.errors[0].message

@@ -1,6 +1,7 @@
 """Honest rates after a crash: each stored result commits the decode time that produced it in the same
 transaction, so a process killed with SIGKILL has its stored tokens and their time counted, and neither of the
 rest. A resume then gives the job the tokens/s of the work it kept."""
+
 from __future__ import annotations
 
 import signal
@@ -9,15 +10,15 @@ import sys
 import textwrap
 
 import pytest
-
 from batch_lines import completion_line, write_batch
+
 from spec_batch.jobs import create_job_from_file, resume_job
 from spec_batch.store import make_session_factory, queries, summaries
 
 STEP_S = 0.2  # seconds per result of the killed process's decoder
 KILLED_AFTER = 3  # results it stores before SIGKILL
 
-KILLED_RUN = textwrap.dedent('''
+KILLED_RUN = textwrap.dedent("""
     import os, signal, sys, time
     from spec_batch.core.outputs import GenerationResult, RequestStats
     from spec_batch.jobs.runner import run_requests
@@ -33,7 +34,7 @@ KILLED_RUN = textwrap.dedent('''
                 on_result(i, GenerationResult("ok", [1, 2], "length", RequestStats(output_tokens=2, target_forwards=1)))
 
     run_requests(make_session_factory(sys.argv[1]), sys.argv[2], SlowDecoder(), batch_size=8)
-''')
+""")
 
 
 def test_a_killed_process_keeps_its_tokens_and_their_decode_time(db_url, tmp_path, fake_decoder_cls):

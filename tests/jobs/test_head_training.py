@@ -1,6 +1,7 @@
 """Training a draft head from stored outputs (jobs/head_training.py, core/head_train.py) on a tiny random target:
 deterministic for a seed, better than the untrained head on held-out requests, stored in SQL and loaded back by
 name (head:NAME) through the jobs layer's cache directory, with outputs unchanged."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,8 +43,9 @@ def test_split_holds_out_ten_percent_deterministically():
 @pytest.mark.parametrize("shared, layout", [(True, "eagle"), (False, "eagle"), (True, "eagle3")])
 def test_training_is_deterministic_and_learns(history, shared, layout):
     dec, pairs = history
-    opts = TrainOptions(draft_vocab=48, epochs=6, seed=1, measure_tokens=16, num_draft_tokens=4, shared_lm_head=shared,
-                        layout=layout)
+    opts = TrainOptions(
+        draft_vocab=48, epochs=6, seed=1, measure_tokens=16, num_draft_tokens=4, shared_lm_head=shared, layout=layout
+    )
     a, b = train_from_pairs(dec, pairs, opts), train_from_pairs(dec, pairs, opts)
     for key, value in a.head.state_dict().items():
         assert torch.equal(value, b.head.state_dict()[key]), key
@@ -53,8 +55,16 @@ def test_training_is_deterministic_and_learns(history, shared, layout):
     assert a.heldout_accepted_length is not None and a.heldout_accepted_length > 0.25
     assert any(k.startswith("lm_head") for k in a.head.state_dict()) is not shared
     assert a.head.config.layout == layout
-    untrained_opts = TrainOptions(draft_vocab=48, epochs=1, seed=1, max_minutes=1e-6, measure_tokens=16,
-                                  num_draft_tokens=4, shared_lm_head=shared, layout=layout)
+    untrained_opts = TrainOptions(
+        draft_vocab=48,
+        epochs=1,
+        seed=1,
+        max_minutes=1e-6,
+        measure_tokens=16,
+        num_draft_tokens=4,
+        shared_lm_head=shared,
+        layout=layout,
+    )
     untrained = train_from_pairs(dec, pairs, untrained_opts)
     assert a.heldout_accepted_length > untrained.heldout_accepted_length
     assert a.report.top1 > untrained.report.top1
@@ -63,7 +73,9 @@ def test_training_is_deterministic_and_learns(history, shared, layout):
 @pytest.mark.parametrize("layout", ["eagle", "eagle3"])
 def test_stored_head_loads_by_name_and_keeps_outputs(history, tmp_path, tiny_target, fake_tokenizer, hf_greedy, layout):
     dec, pairs = history
-    trained = train_from_pairs(dec, pairs, TrainOptions(draft_vocab=48, epochs=2, seed=0, measure_tokens=8, layout=layout))
+    trained = train_from_pairs(
+        dec, pairs, TrainOptions(draft_vocab=48, epochs=2, seed=0, measure_tokens=8, layout=layout)
+    )
     url = f"sqlite:///{tmp_path / 'h.db'}"
     factory = open_store(url)
     with factory.begin() as s:

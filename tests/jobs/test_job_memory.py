@@ -1,9 +1,11 @@
 """Job memories: the store's recent outputs, warming, a worker's LRU of jobs, and the runner giving a suffix
 decoder one memory for the whole job. A memory changes drafts, never outputs."""
+
 from __future__ import annotations
 
 from datetime import timedelta
 
+from batch_lines import completion_line, write_batch
 from sqlalchemy import select, update
 
 from spec_batch.core.job_memory import JobMemory
@@ -13,8 +15,6 @@ from spec_batch.jobs.runner import run_requests
 from spec_batch.store import Request, make_session_factory, queries
 from spec_batch.store.models import utcnow
 
-from batch_lines import completion_line, write_batch
-
 PROMPTS = ["1 2 3 4 5 1 2 3", "7 8 9", "5 5 5 5 5 1", "3", "10 20 30 10 20 30 10", "1 2 3 4 5 6"]
 N_NEW = 12
 
@@ -22,8 +22,15 @@ N_NEW = 12
 def _job(factory, tmp_path, name: str, drafter: str = "suffix") -> str:
     lines = [completion_line(f"c{i}", p, max_tokens=N_NEW, temperature=0) for i, p in enumerate(PROMPTS)]
     path = write_batch(tmp_path / f"{name}.jsonl", lines)
-    job_id, _ = create_job_from_file(factory, path, target="tiny", drafter=drafter, batch_size=2, baseline_sample=0,
-                                     output_file=tmp_path / f"{name}.out.jsonl")
+    job_id, _ = create_job_from_file(
+        factory,
+        path,
+        target="tiny",
+        drafter=drafter,
+        batch_size=2,
+        baseline_sample=0,
+        output_file=tmp_path / f"{name}.out.jsonl",
+    )
     return job_id
 
 
@@ -44,8 +51,11 @@ def test_recent_outputs_newest_first_up_to_a_token_budget(db_url, tmp_path):
     now = utcnow()
     with factory.begin() as s:
         for i, rid in enumerate(ids[:4]):  # completed in line order, one minute apart; the rest stay pending
-            s.execute(update(Request).where(Request.id == rid).values(
-                status="completed", output=f"out{i}", output_tokens=10, completed_at=now + timedelta(minutes=i)))
+            s.execute(
+                update(Request)
+                .where(Request.id == rid)
+                .values(status="completed", output=f"out{i}", output_tokens=10, completed_at=now + timedelta(minutes=i))
+            )
     with factory() as s:
         assert queries.recent_outputs(s, job_id, 25) == ["out3", "out2", "out1"]  # the one crossing 25 included
         assert queries.recent_outputs(s, job_id, 10) == ["out3"]

@@ -1,5 +1,6 @@
 """In-process runs hold their claims like workers: a lease renewed by a heartbeat, never taken over while its
 holder lives; resume says who holds a job instead of decoding its requests a second time."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from batch_lines import completion_line, write_batch
+
 from spec_batch.jobs import JobBusyError, create_job_from_file, resume, resume_job, run_job
 from spec_batch.jobs.lease import HOST, holder_is_dead, new_token
 from spec_batch.store import chunks as qstore
@@ -17,8 +18,9 @@ from spec_batch.store.models import utcnow
 
 
 def _job(factory, tmp_path, n: int, max_tokens: int = 6, **kw) -> str:
-    path = write_batch(tmp_path / "in.jsonl",
-                       [completion_line(f"r{i}", f"p{i}", max_tokens=max_tokens) for i in range(n)])
+    path = write_batch(
+        tmp_path / "in.jsonl", [completion_line(f"r{i}", f"p{i}", max_tokens=max_tokens) for i in range(n)]
+    )
     job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", baseline_sample=0, **kw)
     return job_id
 
@@ -32,8 +34,9 @@ def test_a_live_run_keeps_its_leases_and_a_resume_leaves_it_alone(db_url, tmp_pa
     factory = make_session_factory(db_url)
     job_id = _job(factory, tmp_path, 4, max_tokens=30, batch_size=4)  # 10 steps each: 2 s in all
     lease_s = 0.15
-    run = threading.Thread(target=run_job, args=(factory, job_id, fake_decoder_cls(step_delay=0.05)),
-                           kwargs={"lease_seconds": lease_s})
+    run = threading.Thread(
+        target=run_job, args=(factory, job_id, fake_decoder_cls(step_delay=0.05)), kwargs={"lease_seconds": lease_s}
+    )
     run.start()
     try:
         deadline = time.monotonic() + 10
@@ -77,8 +80,12 @@ def test_resuming_a_queued_job_leaves_running_chunks_to_their_workers(db_url, tm
         assert qstore.claim_chunk(s, chunks[0].id, "worker-host/ns1/9/a", 600)
         request_claims.claim_requests(s, job_id, chunks[0].request_ids, worker="worker-host/ns1/9/a", lease_seconds=600)
     enqueued = []
-    outcome = resume(factory, job_id, decoder_for=lambda t, d: pytest.fail("a queued job is not decoded here"),
-                     enqueue=lambda f, j: enqueued.append(j) or "report")
+    outcome = resume(
+        factory,
+        job_id,
+        decoder_for=lambda t, d: pytest.fail("a queued job is not decoded here"),
+        enqueue=lambda f, j: enqueued.append(j) or "report",
+    )
     assert outcome.action == "enqueued" and enqueued == [job_id] and outcome.running == 1
     with factory() as s:
         assert queries.job_counts(s, job_id)["running"] == 1  # the worker's request untouched

@@ -1,5 +1,6 @@
 """The job lifecycle's transition table (spec_batch.jobs.lifecycle): every allowed change happens exactly once in
 SQL, every refused one leaves the row as it was, and resume's meaning per status."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,9 +13,14 @@ from spec_batch.jobs.lifecycle import JobStateError
 from spec_batch.store import JOB_STATUSES, Job, Request, make_session_factory, queries
 
 ALLOWED = {
-    ("validating", "in_progress"), ("validating", "failed"), ("validating", "cancelling"),
-    ("in_progress", "finalizing"), ("in_progress", "failed"), ("in_progress", "cancelling"),
-    ("finalizing", "completed"), ("finalizing", "failed"),
+    ("validating", "in_progress"),
+    ("validating", "failed"),
+    ("validating", "cancelling"),
+    ("in_progress", "finalizing"),
+    ("in_progress", "failed"),
+    ("in_progress", "cancelling"),
+    ("finalizing", "completed"),
+    ("finalizing", "failed"),
     ("cancelling", "cancelled"),
 }
 
@@ -33,11 +39,30 @@ def test_the_table_is_the_documented_diagram():
 def _job(factory, status: str, *, requests: tuple[str, ...] = ()) -> str:
     job_id = "job_" + os.urandom(8).hex()
     with factory.begin() as s:
-        s.add(Job(id=job_id, target="t", drafter="ngram", sampling_defaults={}, n_requests=len(requests),
-                  baseline_sample=0, status=status))
+        s.add(
+            Job(
+                id=job_id,
+                target="t",
+                drafter="ngram",
+                sampling_defaults={},
+                n_requests=len(requests),
+                baseline_sample=0,
+                status=status,
+            )
+        )
         for i, st in enumerate(requests):
-            s.add(Request(job_id=job_id, custom_id=f"c{i}", line_number=i + 1, input="{}", status=st,
-                          endpoint="/v1/completions", prompt="p", params={"max_new_tokens": 4}))
+            s.add(
+                Request(
+                    job_id=job_id,
+                    custom_id=f"c{i}",
+                    line_number=i + 1,
+                    input="{}",
+                    status=st,
+                    endpoint="/v1/completions",
+                    prompt="p",
+                    params={"max_new_tokens": 4},
+                )
+            )
     return job_id
 
 

@@ -1,9 +1,10 @@
 """OpenAI request parity (issue 24): fields accepted and recorded, penalties/logit_bias/logprobs parsed into
 SamplingParams, tools, n > 1 with per-choice seeds, and the output choices rendered in OpenAI's shape."""
+
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -17,29 +18,47 @@ from spec_batch.jobs.choices import Choices, choice_seed, expand
 from spec_batch.openai_format import CHAT, COMPLETIONS, BodyError, parse_body
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def test_fields_that_change_nothing_are_accepted_and_recorded():
-    recorded = {"user": "u", "store": True, "metadata": {"k": "v"}, "service_tier": "flex",
-                "stream_options": {"include_usage": True}, "parallel_tool_calls": True}
+    recorded = {
+        "user": "u",
+        "store": True,
+        "metadata": {"k": "v"},
+        "service_tier": "flex",
+        "stream_options": {"include_usage": True},
+        "parallel_tool_calls": True,
+    }
     body = parse_body(CHAT, {"messages": MESSAGES, **recorded})
     assert body.recorded == recorded and body.options() == {"recorded": recorded}
     assert parse_body(CHAT, {"messages": MESSAGES}).options() is None  # nothing to keep: the column stays NULL
 
 
-@pytest.mark.parametrize("extra,param,problem", [
-    ({"frobnicate": 1}, "frobnicate", "unsupported field"),
-    ({"metadata": {"k": 1}}, "metadata.k", "strings"),
-    ({"store": "yes"}, "store", "true or false"),
-    ({"frequency_penalty": 2.5}, "frequency_penalty", "[-2, 2]"),
-    ({"logit_bias": {"7": 101}}, "logit_bias.7", "[-100, 100]"),
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
-    ({"n": 129}, "n", "[1, 128]"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
-    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name", "letters"),
-])
+@pytest.mark.parametrize(
+    "extra,param,problem",
+    [
+        ({"frobnicate": 1}, "frobnicate", "unsupported field"),
+        ({"metadata": {"k": 1}}, "metadata.k", "strings"),
+        ({"store": "yes"}, "store", "true or false"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty", "[-2, 2]"),
+        ({"logit_bias": {"7": 101}}, "logit_bias.7", "[-100, 100]"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+        ({"n": 129}, "n", "[1, 128]"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "nope",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name", "letters"),
+    ],
+)
 def test_a_bad_or_unknown_field_is_an_error_naming_it(extra, param, problem):
     with pytest.raises(BodyError) as exc:
         parse_body(CHAT, {"messages": MESSAGES, **extra})
@@ -47,8 +66,17 @@ def test_a_bad_or_unknown_field_is_an_error_naming_it(extra, param, problem):
 
 
 def test_penalties_logit_bias_and_logprobs_reach_sampling_params():
-    p = parse_body(CHAT, {"messages": MESSAGES, "frequency_penalty": 0.5, "presence_penalty": -1,
-                          "logit_bias": {"5": 10, "9": -100}, "logprobs": True, "top_logprobs": 3}).params
+    p = parse_body(
+        CHAT,
+        {
+            "messages": MESSAGES,
+            "frequency_penalty": 0.5,
+            "presence_penalty": -1,
+            "logit_bias": {"5": 10, "9": -100},
+            "logprobs": True,
+            "top_logprobs": 3,
+        },
+    ).params
     assert (p.frequency_penalty, p.presence_penalty, p.logit_bias) == (0.5, -1.0, {5: 10.0, 9: -100.0})
     assert (p.logprobs, p.top_logprobs) == (True, 3)
     assert SamplingParams.from_dict(json.loads(json.dumps(p.to_dict()))) == p  # stored and read back
@@ -86,12 +114,25 @@ def _result(text, finish="stop", logprobs=None, tokens=2):
 
 def _row(endpoint, result, records, options=None):
     s = result.stats
-    return SimpleNamespace(id=3, custom_id="c", endpoint=endpoint, output=result.text, finish_reason=result.finish_reason,
-                           choices=records, options=options, prompt_tokens=s.prompt_tokens,
-                           output_tokens=s.output_tokens, draft_tokens=0, accepted_tokens=0,
-                           target_forwards=s.target_forwards, draft_forwards=0, forced_tokens=0,
-                           accepted_length_histogram=[], wall_s=0.5,
-                           completed_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
+    return SimpleNamespace(
+        id=3,
+        custom_id="c",
+        endpoint=endpoint,
+        output=result.text,
+        finish_reason=result.finish_reason,
+        choices=records,
+        options=options,
+        prompt_tokens=s.prompt_tokens,
+        output_tokens=s.output_tokens,
+        draft_tokens=0,
+        accepted_tokens=0,
+        target_forwards=s.target_forwards,
+        draft_forwards=0,
+        forced_tokens=0,
+        accepted_length_histogram=[],
+        wall_s=0.5,
+        completed_at=datetime(2025, 1, 1, tzinfo=UTC),
+    )
 
 
 def test_n_choices_with_logprobs_render_in_openai_shapes():

@@ -1,5 +1,6 @@
 """The runner and the job service: a full job, idempotent re-runs, interruption and resume, overlapping
 runners, cancellation, the measured baseline. Fast tests use the fake decoder; the full job uses the real model."""
+
 from __future__ import annotations
 
 import json
@@ -8,19 +9,24 @@ import sys
 import threading
 
 import pytest
+from batch_lines import chat_line, completion_line, write_batch
 from sqlalchemy import select, update
 
-from spec_batch.jobs import lifecycle
-from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
-from spec_batch.jobs import create_job_from_file, measure_baseline, resume_job, run_job, write_results
+from spec_batch.jobs import (
+    JobBusyError,
+    create_job_from_file,
+    lifecycle,
+    measure_baseline,
+    resume_job,
+    run_job,
+    write_results,
+)
 from spec_batch.jobs.baseline import WARMUP_TOKENS
-from spec_batch.jobs import JobBusyError
+from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.runner import finalize_job, run_requests
 from spec_batch.store import Job, Request, make_session_factory, queries, request_claims, summaries
 from spec_batch.store.models import utcnow
-
-from batch_lines import chat_line, completion_line, write_batch
 
 
 def _rows(factory, job_id):
@@ -71,7 +77,10 @@ def test_full_job_with_fake_decoder(db_url, tmp_path, fake_decoder_cls):
     assert by_cid["long"].status == "failed" and "does not fit" in by_cid["long"].error
     invalid = [r for r in rows if r.endpoint is None]
     assert [(r.line_number, r.error_code) for r in invalid] == [
-        (11, "invalid_json"), (14, "duplicate_custom_id"), (15, "unsupported_endpoint")]
+        (11, "invalid_json"),
+        (14, "duplicate_custom_id"),
+        (15, "unsupported_endpoint"),
+    ]
     job = _job(factory, job_id)
     assert job.status == "completed" and job.completed_at >= job.created_at and job.baseline_requests == 2
     assert job.n_requests == 15 and job.n_invalid == 3
@@ -175,8 +184,11 @@ def test_overlapping_runners_store_each_result_once(db_url, tmp_path, fake_decod
 
     def work(subset, name):
         # lease 0: every claim expires at once, so the two runners really decode the same requests
-        reports.append(run_requests(factory, job_id, fake_decoder_cls(step_delay=0.005), request_ids=subset, worker=name,
-                                    lease_seconds=0))
+        reports.append(
+            run_requests(
+                factory, job_id, fake_decoder_cls(step_delay=0.005), request_ids=subset, worker=name, lease_seconds=0
+            )
+        )
 
     threads = [threading.Thread(target=work, args=(ids[:9], "a")), threading.Thread(target=work, args=(ids[3:], "b"))]
     for t in threads:
@@ -193,8 +205,13 @@ def test_should_stop_stops_at_the_next_step(db_url, tmp_path, fake_decoder_cls):
     factory = make_session_factory(db_url)
     job_id, _ = _make_job(factory, tmp_path, n=10, bad=False, batch_size=2)
     done = []
-    report = run_requests(factory, job_id, fake_decoder_cls(), on_progress=lambda r: done.append(r.done),
-                          should_stop=lambda: len(done) >= 3)
+    report = run_requests(
+        factory,
+        job_id,
+        fake_decoder_cls(),
+        on_progress=lambda r: done.append(r.done),
+        should_stop=lambda: len(done) >= 3,
+    )
     assert report.stopped == "should_stop" and report.completed == 3  # not the rest of its group of 8
     with factory() as s:
         counts = queries.job_counts(s, job_id)
@@ -234,7 +251,9 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cl
     assert len(dec.generate_calls) == 6
     warm, rounds = dec.generate_calls[:3], dec.generate_calls[3:]
     assert [prompts for prompts, _ in warm] == [prompts for prompts, _ in rounds]
-    assert sorted(p for prompts, _ in rounds for p in prompts) == sorted(set(p for prompts, _ in rounds for p in prompts))
+    assert sorted(p for prompts, _ in rounds for p in prompts) == sorted(
+        set(p for prompts, _ in rounds for p in prompts)
+    )
     assert [p.max_new_tokens for _, params in warm for p in params] == [WARMUP_TOKENS] * 3
     assert [p.max_new_tokens for _, params in rounds for p in params] == [WARMUP_TOKENS + 4] * 3
     assert len(b.rounds) == 3 and b.speedup_low <= b.speedup <= b.speedup_high
@@ -244,8 +263,9 @@ def test_baseline_is_measured_once_on_a_sample(db_url, tmp_path, fake_decoder_cl
     assert completed == [1, 4, 7]  # spread over the file; the sample's results are kept
     with factory() as s:
         row = summaries.job_summary_row(s, job_id)
-    assert row["speedup"] == pytest.approx((job.sample_output_tokens / job.sample_wall_s)
-                                           / (job.baseline_output_tokens / job.baseline_wall_s))
+    assert row["speedup"] == pytest.approx(
+        (job.sample_output_tokens / job.sample_wall_s) / (job.baseline_output_tokens / job.baseline_wall_s)
+    )
     off, _ = _make_job(factory, tmp_path, n=2, bad=False, baseline_sample=0)
     run_job(factory, off, fake_decoder_cls())
     with factory() as s:
@@ -279,9 +299,14 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
     ]
     path = write_batch(tmp_path / "in.jsonl", lines)
     out = tmp_path / "res.jsonl"
-    job_id, parsed = create_job_from_file(
-        factory, path, target=default_decoder.target_name, drafter=default_decoder.draft_name, output_file=out,
-        batch_size=4, baseline_sample=2,
+    job_id, _parsed = create_job_from_file(
+        factory,
+        path,
+        target=default_decoder.target_name,
+        drafter=default_decoder.draft_name,
+        output_file=out,
+        batch_size=4,
+        baseline_sample=2,
     )
     report = run_job(factory, job_id, default_decoder)
     assert report.finalized
@@ -306,8 +331,9 @@ def test_full_job_with_the_default_model(db_url, tmp_path, default_decoder):
     done = [r for r in rows.values() if r.status == "completed"]
     assert summary["status"] == "completed" and summary["n_completed"] == 4 and summary["n_failed"] == 2
     assert summary["output_tokens"] == sum(r.output_tokens for r in done)
-    assert summary["tokens_per_step"] == pytest.approx(sum(r.output_tokens for r in done)
-                                                      / sum(r.target_forwards for r in done))
+    assert summary["tokens_per_step"] == pytest.approx(
+        sum(r.output_tokens for r in done) / sum(r.target_forwards for r in done)
+    )
     assert summary["speedup"] is not None and summary["speedup"] > 0 and job.baseline_requests == 2
     assert summary["tokens_per_s"] == pytest.approx(summary["output_tokens"] / job.decode_wall_s)
 
@@ -330,8 +356,14 @@ def test_a_long_group_renews_its_leases(db_url, tmp_path, fake_decoder_cls):
 
     def watch(report):
         with factory() as s:
-            leases.append(s.scalar(select(Request.lease_expires_at).where(
-                Request.job_id == job_id, Request.status == "running").order_by(Request.line_number.desc()).limit(1)))
+            leases.append(
+                s.scalar(
+                    select(Request.lease_expires_at)
+                    .where(Request.job_id == job_id, Request.status == "running")
+                    .order_by(Request.line_number.desc())
+                    .limit(1)
+                )
+            )
 
     report = run_requests(factory, job_id, fake_decoder_cls(step_delay=0.03), lease_seconds=0.06, on_progress=watch)
     assert report.completed == 6
@@ -342,11 +374,20 @@ def test_a_long_group_renews_its_leases(db_url, tmp_path, fake_decoder_cls):
 def test_decode_errors_name_the_line_and_custom_id_never_a_batch_index(db_url, tmp_path, tiny_decoder):
     factory = make_session_factory(db_url)
     decoder = tiny_decoder("ngram")
-    lines = [completion_line("a", [1, 2, 3], max_tokens=4), completion_line("b", [4, 5], max_tokens=4),
-             completion_line("long", [7] * (decoder.max_context + 5), max_tokens=4)]
+    lines = [
+        completion_line("a", [1, 2, 3], max_tokens=4),
+        completion_line("b", [4, 5], max_tokens=4),
+        completion_line("long", [7] * (decoder.max_context + 5), max_tokens=4),
+    ]
     out = tmp_path / "out.jsonl"
-    job_id, _ = create_job_from_file(factory, write_batch(tmp_path / "in.jsonl", lines), target="tiny",
-                                     drafter="ngram", baseline_sample=0, output_file=out)
+    job_id, _ = create_job_from_file(
+        factory,
+        write_batch(tmp_path / "in.jsonl", lines),
+        target="tiny",
+        drafter="ngram",
+        baseline_sample=0,
+        output_file=out,
+    )
     run_job(factory, job_id, decoder)
     err = next(iter_jsonl(errors_path_for(out)))["response"]["body"]["error"]
     assert err["message"].startswith(f"line 3, custom_id 'long': the prompt has {decoder.max_context + 5} tokens")

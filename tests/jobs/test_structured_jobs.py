@@ -1,23 +1,36 @@
 """Batch files with response_format: parsing, line errors with the engine's reason, jobs whose every output
 validates against its schema, forced tokens stored per request and summed per job."""
+
 from __future__ import annotations
 
 import json
 
 import jsonschema
 import pytest
+from batch_lines import chat_line, completion_line, write_batch
 from sqlalchemy import select
 
-from batch_lines import chat_line, completion_line, write_batch
 from spec_batch.core.params import SamplingParams
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.jobs.batchfile import CHAT, COMPLETIONS, INVALID_VALUE, BatchLineError, errors_path_for, iter_jsonl, parse_line, parse_lines
+from spec_batch.jobs.batchfile import (
+    CHAT,
+    COMPLETIONS,
+    INVALID_VALUE,
+    BatchLineError,
+    errors_path_for,
+    iter_jsonl,
+    parse_line,
+    parse_lines,
+)
 from spec_batch.store import Request, make_session_factory, summaries
 
 RECORD = {
     "type": "object",
-    "properties": {"name": {"enum": ["ab", "abc", "no"]}, "ok": {"type": "boolean"},
-                   "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "properties": {
+        "name": {"enum": ["ab", "abc", "no"]},
+        "ok": {"type": "boolean"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
     "required": ["name", "ok", "age"],
     "additionalProperties": False,
 }
@@ -25,10 +38,13 @@ SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "record", "schem
 BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strnig"}}}
 
 
-@pytest.mark.parametrize("line", [
-    chat_line("a", "hi", response_format=SCHEMA_FORMAT),
-    completion_line("a", "hi", response_format={"type": "regex", "pattern": "[0-9]+"}),
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        chat_line("a", "hi", response_format=SCHEMA_FORMAT),
+        completion_line("a", "hi", response_format={"type": "regex", "pattern": "[0-9]+"}),
+    ],
+)
 def test_response_format_is_accepted_on_both_endpoints_and_stored_as_plain_json(line):
     req = parse_line(line, 1)
     assert req.endpoint in (CHAT, COMPLETIONS)
@@ -42,12 +58,19 @@ def test_text_and_null_mean_unconstrained():
         assert parse_line(chat_line("a", "hi", response_format=fmt), 1).params.response_format is None
 
 
-@pytest.mark.parametrize("fmt, param, reason", [
-    (BAD_SCHEMA, "body.response_format.json_schema.schema", "Invalid type: strnig"),
-    ({"type": "regex", "pattern": "(?<=a)b"}, "body.response_format.pattern", "look-around"),
-    ({"type": "json_schema", "json_schema": {"schema": RECORD}}, "body.response_format.json_schema.name", "non-empty"),
-    ({"type": "xml"}, "body.response_format.type", "must be one of"),
-])
+@pytest.mark.parametrize(
+    "fmt, param, reason",
+    [
+        (BAD_SCHEMA, "body.response_format.json_schema.schema", "Invalid type: strnig"),
+        ({"type": "regex", "pattern": "(?<=a)b"}, "body.response_format.pattern", "look-around"),
+        (
+            {"type": "json_schema", "json_schema": {"schema": RECORD}},
+            "body.response_format.json_schema.name",
+            "non-empty",
+        ),
+        ({"type": "xml"}, "body.response_format.type", "must be one of"),
+    ],
+)
 def test_a_bad_response_format_is_a_line_error_with_the_engines_reason(fmt, param, reason):
     with pytest.raises(BatchLineError) as info:
         parse_line(chat_line("a", "hi", response_format=fmt), 1)
@@ -57,16 +80,24 @@ def test_a_bad_response_format_is_a_line_error_with_the_engines_reason(fmt, para
     assert report.errors[0].message.startswith("line 2: " + param)
 
 
-def test_a_schema_job_validates_every_output_and_stores_forced_tokens(db_url, tmp_path, tiny_decoder, byte_tokenizer,
-                                                                      tiny_draft):
+def test_a_schema_job_validates_every_output_and_stores_forced_tokens(
+    db_url, tmp_path, tiny_decoder, byte_tokenizer, tiny_draft
+):
     decoder = tiny_decoder(tiny_draft, tokenizer=byte_tokenizer)
     prompts = ["abc", "name", "yes no", "true false", "age 12", "null", "abc abc", "xyz"]
     lines = [completion_line(f"r{i}", p, max_tokens=60, response_format=SCHEMA_FORMAT) for i, p in enumerate(prompts)]
     lines.insert(3, completion_line("bad", "abc", response_format=BAD_SCHEMA))
     factory = make_session_factory(db_url)
     out = tmp_path / "out.jsonl"
-    job_id, _ = create_job_from_file(factory, write_batch(tmp_path / "in.jsonl", lines), target="tiny",
-                                     drafter=decoder.draft_name, output_file=out, batch_size=4, baseline_sample=0)
+    job_id, _ = create_job_from_file(
+        factory,
+        write_batch(tmp_path / "in.jsonl", lines),
+        target="tiny",
+        drafter=decoder.draft_name,
+        output_file=out,
+        batch_size=4,
+        baseline_sample=0,
+    )
     assert run_job(factory, job_id, decoder).finalized
     results = list(iter_jsonl(out))
     assert len(results) == len(prompts)
@@ -86,18 +117,37 @@ def test_a_schema_job_validates_every_output_and_stores_forced_tokens(db_url, tm
 
 @pytest.mark.slow
 def test_a_chat_schema_job_on_the_default_model(db_url, tmp_path, default_decoder):
-    person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": person, "strict": True}}
     texts = ["Ada Lovelace was 36.", "Alan Turing, aged 41.", "Grace Hopper (85)", "Linus is 54 years old."]
-    lines = [chat_line(f"p{i}", f"Extract name and age as JSON: {t}", max_tokens=40, response_format=fmt)
-             for i, t in enumerate(texts)]
-    lines.append(chat_line("mood", "Is the sky green? Answer yes or no.", max_tokens=5,
-                           response_format={"type": "choice", "choices": ["yes", "no"]}))
+    lines = [
+        chat_line(f"p{i}", f"Extract name and age as JSON: {t}", max_tokens=40, response_format=fmt)
+        for i, t in enumerate(texts)
+    ]
+    lines.append(
+        chat_line(
+            "mood",
+            "Is the sky green? Answer yes or no.",
+            max_tokens=5,
+            response_format={"type": "choice", "choices": ["yes", "no"]},
+        )
+    )
     factory = make_session_factory(db_url)
     out = tmp_path / "out.jsonl"
-    job_id, _ = create_job_from_file(factory, write_batch(tmp_path / "in.jsonl", lines), target=default_decoder.target_name,
-                                     drafter=default_decoder.draft_name, output_file=out, batch_size=4, baseline_sample=0)
+    job_id, _ = create_job_from_file(
+        factory,
+        write_batch(tmp_path / "in.jsonl", lines),
+        target=default_decoder.target_name,
+        drafter=default_decoder.draft_name,
+        output_file=out,
+        batch_size=4,
+        baseline_sample=0,
+    )
     assert run_job(factory, job_id, default_decoder).finalized
     results = {o["custom_id"]: o["response"]["body"]["choices"][0] for o in iter_jsonl(out)}
     for i in range(len(texts)):

@@ -2,6 +2,7 @@
 
 The real core on the default model is exercised in test_langchain_real.py and the standard suites.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -121,7 +122,7 @@ def test_standard_parameters_reach_the_decoder(cls, fake_decoder_cls):
     fake_decoder = fake_decoder_cls(step_delay=0.01)
     fields = dict(temperature=0.5, max_tokens=100, top_p=0.9, top_k=7, seed=11, stop=["bold"], timeout=60)
     expected = SamplingParams(max_new_tokens=100, temperature=0.5, top_p=0.9, top_k=7, seed=11, stop=["bold"])
-    text = lambda m: m if isinstance(m, str) else m.content  # noqa: E731
+    text = lambda m: m if isinstance(m, str) else m.content
 
     handler = Tokens()
     out = cls(decoder=fake_decoder, streaming=True, **fields).invoke("x", config={"callbacks": [handler]})
@@ -188,8 +189,14 @@ def test_construction_does_not_load_and_config_shares_one_decoder(cls, fake_deco
     assert len(loads) == 1 and len({id(d) for d in results}) == 1
     assert loads[0] == (
         ("default", "suffix", torch.device("cpu"), torch.float32),
-        {"num_draft_tokens": 16, "adaptive": True, "cache_dir": None, "weights": "full",  # the suffix default
-         "draft_weights": "full", "tree_width": None},  # issue 26: the weight storage is part of the configuration
+        {
+            "num_draft_tokens": 16,
+            "adaptive": True,
+            "cache_dir": None,
+            "weights": "full",  # the suffix default
+            "draft_weights": "full",
+            "tree_width": None,
+        },  # issue 26: the weight storage is part of the configuration
     )
     assert c._get_decoder() is not a._get_decoder()
     assert len(loads) == 2 and loads[1][0][1] == "none"
@@ -321,7 +328,11 @@ def test_llm_stream_and_callbacks(fake_decoder):
 
 
 def test_llm_chain(fake_decoder):
-    chain = PromptTemplate.from_template("Q: {q}\nA:") | SpeculativeLLM(decoder=fake_decoder, max_tokens=5) | StrOutputParser()
+    chain = (
+        PromptTemplate.from_template("Q: {q}\nA:")
+        | SpeculativeLLM(decoder=fake_decoder, max_tokens=5)
+        | StrOutputParser()
+    )
     assert chain.invoke({"q": "why?"}) == "Hello"
     assert fake_decoder.stream_calls[-1][0] == "Q: why?\nA:"
     assert chain.batch([{"q": "1"}, {"q": "2"}]) == ["Hello", "Hello"]
@@ -431,7 +442,7 @@ def test_many_threads_one_instance(cls, fake_decoder_cls):
                 out[i] = model.invoke(f"prompt {i}")
             else:
                 out[i] = model.batch([f"p{i}", f"q{i}"])
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
@@ -440,7 +451,7 @@ def test_many_threads_one_instance(cls, fake_decoder_cls):
     for t in threads:
         t.join()
     assert errors == []
-    text = lambda m: m if isinstance(m, str) else m.content  # noqa: E731
+    text = lambda m: m if isinstance(m, str) else m.content
     for i, o in enumerate(out):
         if i % 2:
             assert text(o) == fake_decoder.REPLY[:9]
@@ -486,10 +497,14 @@ def test_messages_to_chat_template(fake_decoder):
 @pytest.mark.parametrize(
     "messages,match",
     [
-        ([HumanMessage([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])],
-         r"messages\[0\]\.content\[0\]: content parts of type 'image_url' are not supported"),
-        ([HumanMessage("a"), HumanMessage(["b", {"type": "image", "base64": "AAAA", "mime_type": "image/png"}])],
-         r"messages\[1\]\.content\[1\]: content parts of type 'image' are not supported"),
+        (
+            [HumanMessage([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])],
+            r"messages\[0\]\.content\[0\]: content parts of type 'image_url' are not supported",
+        ),
+        (
+            [HumanMessage("a"), HumanMessage(["b", {"type": "image", "base64": "AAAA", "mime_type": "image/png"}])],
+            r"messages\[1\]\.content\[1\]: content parts of type 'image' are not supported",
+        ),
         ([SystemMessage("s"), ChatMessage(role="critic", content="meh")], r"messages\[1\]\.role: .*got 'critic'"),
         ([FunctionMessage(name="f", content="1")], r"messages\[0\]: is a FunctionMessage"),
     ],
@@ -534,7 +549,9 @@ def test_chat_stream(fake_decoder):
     assert full.response_metadata["finish_reason"] == "length"
     # streaming=True: invoke goes through the stream and the callbacks see each chunk.
     handler = Tokens()
-    msg = ChatSpeculative(decoder=fake_decoder, max_tokens=7, streaming=True).invoke("hi", config={"callbacks": [handler]})
+    msg = ChatSpeculative(decoder=fake_decoder, max_tokens=7, streaming=True).invoke(
+        "hi", config={"callbacks": [handler]}
+    )
     assert msg.content == "Hello t" and handler.tokens[:3] == ["Hel", "lo ", "t"]
     assert msg.response_metadata["speculative_stats"]["output_tokens"] == 7
 
@@ -600,14 +617,19 @@ def test_chat_batch_with_cache_uses_the_cache(fake_decoder):
     chat = ChatSpeculative(decoder=fake_decoder, max_tokens=5, cache=InMemoryCache())
     assert [m.content for m in chat.batch(["a", "b"])] == ["Hello", "Hello"]
     assert [m.content for m in chat.batch(["a", "b"])] == ["Hello", "Hello"]
-    assert len(fake_decoder.stream_calls) == 2 and fake_decoder.generate_calls == []  # second batch answered by the cache
+    assert (
+        len(fake_decoder.stream_calls) == 2 and fake_decoder.generate_calls == []
+    )  # second batch answered by the cache
 
 
 def test_chat_chain(fake_decoder):
     prompt = ChatPromptTemplate.from_messages([("system", "You are terse."), ("human", "{q}")])
     chain = prompt | ChatSpeculative(decoder=fake_decoder, max_tokens=5) | StrOutputParser()
     assert chain.invoke({"q": "hi"}) == "Hello"
-    assert fake_decoder.templates[-1] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    assert fake_decoder.templates[-1] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hi"},
+    ]
     assert chain.batch([{"q": "a"}, {"q": "b"}]) == ["Hello", "Hello"]
     assert len(fake_decoder.generate_calls) == 1
     assert "".join(chain.stream({"q": "hi"})) == "Hello"

@@ -3,6 +3,7 @@
 The reference for exactness is the same target decoded without speculation (Decoder.without_speculation()):
 greedy output through LangChain must equal it token for token (compared as text, and as token counts).
 """
+
 from __future__ import annotations
 
 import asyncio

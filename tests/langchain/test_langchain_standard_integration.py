@@ -10,16 +10,16 @@ JSON mode, tool calls) get room for one. Greedy decoding of the 135M model repea
 JSON string until the budget runs out, so the structured-output tests sample (temperature 0.7, fixed seed:
 still deterministic).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from langchain_capabilities import SpeculativeCapabilities
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from langchain_spec import ChatSpeculative
-
-from langchain_capabilities import SpeculativeCapabilities
 
 pytestmark = pytest.mark.slow
 
@@ -41,18 +41,25 @@ class TestChatSpeculativeIntegration(SpeculativeCapabilities, ChatModelIntegrati
         return self.chat_model_class(**{**params, **(getattr(request, "param", None) or {})})
 
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
-    @pytest.mark.xfail(strict=True, reason=(
-        "tool_choice='auto': the grammar allows text or a call and the 135M model writes text, "
-        "'The weather in San Francisco, CA, is typically described as a mix of warm and cool, ...' "
-        "(its probability of starting a call there is under 1%; 0.7% with SmolLM2's own trained tool prompt, "
-        "<tools> and <tool_call>[...]</tool_call>: the model does not choose to call, which 'auto' must allow)"))
+    @pytest.mark.xfail(
+        strict=True,
+        reason=(
+            "tool_choice='auto': the grammar allows text or a call and the 135M model writes text, "
+            "'The weather in San Francisco, CA, is typically described as a mix of warm and cool, ...' "
+            "(its probability of starting a call there is under 1%; 0.7% with SmolLM2's own trained tool prompt, "
+            "<tools> and <tool_call>[...]</tool_call>: the model does not choose to call, which 'auto' must allow)"
+        ),
+    )
     def test_agent_loop(self, model: ChatSpeculative) -> None:
         super().test_agent_loop(model)
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "a wrong argument value under a correct grammar: for 'こんにちは株式会社' the 135M model writes "
-        '{"name": "unicode_customer", "arguments": {"customer_name": "トラック・トラック・トラック・... '
-        "until max_tokens cuts the call"))
+    @pytest.mark.xfail(
+        strict=True,
+        reason=(
+            "a wrong argument value under a correct grammar: for 'こんにちは株式会社' the 135M model writes "
+            '{"name": "unicode_customer", "arguments": {"customer_name": "トラック・トラック・トラック・... '
+            "until max_tokens cuts the call"
+        ),
+    )
     def test_unicode_tool_call_integration(self, model: ChatSpeculative, **kwargs: Any) -> None:
         super().test_unicode_tool_call_integration(model, **kwargs)
-

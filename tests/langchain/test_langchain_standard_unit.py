@@ -1,15 +1,15 @@
 """LangChain's standard chat model unit tests (langchain-tests 1.1.9) against ChatSpeculative. No model is loaded."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from langchain_capabilities import SpeculativeCapabilities
 from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from langchain_spec import ChatSpeculative
-
-from langchain_capabilities import SpeculativeCapabilities
 
 
 class TestChatSpeculativeUnit(SpeculativeCapabilities, ChatModelUnitTests):

@@ -1,10 +1,11 @@
 """Structured output and tool calls through the LangChain adapters: what reaches the core (the response_format,
 the tools in the prompt), how answers are parsed (tool_calls with ids, streamed tool_call_chunks, parsed
 objects), against the fake decoder; then, marked slow, on the real default model."""
+
 from __future__ import annotations
 
 import json
-from typing import List, Optional, TypedDict
+from typing import TypedDict
 
 import jsonschema
 import pytest
@@ -109,9 +110,13 @@ def test_tool_choice_forms(fake_decoder):
     chat = ChatSpeculative(decoder=replying(fake_decoder, "Hi."))
     tools = [magic_function, get_weather]
     chat.bind_tools(tools, tool_choice="get_weather").invoke("x")
-    assert [c["properties"]["name"]["const"] for c in sent_format(fake_decoder)["json_schema"]["schema"]["anyOf"]] == ["get_weather"]
+    assert [c["properties"]["name"]["const"] for c in sent_format(fake_decoder)["json_schema"]["schema"]["anyOf"]] == [
+        "get_weather"
+    ]
     chat.bind_tools(tools, tool_choice={"type": "function", "function": {"name": "magic_function"}}).invoke("x")
-    assert "magic_function" in json.dumps(sent_format(fake_decoder)) and "get_weather" not in json.dumps(sent_format(fake_decoder))
+    assert "magic_function" in json.dumps(sent_format(fake_decoder)) and "get_weather" not in json.dumps(
+        sent_format(fake_decoder)
+    )
     msg = chat.bind_tools(tools).invoke("x")  # auto: text or a call
     assert sent_format(fake_decoder)["type"] == "lark" and msg.content == "Hi." and msg.tool_calls == []
     chat.bind_tools(tools, tool_choice="none").invoke("x")
@@ -127,7 +132,10 @@ def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call(fake_decoder):
     msg = chat.bind_tools([magic_function], tool_choice="any").invoke("x")
     assert msg.tool_calls == [] and msg.response_metadata["finish_reason"] == "length"
     (bad,) = msg.invalid_tool_calls
-    assert bad["name"] == "magic_function" and bad["args"] == CALL[: len(CALL) - 5][len('{"name": "magic_function", "arguments": '):]
+    assert (
+        bad["name"] == "magic_function"
+        and bad["args"] == CALL[: len(CALL) - 5][len('{"name": "magic_function", "arguments": ') :]
+    )
 
 
 @pytest.mark.parametrize("reply", [CALL, "Just text.", call_text("magic_function", {"input": {"deep": "}"}})])
@@ -159,16 +167,25 @@ def test_tool_histories_go_into_the_chat_template(fake_decoder):
     chat = ChatSpeculative(decoder=replying(fake_decoder, "It is 5.")).bind_tools([magic_function])
     history = [
         HumanMessage("magic_function(3)?"),
-        AIMessage([{"type": "text", "text": "Let me see."},
-                   {"type": "tool_use", "id": "c1", "name": "magic_function", "input": {"input": 3}}],
-                  tool_calls=[{"name": "magic_function", "args": {"input": 3}, "id": "c1", "type": "tool_call"}]),
+        AIMessage(
+            [
+                {"type": "text", "text": "Let me see."},
+                {"type": "tool_use", "id": "c1", "name": "magic_function", "input": {"input": 3}},
+            ],
+            tool_calls=[{"name": "magic_function", "args": {"input": 3}, "id": "c1", "type": "tool_call"}],
+        ),
         ToolMessage("5", tool_call_id="c1"),
     ]
     assert chat.invoke(history).content == "It is 5."
     rendered = fake_decoder.templates[-1]
     assert rendered[0]["role"] == "system"
-    assert rendered[2] == {"role": "assistant", "content": "Let me see.\n" + CALL, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "magic_function", "arguments": '{"input": 3}'}}]}
+    assert rendered[2] == {
+        "role": "assistant",
+        "content": "Let me see.\n" + CALL,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "magic_function", "arguments": '{"input": 3}'}}
+        ],
+    }
     assert rendered[3] == {"role": "tool", "content": "5", "tool_call_id": "c1"}
 
 
@@ -194,11 +211,14 @@ def test_tool_plan_of_a_tool_without_arguments():
 # ---------------------------------------------------------------- with_structured_output
 
 
-@pytest.mark.parametrize("schema, expected", [
-    (Person, Person(name="Ada", age=36)),
-    (PersonDict, {"name": "Ada", "age": 36}),
-    (Person.model_json_schema(), {"name": "Ada", "age": 36}),
-])
+@pytest.mark.parametrize(
+    "schema, expected",
+    [
+        (Person, Person(name="Ada", age=36)),
+        (PersonDict, {"name": "Ada", "age": 36}),
+        (Person.model_json_schema(), {"name": "Ada", "age": 36}),
+    ],
+)
 def test_with_structured_output_parses_under_a_strict_schema(fake_decoder, schema, expected):
     chat = ChatSpeculative(decoder=replying(fake_decoder, PERSON_JSON))
     assert chat.with_structured_output(schema).invoke("Ada, 36") == expected
@@ -220,7 +240,11 @@ def test_json_mode_and_function_calling_and_include_raw(fake_decoder):
     replying(fake_decoder, call_text("Person", {"name": "Ada", "age": 36}))
     assert chat.with_structured_output(Person, method="function_calling").invoke("x") == Person(name="Ada", age=36)
     raw = chat.with_structured_output(Person, method="function_calling", include_raw=True).invoke("x")
-    assert isinstance(raw["raw"], AIMessage) and raw["parsed"] == Person(name="Ada", age=36) and raw["parsing_error"] is None
+    assert (
+        isinstance(raw["raw"], AIMessage)
+        and raw["parsed"] == Person(name="Ada", age=36)
+        and raw["parsing_error"] is None
+    )
     replying(fake_decoder, '{"name": "Ada"')  # cut short: the parser's error is reported, not raised
     raw = chat.with_structured_output(Person, include_raw=True).invoke("x")
     assert raw["parsed"] is None and raw["parsing_error"] is not None
@@ -251,8 +275,12 @@ def test_real_model_structured_output_validates(real_chat):
 
 @pytest.mark.slow
 def test_real_model_llm_choice(fake_decoder):
-    llm = SpeculativeLLM(target="default", draft="ngram", max_tokens=8,
-                         response_format={"type": "choice", "choices": ["positive", "negative"]})
+    llm = SpeculativeLLM(
+        target="default",
+        draft="ngram",
+        max_tokens=8,
+        response_format={"type": "choice", "choices": ["positive", "negative"]},
+    )
     assert llm.invoke("Review: I loved this film, it was wonderful.\nSentiment:") in ("positive", "negative")
 
 
@@ -263,7 +291,7 @@ class Node(BaseModel):
     """A tree."""
 
     name: str
-    kids: Optional[List["Node"]] = None
+    kids: list[Node] | None = None
 
 
 TREE = '{"name": "a", "kids": [{"name": "b", "kids": null}]}'
@@ -297,8 +325,11 @@ def test_a_recursive_model_is_constrained_at_every_depth_and_parses(fake_decoder
 
 
 def test_a_schema_dict_needs_no_title(fake_decoder):
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     chat = ChatSpeculative(decoder=replying(fake_decoder, PERSON_JSON))
     assert chat.with_structured_output(schema).invoke("x") == {"name": "Ada", "age": 36}
     fmt = sent_format(fake_decoder)
@@ -307,11 +338,16 @@ def test_a_schema_dict_needs_no_title(fake_decoder):
     assert chat.with_structured_output(schema, method="function_calling").invoke("x") == {"name": "Ada", "age": 36}
 
 
-@pytest.mark.parametrize("schema, needle", [
-    ({"title": "X", "type": "objekt"}, "Invalid type: objekt"),
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[a&&b]"}}, "required": ["a"]},
-     "unsatisfiable"),
-])
+@pytest.mark.parametrize(
+    "schema, needle",
+    [
+        ({"title": "X", "type": "objekt"}, "Invalid type: objekt"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "[a&&b]"}}, "required": ["a"]},
+            "unsatisfiable",
+        ),
+    ],
+)
 def test_an_invalid_schema_raises_before_the_core(fake_decoder, schema, needle):
     chat = ChatSpeculative(decoder=fake_decoder)
     with pytest.raises(InvalidParameterError, match=needle):
@@ -323,8 +359,14 @@ def test_an_invalid_schema_raises_before_the_core(fake_decoder, schema, needle):
 
 
 @pytest.mark.parametrize("cls", [SpeculativeLLM, ChatSpeculative])
-@pytest.mark.parametrize("fmt", [{"type": "regex", "pattern": "[a&&b]"}, {"type": "regex", "pattern": r"[^\s\S]"},
-                                 {"type": "lark", "grammar": "start: /[a&&b]/"}])
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        {"type": "regex", "pattern": "[a&&b]"},
+        {"type": "regex", "pattern": r"[^\s\S]"},
+        {"type": "lark", "grammar": "start: /[a&&b]/"},
+    ],
+)
 def test_a_grammar_that_matches_nothing_is_refused(cls, fake_decoder, fmt):
     with pytest.raises(InvalidParameterError, match="matches no string at all"):
         cls(decoder=fake_decoder).invoke("x", response_format=fmt)
@@ -337,8 +379,9 @@ def test_a_grammar_that_matches_nothing_is_refused(cls, fake_decoder, fmt):
 
 
 @pytest.mark.parametrize("cls", [SpeculativeLLM, ChatSpeculative])
-@pytest.mark.parametrize("field, value", [("temperature", 2.5), ("temperature", 100), ("top_p", 0),
-                                          ("seed", 2**63), ("seed", -(2**63) - 1)])
+@pytest.mark.parametrize(
+    "field, value", [("temperature", 2.5), ("temperature", 100), ("top_p", 0), ("seed", 2**63), ("seed", -(2**63) - 1)]
+)
 def test_parameter_limits_are_openais(cls, fake_decoder, field, value):
     with pytest.raises(ValueError, match=field):
         cls(decoder=fake_decoder, **{field: value})

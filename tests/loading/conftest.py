@@ -7,6 +7,7 @@ tokenizer, random weights), tiny random Llama directories, and the real default 
 - ``default_model`` (session): the real default model from the real cache (SPEC_BATCH_CACHE or the user cache dir;
   converted there on a machine's first run, about 20 s; then about 3 s).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,17 @@ TINY_VOCAB = 512
 
 
 def write_tiny_gguf(
-    path: Path, *, n_vocab: int = TINY_VOCAB, hidden: int = 16, seed: int = 0, qtype: str | None = None,
-    embd_qtype: str | None = None, ffn: int = 32, heads: int = 2, layers: int = 1, embd_scale: float = 0.02,
+    path: Path,
+    *,
+    n_vocab: int = TINY_VOCAB,
+    hidden: int = 16,
+    seed: int = 0,
+    qtype: str | None = None,
+    embd_qtype: str | None = None,
+    ffn: int = 32,
+    heads: int = 2,
+    layers: int = 1,
+    embd_scale: float = 0.02,
 ) -> Path:
     """A valid llama GGUF file: the first n_vocab tokens of the default model's tokenizer (with the
     merges among them, its special tokens and chat template) and random weights: float32, or the block

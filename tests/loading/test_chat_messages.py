@@ -1,5 +1,6 @@
 """Chat messages (spec_batch.loading.chat): the one validator, the chat template, and the batch-file parser using
 them, so that what passes validation is what the template renders."""
+
 from __future__ import annotations
 
 import json
@@ -46,22 +47,55 @@ def test_roles_content_parts_and_tool_fields_are_normalized():
         ([{"content": "hi"}], "messages[0].role", "got None", False),
         ([{"role": "user", "content": 3}], "messages[0].content", "string or a list of text parts", False),
         ([{"role": "user"}], "messages[0].content", "got NoneType", False),
-        ([{"role": "user", "content": "hi", "temperature": 1}], "messages[0].temperature", "unsupported message field", True),
+        (
+            [{"role": "user", "content": "hi", "temperature": 1}],
+            "messages[0].temperature",
+            "unsupported message field",
+            True,
+        ),
         ([{"role": "user", "content": "hi", "name": "ann"}], "messages[0].name", "supported: role, content)", True),
         ([{"role": "user", "content": "hi", "tool_calls": []}], "messages[0].tool_calls", "unsupported", True),
-        ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}],
-         "messages[0].content[1]", "type 'image_url' are not supported", False),
-        ([{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}],
-         "messages[1].content[0]", "type 'input_audio' are not supported", False),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}],
+            "messages[0].content[1]",
+            "type 'image_url' are not supported",
+            False,
+        ),
+        (
+            [
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]},
+            ],
+            "messages[1].content[0]",
+            "type 'input_audio' are not supported",
+            False,
+        ),
         ([{"role": "user", "content": ["bare string"]}], "messages[0].content[0]", "must be an object", False),
         ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text", "string", False),
-        ([{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}],
-         "messages[0].content[0].cache_control", "unsupported content-part field", True),
-        ([{"role": "assistant", "content": None, "tool_calls": "f()"}], "messages[0].tool_calls", "non-empty list", False),
-        ([{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}],
-         "messages[0].tool_calls[0].function.arguments", "string", False),
-        ([{"role": "assistant", "tool_calls": [{"type": "custom", "function": {"name": "f", "arguments": "{}"}}]}],
-         "messages[0].tool_calls[0].type", "function", False),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}],
+            "messages[0].content[0].cache_control",
+            "unsupported content-part field",
+            True,
+        ),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": "f()"}],
+            "messages[0].tool_calls",
+            "non-empty list",
+            False,
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}],
+            "messages[0].tool_calls[0].function.arguments",
+            "string",
+            False,
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{"type": "custom", "function": {"name": "f", "arguments": "{}"}}]}],
+            "messages[0].tool_calls[0].type",
+            "function",
+            False,
+        ),
         ([{"role": "tool", "content": "1", "tool_call_id": ""}], "messages[0].tool_call_id", "non-empty string", False),
         ([{"role": "assistant", "content": None}], "messages[0].content", "got NoneType", False),
     ],
@@ -167,10 +201,18 @@ def test_batch_line_with_tool_turns_is_accepted():
 @pytest.mark.parametrize(
     ("messages", "code", "param", "words"),
     [
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
-         INVALID_VALUE, "body.messages[0].content[0]", "'image_url'"),
-        ([{"role": "user", "content": "a"}, {"role": "critic", "content": "b"}], INVALID_VALUE,
-         "body.messages[1].role", "'critic'"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+            INVALID_VALUE,
+            "body.messages[0].content[0]",
+            "'image_url'",
+        ),
+        (
+            [{"role": "user", "content": "a"}, {"role": "critic", "content": "b"}],
+            INVALID_VALUE,
+            "body.messages[1].role",
+            "'critic'",
+        ),
         ([{"role": "user", "content": "a", "name": "ann"}], UNSUPPORTED_FIELD, "body.messages[0].name", "unsupported"),
     ],
 )

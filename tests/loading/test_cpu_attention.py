@@ -1,5 +1,6 @@
 """`spec_batch_sdpa`: grouped-query attention on the CPU without copying the cache, what `sdpa` computes up to
 rounding, used for the masked multi-token forwards of verify steps."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,15 @@ CPU = torch.device("cpu")
 
 def _gqa_llama(attn: str = "sdpa") -> LlamaForCausalLM:
     torch.manual_seed(3)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=64, attn_implementation=attn)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -55,8 +63,11 @@ def test_single_token_steps_keep_huggingface_sdpa(monkeypatch):
     use_gqa_attention(model)
     seen: list[int] = []
     original = cpu_attention.sdpa_attention_forward
-    monkeypatch.setattr(cpu_attention, "sdpa_attention_forward",
-                        lambda module, query, *a, **k: seen.append(query.shape[2]) or original(module, query, *a, **k))
+    monkeypatch.setattr(
+        cpu_attention,
+        "sdpa_attention_forward",
+        lambda module, query, *a, **k: seen.append(query.shape[2]) or original(module, query, *a, **k),
+    )
     kv = KVBatch(model, CPU, 1)
     with torch.inference_mode():
         kv.forward(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.bool))
@@ -89,7 +100,8 @@ def test_folded_query_heads_attend_as_repeated_key_value_heads():
     for mask in (torch.rand(2, 1, 3, 7, generator=gen) > 0.3, torch.rand(1, 1, 3, 7, generator=gen) > 0.3):
         mask[..., 0] = True  # every query sees something
         want = torch.nn.functional.scaled_dot_product_attention(
-            query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask)
+            query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask
+        )
         got = cpu_attention._folded(query, key, value, mask, None, 0.0)
         assert got.shape == (2, 3, 6, 8)
         torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """Prepacked oneDNN linear layers: the same numbers as nn.Linear (up to rounding), the same greedy tokens, only
 for models this package loads, and off with SPEC_BATCH_PACK_WEIGHTS=0."""
+
 from __future__ import annotations
 
 import copy
@@ -114,8 +115,9 @@ def test_packed_layers_compute_only_the_real_positions(tiny_llama):
 
 
 @pytest.mark.parametrize("drafter", ["suffix", "ngram"])
-def test_decoder_on_a_packed_target_plans_per_row_and_stays_greedy_exact(drafter, tiny_llama, hf_greedy,
-                                                                        fake_tokenizer):
+def test_decoder_on_a_packed_target_plans_per_row_and_stays_greedy_exact(
+    drafter, tiny_llama, hf_greedy, fake_tokenizer
+):
     """A packed target skips padding, so the policy plans each row's own length (rows of a batch draft different
     lengths); every row's output is still the target's own greedy output."""
     target = copy.deepcopy(tiny_llama(16, vocab=64, layers=2, lm_head_scale=4.0))
@@ -125,8 +127,13 @@ def test_decoder_on_a_packed_target_plans_per_row_and_stays_greedy_exact(drafter
     prompts = [[3, 9, 27, 5, 3, 9, 27, 5, 3, 9], [4, 8, 15, 16, 23, 42, 4, 8], [7, 1, 2], [11, 12, 11, 12, 11]]
     results = dec.generate(prompts, SamplingParams(max_new_tokens=24), batch_size=4)
     assert [r.token_ids for r in results] == [hf_greedy(target, p, 24) for p in prompts]
-    assert not build_decoder(tiny_llama(16, vocab=64, layers=2, lm_head_scale=4.0), fake_tokenizer,
-                             target_name="tiny", draft=drafter, device=torch.device("cpu")).policy.ragged
+    assert not build_decoder(
+        tiny_llama(16, vocab=64, layers=2, lm_head_scale=4.0),
+        fake_tokenizer,
+        target_name="tiny",
+        draft=drafter,
+        device=torch.device("cpu"),
+    ).policy.ragged
 
 
 def test_a_rows_result_does_not_depend_on_how_many_rows_are_computed():

@@ -1,5 +1,6 @@
 """Decoders from model names (spec_batch.loading.factory): the per-process cache of models and decoders, and the
 oracle that a loaded default model decodes exactly as Hugging Face's own greedy generate does."""
+
 from __future__ import annotations
 
 import threading
@@ -28,7 +29,7 @@ def _in_threads(n: int, work) -> list[Any]:
     def run() -> None:
         try:
             results.append(work())
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run) for _ in range(n)]
@@ -101,8 +102,14 @@ def test_shared_decoder_loads_once_under_concurrency_and_does_not_cache_failures
     assert len(calls) == 1 and all(r is results[0] for r in results)
     assert calls[0] == (
         ("some-model", "ngram", torch.device("cpu"), torch.float32),
-        {"num_draft_tokens": 8, "adaptive": True, "cache_dir": None, "weights": "full", "draft_weights": None,
-         "tree_width": None},
+        {
+            "num_draft_tokens": 8,
+            "adaptive": True,
+            "cache_dir": None,
+            "weights": "full",
+            "draft_weights": None,
+            "tree_width": None,
+        },
     )
     for _ in range(2):
         with pytest.raises(RuntimeError, match="no such model"):
@@ -120,8 +127,14 @@ def test_drafter_options_reach_the_suffix_drafter_and_are_checked(tiny_target, f
     from spec_batch.loading import build_decoder
 
     def build(draft: str, options: dict) -> Any:
-        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=draft, device=torch.device("cpu"),
-                             drafter_options=options)
+        return build_decoder(
+            tiny_target,
+            fake_tokenizer,
+            target_name="tiny",
+            draft=draft,
+            device=torch.device("cpu"),
+            drafter_options=options,
+        )
 
     drafter = build("suffix", {"max_spec_factor": 3.0, "min_token_prob": 0.2})._drafter_factory()
     assert isinstance(drafter, SuffixDrafter)
@@ -140,8 +153,14 @@ def test_draft_weights_of_build_decoder_apply_to_heads_only(tiny_target, fake_to
     from spec_batch.loading import build_decoder
 
     def build(weights: str | None) -> Any:
-        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft="suffix", device=torch.device("cpu"),
-                             draft_weights=weights)
+        return build_decoder(
+            tiny_target,
+            fake_tokenizer,
+            target_name="tiny",
+            draft="suffix",
+            device=torch.device("cpu"),
+            draft_weights=weights,
+        )
 
     for ok in (None, "auto", "full", "FULL"):
         build(ok)
@@ -160,8 +179,14 @@ def test_tree_width_goes_to_a_heads_policy_and_other_drafters_draft_chains(tiny_
     head = head_for_target(tiny_target, torch.arange(0, 64, 2), "tiny")
 
     def width(draft: Any, tree_width: Any) -> int:
-        return build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft=draft, device=torch.device("cpu"),
-                             tree_width=tree_width).policy.tree_width
+        return build_decoder(
+            tiny_target,
+            fake_tokenizer,
+            target_name="tiny",
+            draft=draft,
+            device=torch.device("cpu"),
+            tree_width=tree_width,
+        ).policy.tree_width
 
     assert width(head, None) == HeadDrafter.default_tree_width and width(head, 3) == 3
     assert width(HybridHead(head), None) == HeadDrafter.default_tree_width and width(HybridHead(head), 2) == 2

@@ -1,6 +1,7 @@
 """A token's logits do not depend on the step that computes it: one token at a time, or inside a verify step of
 several tokens, beside other ragged rows, after a rollback -- bit for bit, at every weight storage and compute dtype
 the CPU offers (loading/cpu_attention.py: attention computes in float64 there)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,15 @@ PROMPT, OTHER, TOKENS = [5, 9, 11, 3, 7, 1, 30, 2, 17], [8, 2, 6], [4, 12, 13, 1
 
 def _model(weights: str, dtype: torch.dtype) -> LlamaForCausalLM:
     torch.manual_seed(7)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=96, vocab_size=64, attn_implementation="sdpa")
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=64,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(config).eval().to(dtype)
     with torch.no_grad():
         model.lm_head.weight.mul_(20)  # sharp logits: the kernels' bf16 inputs see real differences
@@ -56,8 +64,16 @@ def _in_a_verify_step(model) -> torch.Tensor:
         return kv.forward(step, step != 0)[0]
 
 
-@pytest.mark.parametrize("weights,dtype", [("full", torch.float32), ("full", torch.bfloat16), ("int4", torch.float32),
-                                           ("int8", torch.float32), ("int4", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "weights,dtype",
+    [
+        ("full", torch.float32),
+        ("full", torch.bfloat16),
+        ("int4", torch.float32),
+        ("int8", torch.float32),
+        ("int4", torch.bfloat16),
+    ],
+)
 def test_a_tokens_logits_are_the_same_bits_in_any_step(weights, dtype):
     model = _model(weights, dtype)
     alone, verified = _one_at_a_time(model), _in_a_verify_step(model)
@@ -71,4 +87,3 @@ def test_the_cache_is_kept_in_float64_and_attention_returns_the_models_dtype():
         logits = kv.forward(torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.bool))
     assert kv.cache.layers[0].keys.dtype == torch.float64
     assert logits.dtype == torch.float32
-

@@ -1,5 +1,6 @@
 """q/k/v and gate/up computed in one kernel call each: the same bits as the separate layers, for every layer kind
 a model can hold (plain, oneDNN-packed, int4, int8)."""
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,14 @@ from spec_batch.loading.weights import quantize_model
 def _llama(storage: str) -> LlamaForCausalLM:
     torch.manual_seed(5)
     # k/v 64 wide: the CPU's int4 layout concatenates at multiples of 64 outputs
-    config = LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=64)
+    config = LlamaConfig(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=64,
+    )
     model = LlamaForCausalLM(config).eval()
     if storage == "packed":
         assert pack_linear_weights(model)

@@ -2,6 +2,7 @@
 SGLang's keys and config) computes what transformers' own Llama layer computes (no input norm, the target's LM
 head); an EAGLE-3 head (midlayer.*, fc over three target layers, d2t offsets) computes what vLLM's description
 says, on the target layers the decoder captures; both draft exactly at batch 1 and 8."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ def _reference(tiny_target, path, ids: torch.Tensor, states: torch.Tensor) -> to
     cfg._attn_implementation = "sdpa"
     w = load_file(str(path / "model.safetensors"))
     layer = LlamaDecoderLayer(cfg, 0)
-    layer.load_state_dict({k[len("layers.0."):]: v for k, v in w.items() if k.startswith("layers.0.")}, strict=False)
+    layer.load_state_dict({k[len("layers.0.") :]: v for k, v in w.items() if k.startswith("layers.0.")}, strict=False)
     layer.input_layernorm = torch.nn.Identity()
     x = torch.cat([tiny_target.get_input_embeddings()(ids), states], dim=-1) @ w["fc.weight"].T + w["fc.bias"]
     pos = torch.arange(ids.shape[1]).unsqueeze(0)
@@ -67,8 +68,9 @@ def test_an_eagle1_head_drafts_exactly(tiny_target, fake_tokenizer, eagle1_dir, 
 
 def check_exact(target, head, tokenizer, hf_greedy, batch_size: int) -> None:
     """Greedy decoding with the head drafting 4 tokens a step equals Hugging Face's greedy output."""
-    dec = build_decoder(target, tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4,
-                        adaptive=False)
+    dec = build_decoder(
+        target, tokenizer, target_name="tiny", draft=head, device=CPU, num_draft_tokens=4, adaptive=False
+    )
     prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [3], [10, 20, 30, 40, 10, 20]]
     results = dec.generate(prompts, SamplingParams(max_new_tokens=16), batch_size=batch_size)
     assert [r.token_ids for r in results] == [hf_greedy(target, p, 16) for p in prompts]
@@ -85,21 +87,41 @@ def save_eagle3(path, target, draft_vocab: int, layer_ids: list[int] | None, see
 
     g = torch.Generator().manual_seed(seed)
     h, heads, kv, hd, inter = 32, 2, 1, 16, 64
-    rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.2  # noqa: E731
-    w = {"midlayer.self_attn.q_proj.weight": rnd(heads * hd, 2 * h), "midlayer.self_attn.k_proj.weight": rnd(kv * hd, 2 * h),
-         "midlayer.self_attn.v_proj.weight": rnd(kv * hd, 2 * h), "midlayer.self_attn.o_proj.weight": rnd(h, heads * hd),
-         "midlayer.mlp.gate_proj.weight": rnd(inter, h), "midlayer.mlp.up_proj.weight": rnd(inter, h),
-         "midlayer.mlp.down_proj.weight": rnd(h, inter), "midlayer.input_layernorm.weight": 1 + rnd(h),
-         "midlayer.hidden_norm.weight": 1 + rnd(h), "midlayer.post_attention_layernorm.weight": 1 + rnd(h),
-         "norm.weight": 1 + rnd(h), "fc.weight": rnd(h, 3 * h), "lm_head.weight": rnd(draft_vocab, h) * 10,
-         "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone()}
+    rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.2
+    w = {
+        "midlayer.self_attn.q_proj.weight": rnd(heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": rnd(kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": rnd(kv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": rnd(h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": rnd(inter, h),
+        "midlayer.mlp.up_proj.weight": rnd(inter, h),
+        "midlayer.mlp.down_proj.weight": rnd(h, inter),
+        "midlayer.input_layernorm.weight": 1 + rnd(h),
+        "midlayer.hidden_norm.weight": 1 + rnd(h),
+        "midlayer.post_attention_layernorm.weight": 1 + rnd(h),
+        "norm.weight": 1 + rnd(h),
+        "fc.weight": rnd(h, 3 * h),
+        "lm_head.weight": rnd(draft_vocab, h) * 10,
+        "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
+    }
     vocab = target.get_output_embeddings().weight.shape[0]
     targets = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
     w["d2t"] = targets - torch.arange(draft_vocab)  # offsets, as published
     w["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, targets, True)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
-              "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "num_hidden_layers": 1,
-              "vocab_size": vocab, "draft_vocab_size": draft_vocab, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+    }
     if layer_ids is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True}
     path.mkdir(parents=True, exist_ok=True)
@@ -115,8 +137,13 @@ def _eagle3_reference(target, w, cfg_dict, ids, aux) -> torch.Tensor:
     cfg = LlamaConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, rope_theta=10000.0)
     n = ids.shape[1]
     state = aux @ w["fc.weight"].T
-    x = torch.cat([_rms(target.get_input_embeddings()(ids), w["midlayer.input_layernorm.weight"]),
-                   _rms(state, w["midlayer.hidden_norm.weight"])], dim=-1)
+    x = torch.cat(
+        [
+            _rms(target.get_input_embeddings()(ids), w["midlayer.input_layernorm.weight"]),
+            _rms(state, w["midlayer.hidden_norm.weight"]),
+        ],
+        dim=-1,
+    )
     q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(1, n, 2, 16).transpose(1, 2)
     k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(1, n, 1, 16).transpose(1, 2)
     v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(1, n, 1, 16).transpose(1, 2)
@@ -125,7 +152,7 @@ def _eagle3_reference(target, w, cfg_dict, ids, aux) -> torch.Tensor:
     attn = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), is_causal=True)
     residual = state + attn.transpose(1, 2).reshape(1, n, 32) @ w["midlayer.self_attn.o_proj.weight"].T
     y = _rms(residual, w["midlayer.post_attention_layernorm.weight"])
-    mlp = (torch.nn.functional.silu(y @ w["midlayer.mlp.gate_proj.weight"].T) * (y @ w["midlayer.mlp.up_proj.weight"].T))
+    mlp = torch.nn.functional.silu(y @ w["midlayer.mlp.gate_proj.weight"].T) * (y @ w["midlayer.mlp.up_proj.weight"].T)
     out = residual + mlp @ w["midlayer.mlp.down_proj.weight"].T
     draft_logits = _rms(out, w["norm.weight"]) @ w["lm_head.weight"].T
     full = torch.full((1, n, cfg_dict["vocab_size"]), float("-inf"))
@@ -167,8 +194,9 @@ def test_a_layout_that_is_no_eagle_head_is_refused(tmp_path):
 
     path = tmp_path / "other"
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({"hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64,
-                                                  "intermediate_size": 64}))
+    (path / "config.json").write_text(
+        json.dumps({"hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64, "intermediate_size": 64})
+    )
     save_file({"something.weight": torch.zeros(2, 2)}, str(path / "model.safetensors"))
     with pytest.raises(InvalidParameterError, match="not an EAGLE head"):
         load_head(path)

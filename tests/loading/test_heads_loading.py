@@ -1,6 +1,7 @@
 """Heads from directories on the real default model: `load_decoder("default", "head:/dir")` keeps the output
 token for token (batch 1 and 4), drafting in int8 on the CPU unless draft_weights says otherwise, and a head made
 for another target is refused with the reason. The int8 drafting copy (`drafting_head`) on a tiny target."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,7 +54,13 @@ def test_a_head_for_another_target_is_refused(default_decoder, tiny_target, tmp_
 
 def test_head_weights_resolve_per_device():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert [head_weights(w, cpu) for w in (None, "auto", "AUTO", "full", "int8")] == ["int8", "int8", "int8", "full", "int8"]
+    assert [head_weights(w, cpu) for w in (None, "auto", "AUTO", "full", "int8")] == [
+        "int8",
+        "int8",
+        "int8",
+        "full",
+        "int8",
+    ]
     assert head_weights(None, cuda) == "full" and head_weights("int8", cuda) == "int8"
     with pytest.raises(InvalidParameterError, match="full or int8"):
         head_weights("int4", cpu)

@@ -3,6 +3,7 @@ dtypes and devices, draft/target compatibility and context lengths.
 
 Most tests use the tiny models of tests/loading/conftest.py; only the `slow` ones use the real default model.
 """
+
 from __future__ import annotations
 
 import json
@@ -192,9 +193,7 @@ def test_local_directory_loads(tiny_dir):
 def test_custom_code_needs_trust_remote_code(tmp_path):
     d = tmp_path / "custom"
     d.mkdir()
-    (d / "config.json").write_text(
-        json.dumps({"model_type": "my_custom", "auto_map": {"AutoConfig": "conf.MyConfig"}})
-    )
+    (d / "config.json").write_text(json.dumps({"model_type": "my_custom", "auto_map": {"AutoConfig": "conf.MyConfig"}}))
     with pytest.raises(UnknownModelError, match="trust_remote_code=True"):
         load_model(d)
 
@@ -226,7 +225,11 @@ def test_unsupported_gguf_architecture_is_unknown_model(tmp_path):
         ("float16", "cpu", torch.float16),
         ("torch.float16", "cpu", torch.float16),
         (torch.bfloat16, "cpu", torch.bfloat16),
-        (None, "cuda", torch.bfloat16 if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else torch.float16),
+        (
+            None,
+            "cuda",
+            torch.bfloat16 if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else torch.float16,
+        ),
     ],
 )
 def test_resolve_dtype(dtype, device, expected):
@@ -283,7 +286,9 @@ def test_padded_embedding_rows_are_compatible(tiny_tokenizer):
 def test_too_few_embedding_rows_is_incompatible(tiny_tokenizer):
     target = _loaded(tiny_tokenizer, name="target")
     draft = _loaded(tiny_tokenizer, vocab_size=len(tiny_tokenizer) - 10, name="short-draft")
-    with pytest.raises(IncompatibleModelsError, match=r"'target'.*'short-draft'.*draft model's embedding matrix has 502 rows"):
+    with pytest.raises(
+        IncompatibleModelsError, match=r"'target'.*'short-draft'.*draft model's embedding matrix has 502 rows"
+    ):
         check_compatible(target, draft)
 
 
@@ -315,7 +320,9 @@ def test_extra_token_in_draft_vocabulary_is_incompatible(tiny_tokenizer, tiny_di
 
     bigger = AutoTokenizer.from_pretrained(tiny_dir)
     bigger.add_tokens(["<extra_token>"])
-    with pytest.raises(IncompatibleModelsError, match=r"512 vs 513 tokens.*token id 512: target has None, draft has '<extra_token>'"):
+    with pytest.raises(
+        IncompatibleModelsError, match=r"512 vs 513 tokens.*token id 512: target has None, draft has '<extra_token>'"
+    ):
         check_compatible(_loaded(tiny_tokenizer, name="t"), _loaded(bigger, vocab_size=520, name="d"))
 
 
@@ -324,14 +331,19 @@ def test_different_eos_is_incompatible(tiny_tokenizer, tiny_dir):
 
     other = AutoTokenizer.from_pretrained(tiny_dir)
     other.eos_token = "<|endoftext|>"
-    with pytest.raises(IncompatibleModelsError, match=r"'t' and draft 'd' have different eos_token: target '<\|im_end\|>', draft '<\|endoftext\|>'"):
+    with pytest.raises(
+        IncompatibleModelsError,
+        match=r"'t' and draft 'd' have different eos_token: target '<\|im_end\|>', draft '<\|endoftext\|>'",
+    ):
         check_compatible(_loaded(tiny_tokenizer, name="t"), _loaded(other, name="d"))
 
 
 @pytest.mark.slow
 def test_default_tokenizer_vs_tiny_tokenizer_is_incompatible(default_model, tiny_tokenizer):
     draft = _loaded(tiny_tokenizer, name="tiny-draft")
-    with pytest.raises(IncompatibleModelsError, match=r"'default' and draft 'tiny-draft'.*49152 vs 512 tokens.*token id 512"):
+    with pytest.raises(
+        IncompatibleModelsError, match=r"'default' and draft 'tiny-draft'.*49152 vs 512 tokens.*token id 512"
+    ):
         check_compatible(default_model, draft)
 
 

@@ -1,4 +1,5 @@
 """What a model name refers to (spec_batch.loading.resolve): the default alias, hub ids, bad names."""
+
 from __future__ import annotations
 
 import importlib.metadata

@@ -1,4 +1,5 @@
 """`spec-batch models`: the built-in aliases and the GGUF conversion cache, as tables and as JSON."""
+
 from __future__ import annotations
 
 import importlib.metadata

@@ -1,5 +1,6 @@
 """Weights as they ship: int4 / int8 weight-only layers, GGUF Q4_0/Q4_1/Q8_0 blocks used as they are, and
 speculation exact against plain decoding with the same weights and kernels (greedy and sampled)."""
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,7 @@ from torch import nn
 from spec_batch import SamplingParams
 from spec_batch.core import padding
 from spec_batch.errors import InvalidParameterError
-from spec_batch.loading import build_decoder, load_decoder
-from spec_batch.loading import gguf_quant
+from spec_batch.loading import build_decoder, gguf_quant, load_decoder
 from spec_batch.loading.load import load_model
 from spec_batch.loading.quant_linear import Int4Linear, Int8Linear, QuantEmbedding
 from spec_batch.loading.weights import quantize_model
@@ -43,8 +43,11 @@ def test_q4_blocks_map_onto_int4pack_without_requantizing(kind):
     """With fp32 scales the int4 kernel computes the file's own weights (to fp32 rounding); bf16 scales round."""
     raw, blocks = _blocks(kind, 64, 128)
     weight = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]))
-    make = (lambda dt: Int4Linear.from_q4_1(blocks.q, blocks.d, blocks.m, None, dt)) if kind == "Q4_1" else (
-        lambda dt: Int4Linear.from_q4_0(blocks.q, blocks.d, None, dt))
+    make = (
+        (lambda dt: Int4Linear.from_q4_1(blocks.q, blocks.d, blocks.m, None, dt))
+        if kind == "Q4_1"
+        else (lambda dt: Int4Linear.from_q4_0(blocks.q, blocks.d, None, dt))
+    )
     torch.testing.assert_close(make(torch.float32).dequantized(), weight, rtol=0, atol=1e-6)
     x = torch.randn(5, 128)
     torch.testing.assert_close(make(torch.float32)(x), x @ weight.t(), rtol=1e-5, atol=1e-5)
@@ -60,11 +63,15 @@ def test_q8_0_per_channel_error_is_at_most_half_a_step_of_the_row_scale():
     assert torch.equal(layer.scales, blocks.d.amax(1))  # each row keeps its largest group's scale exactly
 
 
-@pytest.mark.parametrize("make", [
-    lambda w: Int4Linear.quantize(w, None, torch.bfloat16),
-    lambda w: Int8Linear.quantize(w, None, torch.bfloat16),
-    lambda w: Int8Linear.quantize(w, None, torch.float32),
-], ids=["int4-bf16", "int8-bf16", "int8-fp32"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda w: Int4Linear.quantize(w, None, torch.bfloat16),
+        lambda w: Int8Linear.quantize(w, None, torch.bfloat16),
+        lambda w: Int8Linear.quantize(w, None, torch.float32),
+    ],
+    ids=["int4-bf16", "int8-bf16", "int8-fp32"],
+)
 def test_a_rows_result_does_not_depend_on_how_many_rows_are_computed(make):
     """The default model's down_proj shape: row i's numbers are the same bit for bit at every width, so a token's
     logits do not depend on the batch (or the verify step) it is computed in."""
@@ -75,7 +82,7 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_are_computed(make):
         full = layer(x)
         for n in range(1, 24):
             assert torch.equal(layer(x[:n]), full[:n]), n
-            assert torch.equal(layer(x[n - 1:n]), full[n - 1:n]), n
+            assert torch.equal(layer(x[n - 1 : n]), full[n - 1 : n]), n
 
 
 def test_quantized_layers_compute_only_the_real_positions():
@@ -98,8 +105,16 @@ def q_gguf(tmp_path_factory, gguf_writer):
     """A tiny llama GGUF (2 layers, hidden 64) with Q4_1 blocks and Q8_0 token embeddings, like the default. Its tied
     embeddings are scaled up so that next-token distributions are not flat: with flat logits a bf16 rounding
     difference between batch shapes (the kernels' inputs are bf16) flips near-ties (docs/weights.md)."""
-    return gguf_writer(tmp_path_factory.mktemp("qgguf") / "tiny-q4_1.gguf", hidden=64, ffn=64, layers=2,
-                           qtype="Q4_1", embd_qtype="Q8_0", seed=3, embd_scale=1.0)
+    return gguf_writer(
+        tmp_path_factory.mktemp("qgguf") / "tiny-q4_1.gguf",
+        hidden=64,
+        ffn=64,
+        layers=2,
+        qtype="Q4_1",
+        embd_qtype="Q8_0",
+        seed=3,
+        embd_scale=1.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +163,21 @@ def test_int4_computes_in_float32_or_bfloat16_and_other_dtypes_are_an_error_that
         load_model(q_gguf, weights="int3", cache_dir=q_cache)
 
 
-@pytest.mark.parametrize("weights,drafter", [(w, d) for w in ("int4", "int8") for d in ("suffix", "ngram", "self:int4")
-                                             if (w, d) != ("int4", "self:int4")])
+@pytest.mark.parametrize(
+    "weights,drafter",
+    [(w, d) for w in ("int4", "int8") for d in ("suffix", "ngram", "self:int4") if (w, d) != ("int4", "self:int4")],
+)
 def test_speculation_is_greedy_exact_against_plain_decoding_with_the_same_weights(q_gguf, q_cache, weights, drafter):
-    prompts = ["Hello world, hello world, hello", "The cat sat on the mat. The cat", "a b a b a b", "One two",
-               "x y z x y z", "Hello", "The the the", "abc abc"]
+    prompts = [
+        "Hello world, hello world, hello",
+        "The cat sat on the mat. The cat",
+        "a b a b a b",
+        "One two",
+        "x y z x y z",
+        "Hello",
+        "The the the",
+        "abc abc",
+    ]
     params = SamplingParams(max_new_tokens=24)
     plain = load_decoder(q_gguf, "none", weights=weights, cache_dir=q_cache)
     want = [r.token_ids for r in plain.generate(prompts, params, batch_size=1)]
@@ -169,8 +194,12 @@ def test_self_draft_is_the_targets_own_file_at_int4(q_gguf, q_cache):
         load_decoder(q_gguf, "self:int4", weights="int4", cache_dir=q_cache)
     dec = load_decoder(q_gguf, "self:int4", cache_dir=q_cache)
     assert dec.draft_name == "self:int4"
-    assert dec.precision.to_dict() == {"weights": "full", "dtype": "float32", "draft_weights": "int4",
-                                       "draft_dtype": "float32"}
+    assert dec.precision.to_dict() == {
+        "weights": "full",
+        "dtype": "float32",
+        "draft_weights": "int4",
+        "draft_dtype": "float32",
+    }
 
 
 # ---------------------------------------------------------------- Hugging Face models, quantized at load
@@ -206,10 +235,12 @@ def test_sampled_speculation_follows_the_quantized_targets_distribution(tiny_lla
     target = copy.deepcopy(tiny_llama(11, vocab=8, layers=2, lm_head_scale=10.0))
     quantize_model(target, weights, torch.bfloat16)
     prompt, n = [1, 2, 3, 1, 2, 3, 1, 2], 2000
-    dec = build_decoder(target, fake_tokenizer, target_name="q", draft="ngram", device=CPU, num_draft_tokens=2,
-                        adaptive=False)
-    results = dec.generate([prompt] * n, [SamplingParams(max_new_tokens=2, temperature=1.0, seed=i) for i in range(n)],
-                           batch_size=250)
+    dec = build_decoder(
+        target, fake_tokenizer, target_name="q", draft="ngram", device=CPU, num_draft_tokens=2, adaptive=False
+    )
+    results = dec.generate(
+        [prompt] * n, [SamplingParams(max_new_tokens=2, temperature=1.0, seed=i) for i in range(n)], batch_size=250
+    )
     counts: dict[tuple, int] = {}
     for r in results:
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
@@ -240,18 +271,23 @@ def test_the_default_model_at_int4_keeps_its_file_in_under_100_mb_and_speculatio
 def test_the_default_model_in_bfloat16_speculates_exactly_at_batch_1_and_4():
     """Full bf16, the fastest precision with speculation on CPUs with AVX512-BF16 or AMX (docs/weights.md): before
     attention computed in float64 its near-ties flipped between batch shapes (this fails without it)."""
-    _speculation_equals_plain_decoding(load_decoder("default", "suffix", dtype="bfloat16"),
-                                       load_decoder("default", "none", dtype="bfloat16"))
+    _speculation_equals_plain_decoding(
+        load_decoder("default", "suffix", dtype="bfloat16"), load_decoder("default", "none", dtype="bfloat16")
+    )
 
 
 def _speculation_equals_plain_decoding(dec, plain) -> None:
     """Bit for bit (loading/cpu_attention.py), at batch 1 and 4; before attention computed in float64, most of these
     outputs differed at int4."""
-    prompts = [dec.apply_chat_template([{"role": "user", "content": p}]) for p in (
-        "Rewrite this sentence, changing only 'cat' to 'dog': The cat sat on the mat and the cat looked at the cat.",
-        "What is the capital of France?",
-        "Fix the typos and keep everything else: Teh quick brown fox jumsp over the lazzy dog, then it sleeps.",
-        "Write two sentences about the sea.")]
+    prompts = [
+        dec.apply_chat_template([{"role": "user", "content": p}])
+        for p in (
+            "Rewrite this sentence, changing only 'cat' to 'dog': The cat sat on the mat and the cat looked at the cat.",
+            "What is the capital of France?",
+            "Fix the typos and keep everything else: Teh quick brown fox jumsp over the lazzy dog, then it sleeps.",
+            "Write two sentences about the sea.",
+        )
+    ]
     params = SamplingParams(max_new_tokens=40)
     want = [r.token_ids for r in plain.generate(prompts, params, batch_size=1)]
     for batch_size in (1, 4):

@@ -4,6 +4,7 @@ The protocol runs over ``--remote-debugging-pipe`` (JSON messages ended by a NUL
 4), so no port, no websocket library and no network are involved. Debian's ``chromium`` package is the browser
 (scripts/setup.sh installs it); tests skip with the reason when it is missing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -73,9 +74,19 @@ class Chromium:
         # (thread-safe, unlike a preexec_fn) and execs the browser.
         redirect = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w} {to_browser_r}<&- {from_browser_w}>&-'
         self._proc = subprocess.Popen(
-            ["/bin/bash", "-c", redirect, path, *CHROMIUM_FLAGS, f"--user-data-dir={self._profile}",
-             f"--window-size={window[0]},{window[1]}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "/bin/bash",
+                "-c",
+                redirect,
+                path,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={self._profile}",
+                f"--window-size={window[0]},{window[1]}",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             pass_fds=(to_browser_r, from_browser_w),
         )
         os.close(to_browser_r)
@@ -85,7 +96,7 @@ class Chromium:
         self._session: str | None = None
         self.events: list[dict[str, Any]] = []
 
-    def __enter__(self) -> "Chromium":
+    def __enter__(self) -> Chromium:
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
@@ -169,20 +180,26 @@ class Chromium:
         self.call("Page.navigate", url=page.resolve().as_uri())
         self.wait_for_event("Page.loadEventFired")
         script = (
-            "JSON.stringify([...document.querySelectorAll(%s)].map(e => { const r = e.getBoundingClientRect();"
+            f"JSON.stringify([...document.querySelectorAll({json.dumps(selector)})].map(e => {{ const r = e.getBoundingClientRect();"
             " const s = e.querySelector('svg'); const sr = s ? s.getBoundingClientRect() : null;"
             " return {key: e.dataset.chart || '', width: r.width, height: r.height,"
             " svg_width: sr ? sr.width : 0, svg_height: sr ? sr.height : 0,"
             " svg_shapes: s ? s.querySelectorAll('path, use, rect, text').length : 0,"
-            " text: e.innerText.trim()}; }))" % json.dumps(selector)
+            " text: e.innerText.trim()}; }))"
         )
         boxes = json.loads(self.call("Runtime.evaluate", expression=script, returnByValue=True)["result"]["value"])
-        height = self.call("Runtime.evaluate", expression="document.documentElement.scrollHeight",
-                           returnByValue=True)["result"]["value"]
-        width = self.call("Runtime.evaluate", expression="document.documentElement.scrollWidth",
-                          returnByValue=True)["result"]["value"]
-        shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                         clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})
+        height = self.call("Runtime.evaluate", expression="document.documentElement.scrollHeight", returnByValue=True)[
+            "result"
+        ]["value"]
+        width = self.call("Runtime.evaluate", expression="document.documentElement.scrollWidth", returnByValue=True)[
+            "result"
+        ]["value"]
+        shot = self.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+        )
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         return PageReport(self.console_errors(), boxes, screenshot, list(self.events))

@@ -1,19 +1,20 @@
 """Reports in a real browser: headless Chromium loads the page with no console error, draws every chart in a
 non-empty box, and leaves a screenshot under out/ (look at it: out/report-jobs.png, out/report-history.png)."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
 from chromium_cdp import Chromium, chromium_path
 from report_samples import empty_job, history_rows, sample_job
+
 from spec_batch.reports.html import render
 from spec_batch.reports.pages import history_page, jobs_page
 
 OUT = Path(__file__).resolve().parents[2] / "out"
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
 pytestmark = pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed (scripts/setup.sh)")
 
@@ -35,8 +36,9 @@ def _assert_charts_drawn(boxes: list[dict], n: int) -> None:
 
 def test_job_report_in_chromium(browser, tmp_path):
     page = tmp_path / "jobs.html"
-    page.write_text(render(jobs_page([sample_job("job_a"), sample_job("job_b", seed=1), empty_job()], now=NOW)),
-                    encoding="utf-8")
+    page.write_text(
+        render(jobs_page([sample_job("job_a"), sample_job("job_b", seed=1), empty_job()], now=NOW)), encoding="utf-8"
+    )
     report = browser.open(page, selector="figure.chart-box", screenshot=OUT / "report-jobs.png")
     assert report.console_errors == []
     assert len(report.boxes) == 15

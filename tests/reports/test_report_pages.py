@@ -1,27 +1,40 @@
 """Report numbers (aggregate) and pages (charts, tables, HTML) from plain report data, without a database."""
+
 from __future__ import annotations
 
 import re
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from report_samples import T0, empty_job, history_rows, sample_job
+
 from spec_batch.reports import aggregate
 from spec_batch.reports.html import render
 from spec_batch.reports.pages import history_page, job_section, jobs_page
 from spec_batch.store.report_queries import BaselinePoint, RequestPoint
 
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 JOB_CHARTS = ["acceptance-by-position", "accepted-length", "requests-paid", "throughput", "baseline"]
 
 
 def point(i: int, **kw) -> RequestPoint:
-    base = dict(request_id=i, custom_id=f"r{i}", line_number=i, status="completed", output_tokens=None,
-                draft_tokens=None, accepted_tokens=None, target_forwards=None, accepted_length_histogram=None,
-                drafted_per_position=None, accepted_per_position=None, wall_s=None, started_at=None,
-                completed_at=None)
+    base = dict(
+        request_id=i,
+        custom_id=f"r{i}",
+        line_number=i,
+        status="completed",
+        output_tokens=None,
+        draft_tokens=None,
+        accepted_tokens=None,
+        target_forwards=None,
+        accepted_length_histogram=None,
+        drafted_per_position=None,
+        accepted_per_position=None,
+        wall_s=None,
+        started_at=None,
+        completed_at=None,
+    )
     return RequestPoint(**{**base, **kw})
 
 
@@ -100,11 +113,21 @@ def test_job_page_is_self_contained_and_every_chart_is_drawn():
     ids = re.findall(r'\sid="([^"]+)"', html)
     assert len(ids) == len(set(ids)), "element ids repeat across the page's SVGs"
     # titles and axis labels are text in the SVG (svg.fonttype none), readable and searchable
-    for words in ("Acceptance rate by draft position", "position in the draft", "share of steps (%)",
-                  "Which requests paid?", "tokens per step (output tokens / target forwards)",
-                  "Throughput over the job", "output tokens/s", "Baseline sample, request by request",
-                  "with speculation", "without speculation", "Jobs in this report", "Slowest requests",
-                  "Least-accepted requests"):
+    for words in (
+        "Acceptance rate by draft position",
+        "position in the draft",
+        "share of steps (%)",
+        "Which requests paid?",
+        "tokens per step (output tokens / target forwards)",
+        "Throughput over the job",
+        "output tokens/s",
+        "Baseline sample, request by request",
+        "with speculation",
+        "without speculation",
+        "Jobs in this report",
+        "Slowest requests",
+        "Least-accepted requests",
+    ):
         assert words in html, words
 
 
@@ -143,8 +166,14 @@ def test_history_page_colours_jobs_by_target_and_drafter():
     html = render(page)
     assert [c.key for c in page.charts] == ["history-speedup", "history-tokens-per-s"]
     assert all(c.svg is not None for c in page.charts)
-    for label in ("default + ngram", "default + suffix", "Speedup per job over time", "job created (UTC)",
-                  "Throughput per job over time", "no gain (1×)"):
+    for label in (
+        "default + ngram",
+        "default + suffix",
+        "Speedup per job over time",
+        "job created (UTC)",
+        "Throughput per job over time",
+        "no gain (1×)",
+    ):
         assert label in html, label
     assert len(page.tables[0].rows) == len(rows) and page.tables[0].rows[0][1] == rows[-1]["job_id"]  # newest first
     empty = history_page([], now=NOW, since=None)
@@ -154,16 +183,15 @@ def test_history_page_colours_jobs_by_target_and_drafter():
 def _legend_colours(html: str, chart_id: str) -> dict[str, str]:
     """{label: stroke colour} of a chart's legend (each entry: a line2d group, then its text)."""
     start = html.index(f'id="{chart_id}-legend_1"')
-    legend = html[start:html.index("</svg>", start)]
-    pairs = re.findall(r'stroke: (#[0-9a-f]{6}).*?<text[^>]*>([^<]+)</text>', legend, re.S)
+    legend = html[start : html.index("</svg>", start)]
+    pairs = re.findall(r"stroke: (#[0-9a-f]{6}).*?<text[^>]*>([^<]+)</text>", legend, re.S)
     return {label: colour for colour, label in pairs}
 
 
 def test_history_gives_a_pair_the_same_colour_in_every_chart():
     rows = history_rows()
     # a pair that sorts first and has tokens/s but no speedup: it is in one chart only
-    rows += [dict(r, job_id=f"{r['job_id']}_plain", target="a-model", drafter="none", speedup=None)
-             for r in rows[:3]]
+    rows += [dict(r, job_id=f"{r['job_id']}_plain", target="a-model", drafter="none", speedup=None) for r in rows[:3]]
     rows.sort(key=lambda r: r["created_at"])
     html = render(history_page(rows, now=NOW, since=None))
     speedup = _legend_colours(html, "history-speedup")

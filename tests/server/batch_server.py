@@ -6,6 +6,7 @@ served by uvicorn in this process (the tests start it as a subprocess, with PYTH
 The environment gives the rest (SPEC_BATCH_API_KEYS, SPEC_BATCH_BROKER_URL, SPEC_BATCH_API_MAX_FILE_*), as for
 `spec-batch serve`. In the queue runner no model is loaded here: the workers load it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ import dataclasses
 import uvicorn
 
 from spec_batch.server.app import create_app
-from spec_batch.server.context import ServerContext
 from spec_batch.server.batch_runner import make_batch_runner
+from spec_batch.server.context import ServerContext
 from spec_batch.server.served import ServedModel
 from spec_batch.settings import get_settings
 from spec_batch.store import open_store

@@ -1,6 +1,7 @@
 """Helpers of the Files and Batches tests: a real API server process (tests/server/batch_server.py under uvicorn),
 the official `openai` client on it, batch files, and polling a batch until it ends.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,13 @@ ENDED = ("completed", "failed", "cancelled", "expired")
 def api_env(**extra: str) -> dict[str, str]:
     """The server's environment: this checkout first on PYTHONPATH, no SPEC_BATCH_* of the caller but the cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_BATCH_") or k == "SPEC_BATCH_CACHE"}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
-               SPEC_BATCH_TORCH_THREADS="1", OMP_NUM_THREADS="1")
+    env.update(
+        PYTHONPATH=str(REPO),
+        PYTHONUNBUFFERED="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        SPEC_BATCH_TORCH_THREADS="1",
+        OMP_NUM_THREADS="1",
+    )
     env.update(extra)
     return env
 
@@ -44,11 +50,15 @@ class ApiServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self, timeout: float = 180.0) -> "ApiServer":
-        log = open(self.log_path, "ab")
+    def start(self, timeout: float = 180.0) -> ApiServer:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (the server process holds it)
         self.proc = subprocess.Popen(
             [sys.executable, SERVER, "--db", self.db_url, "--port", str(self.port), *self.args],
-            cwd=str(REPO), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=str(REPO),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         wait_for(self._ready, timeout, 0.2, what=f"the API server on port {self.port}")
@@ -90,14 +100,30 @@ class ApiServer:
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 300.0) -> subprocess.CompletedProcess:
     """`spec-batch ARGS` of this checkout (PYTHONPATH in env)."""
-    return subprocess.run([sys.executable, "-c", "from spec_batch.cli import main; main()", *args], cwd=str(REPO), env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from spec_batch.cli import main; main()", *args],
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def chat_line(cid: str, content: str, max_tokens: int = 8, **body) -> str:
-    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "default", "messages": [{"role": "user", "content": content}],
-                                "max_tokens": max_tokens, **body}})
+    return json.dumps(
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "default",
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens,
+                **body,
+            },
+        }
+    )
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

@@ -1,5 +1,6 @@
 """The `spec-batch serve` process of the online tests: the default model with the n-gram drafter and one API key
 (KEY), one torch thread (bench.serve_process.ServeProcess does the rest)."""
+
 from __future__ import annotations
 
 import os

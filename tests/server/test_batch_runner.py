@@ -1,5 +1,6 @@
 """The local batch runner in process, over the fake decoder (the Decoder interface without a model): it runs the
 batches it finds, hands its requests back when stopped, and a new runner finishes them (nothing done twice)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +10,9 @@ import time
 
 import pytest
 
-from spec_batch.server.context import ServerContext
 from spec_batch.server.batch_create import create_batch
 from spec_batch.server.batch_runner import LocalBatchRunner, QueueBatchRunner, make_batch_runner
+from spec_batch.server.context import ServerContext
 from spec_batch.server.file_io import store_upload
 from spec_batch.server.served import ServedModel
 from spec_batch.settings import get_settings
@@ -24,25 +25,43 @@ def ctx_of(db_url):
 
     def make(decoder, runner: str = "local") -> ServerContext:
         settings = dataclasses.replace(get_settings(), database_url=db_url, api_runner=runner)
-        return ServerContext(settings, factory, "fake", parts={"decoder": decoder,
-                                                                "served": ServedModel("fake", "fake", "ngram")})
+        return ServerContext(
+            settings, factory, "fake", parts={"decoder": decoder, "served": ServedModel("fake", "fake", "ngram")}
+        )
 
     yield make
     factory.kw["bind"].dispose()
 
 
 def _file(ctx: ServerContext, n: int) -> str:
-    lines = [json.dumps({"custom_id": f"r{i}", "url": "/v1/completions", "body": {"prompt": f"p{i}", "max_tokens": 12}})
-             for i in range(n)]
-    return store_upload(ctx.session_factory, io.BytesIO("\n".join(lines).encode()), owner=None, filename="f.jsonl",
-                        purpose="batch", max_bytes=1 << 20, max_lines=100)
+    lines = [
+        json.dumps({"custom_id": f"r{i}", "url": "/v1/completions", "body": {"prompt": f"p{i}", "max_tokens": 12}})
+        for i in range(n)
+    ]
+    return store_upload(
+        ctx.session_factory,
+        io.BytesIO("\n".join(lines).encode()),
+        owner=None,
+        filename="f.jsonl",
+        purpose="batch",
+        max_bytes=1 << 20,
+        max_lines=100,
+    )
 
 
 def _batch(ctx: ServerContext, runner, n: int) -> str:
     file_id = _file(ctx, n)
-    batch_id = create_batch(ctx.session_factory, input_file_id=file_id, endpoint="/v1/completions",
-                            completion_window="24h", metadata=None, owner=None, fields=runner.job_fields(),
-                            max_line_bytes=1 << 20, max_lines=100)
+    batch_id = create_batch(
+        ctx.session_factory,
+        input_file_id=file_id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata=None,
+        owner=None,
+        fields=runner.job_fields(),
+        max_line_bytes=1 << 20,
+        max_lines=100,
+    )
     runner.submitted(batch_id)
     return batch_id
 
@@ -85,8 +104,6 @@ def test_a_stopped_runner_hands_back_and_the_next_one_finishes(ctx_of, fake_deco
     finally:
         again.stop()
     assert _state(ctx, batch_id)[1]["completed"] == 30
-
-
 
 
 def test_stop_and_cancel_do_not_wait_for_the_baseline_sample(ctx_of, fake_decoder_cls):
@@ -140,9 +157,17 @@ def test_the_queue_runner_enqueues_a_batch_and_adopts_orphans_when_it_starts(ctx
         ctx.settings = dataclasses.replace(ctx.settings, broker_url=broker.url, chunk_size=4)
         runner = make_batch_runner(ctx)
         enqueued = _batch(ctx, runner, 6)
-        orphan = create_batch(ctx.session_factory, input_file_id=_file(ctx, 5), endpoint="/v1/completions",
-                              completion_window="24h", metadata=None, owner=None, fields=runner.job_fields(),
-                              max_line_bytes=1 << 20, max_lines=100)  # stored, never submitted: a server died
+        orphan = create_batch(
+            ctx.session_factory,
+            input_file_id=_file(ctx, 5),
+            endpoint="/v1/completions",
+            completion_window="24h",
+            metadata=None,
+            owner=None,
+            fields=runner.job_fields(),
+            max_line_bytes=1 << 20,
+            max_lines=100,
+        )  # stored, never submitted: a server died
         with ctx.session_factory() as s:
             assert len(chunks.job_chunks(s, enqueued)) == 2 and chunks.job_chunks(s, orphan) == []
         runner.start()

@@ -6,17 +6,18 @@ token counts, errors), except the ids of rows, `created`, and the values of `usa
 draft policy picks draft lengths from measured step costs, so even two `spec-batch run`s of one file draft
 differently (the greedy texts are the same).
 """
+
 from __future__ import annotations
 
 import time
 
 import openai
 import pytest
+from batch_testlib import ApiServer, api_env, chat_line, jsonl, run_cli, wait_batch, write_lines
 
 from spec_batch.server.auth import owner_hash
 from spec_batch.store import files as file_sql
 from spec_batch.store import make_session_factory
-from batch_testlib import ApiServer, api_env, chat_line, jsonl, run_cli, wait_batch, write_lines
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +28,11 @@ MAX_BYTES = 100_000
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("api")
-    env = api_env(SPEC_BATCH_API_KEYS="key-a,key-b", SPEC_BATCH_API_MAX_FILE_LINES=str(MAX_LINES),
-                  SPEC_BATCH_API_MAX_FILE_BYTES=str(MAX_BYTES))
+    env = api_env(
+        SPEC_BATCH_API_KEYS="key-a,key-b",
+        SPEC_BATCH_API_MAX_FILE_LINES=str(MAX_LINES),
+        SPEC_BATCH_API_MAX_FILE_BYTES=str(MAX_BYTES),
+    )
     srv = ApiServer(f"sqlite:///{d / 'api.db'}", d, env).start()
     yield srv
     srv.stop()
@@ -52,15 +56,20 @@ def _timeless(line: dict) -> dict:
 
 
 def test_a_batch_runs_and_its_files_are_spec_batch_runs(server, tmp_path):
-    lines = [chat_line("greet", "Say hello to Ada."), chat_line("count", "Count from one to five."),
-             chat_line("bad", "Hi", temperature=9), chat_line("fruit", "Name three fruits.")]
+    lines = [
+        chat_line("greet", "Say hello to Ada."),
+        chat_line("count", "Count from one to five."),
+        chat_line("bad", "Hi", temperature=9),
+        chat_line("fruit", "Name three fruits."),
+    ]
     path = write_lines(tmp_path / "in.jsonl", lines)
     client = server.client()
     uploaded = client.files.create(file=path.open("rb"), purpose="batch")
     assert uploaded.bytes == path.stat().st_size and uploaded.purpose == "batch"
     assert client.files.content(uploaded.id).read() == path.read_bytes()
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h", metadata={"team": "docs"})
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"team": "docs"}
+    )
     assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "docs"}
     batch = wait_batch(client, batch.id)
     assert batch.status == "completed", server.log()
@@ -77,20 +86,33 @@ def test_a_batch_runs_and_its_files_are_spec_batch_runs(server, tmp_path):
         client.files.delete(batch.output_file_id)
 
     out = tmp_path / "run.jsonl"
-    proc = run_cli("run", str(path), "-o", str(out), "--draft", "ngram", env=api_env(SPEC_BATCH_DATABASE_URL=(
-        f"sqlite:///{tmp_path / 'run.db'}")))
+    proc = run_cli(
+        "run",
+        str(path),
+        "-o",
+        str(out),
+        "--draft",
+        "ngram",
+        env=api_env(SPEC_BATCH_DATABASE_URL=(f"sqlite:///{tmp_path / 'run.db'}")),
+    )
     assert proc.returncode == 0, proc.stderr
     assert [_timeless(x) for x in outputs] == [_timeless(x) for x in jsonl(out.read_text())]
     run_errors = jsonl((tmp_path / "run.errors.jsonl").read_text())
     assert [_timeless(x) for x in errors] == [_timeless(x) for x in run_errors]
-    report = server.client()._client.get(f"{server.base_url}/batches/{batch.id}/report",
-                                         headers={"Authorization": "Bearer key-a"})
+    report = server.client()._client.get(
+        f"{server.base_url}/batches/{batch.id}/report", headers={"Authorization": "Bearer key-a"}
+    )
     assert report.status_code == 200 and batch.id in report.text
 
 
 def test_a_malformed_file_fails_while_validating_naming_each_line(server, tmp_path):
-    lines = [chat_line("ok", "Hi"), "{not json", '{"method": "POST", "url": "/v1/chat/completions", "body": {}}',
-             chat_line("ok", "Hi again"), chat_line("other", "Hi").replace("/v1/chat/completions", "/v1/completions")]
+    lines = [
+        chat_line("ok", "Hi"),
+        "{not json",
+        '{"method": "POST", "url": "/v1/chat/completions", "body": {}}',
+        chat_line("ok", "Hi again"),
+        chat_line("other", "Hi").replace("/v1/chat/completions", "/v1/completions"),
+    ]
     client = server.client()
     f = client.files.create(file=write_lines(tmp_path / "bad.jsonl", lines).open("rb"), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -137,8 +159,10 @@ def test_a_chunked_upload_is_refused_while_it_arrives(server):
     sent = []
 
     def body():
-        yield (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--{boundary}\r\n'
-               f'Content-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n').encode()
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--{boundary}\r\n'
+            f'Content-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n'
+        ).encode()
         for _ in range(64):  # 16 MiB in all, far past the limit
             sent.append(1)
             yield (b"x" * 1023 + b"\n") * 256
@@ -160,8 +184,10 @@ def test_cancel_and_list_pages(server, tmp_path):
     client = server.client("key-b")  # its own list: the other tests' batches are key-a's
     lines = [chat_line(f"r{i}", f"Write a long story about the number {i}.", max_tokens=48) for i in range(30)]
     f = client.files.create(file=write_lines(tmp_path / "long.jsonl", lines).open("rb"), purpose="batch")
-    ids = [client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
-           for _ in range(3)]
+    ids = [
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+        for _ in range(3)
+    ]
     for batch_id in ids:
         cancelled = client.batches.cancel(batch_id)
         assert cancelled.status in ("cancelling", "cancelled") and cancelled.cancelling_at
@@ -182,10 +208,14 @@ def test_keys_isolate_files_and_batches(server, tmp_path):
     a, b = server.client("key-a"), server.client("key-b")
     f = a.files.create(file=write_lines(tmp_path / "a.jsonl", ["{bad"]).open("rb"), purpose="batch")
     batch = a.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-    for call in (lambda: b.batches.retrieve(batch.id), lambda: b.batches.cancel(batch.id),
-                 lambda: b.files.retrieve(f.id), lambda: b.files.content(f.id), lambda: b.files.delete(f.id),
-                 lambda: b.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                          completion_window="24h")):
+    for call in (
+        lambda: b.batches.retrieve(batch.id),
+        lambda: b.batches.cancel(batch.id),
+        lambda: b.files.retrieve(f.id),
+        lambda: b.files.content(f.id),
+        lambda: b.files.delete(f.id),
+        lambda: b.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert f.id not in [x.id for x in b.files.list()] and batch.id not in [x.id for x in b.batches.list()]

@@ -1,12 +1,13 @@
 """A batch through the queue: the API server (queue runner, no model loaded) publishes it to the Celery queue of the
 served pair; a real `spec-batch worker` with the real default model runs it through a private Redis."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
-
 from batch_testlib import ApiServer, api_env, chat_line, jsonl, wait_batch, write_lines
+
 from bench.processes import RedisServer, WorkerProcess, worker_env
 from spec_batch.store import make_session_factory, migrate_to_head, queries
 
@@ -25,14 +26,18 @@ def redis_url(tmp_path):
 def test_a_batch_runs_on_the_queue_workers(tmp_path, redis_url):
     db = f"sqlite:///{tmp_path / 'queue.db'}"
     migrate_to_head(db)
-    worker = WorkerProcess("w", worker_env(db, redis_url, lease_seconds=5, SPEC_BATCH_ADAPTIVE="0",
-                                           PYTHONPATH=str(ApiServer.repo())), tmp_path).start()
+    worker = WorkerProcess(
+        "w",
+        worker_env(db, redis_url, lease_seconds=5, SPEC_BATCH_ADAPTIVE="0", PYTHONPATH=str(ApiServer.repo())),
+        tmp_path,
+    ).start()
     api = ApiServer(db, tmp_path, api_env(SPEC_BATCH_BROKER_URL=redis_url), "--runner", "queue").start()
     try:
         worker.wait_ready()
         client = api.client(None)
         lines = [chat_line(f"r{i}", f"Name a colour, number {i}.") for i in range(4)] + [
-            chat_line("bad", "Hi", top_p=0)]
+            chat_line("bad", "Hi", top_p=0)
+        ]
         f = client.files.create(file=write_lines(tmp_path / "in.jsonl", lines).open("rb"), purpose="batch")
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
         done = wait_batch(client, batch.id, timeout=300)

@@ -1,5 +1,6 @@
 """The SQL of files and batches (store/files.py, migration 0008_files) on SQLite and PostgreSQL: uploads in
 chunks with their limits, owners, pages, batches created from a stored file, and the migration's downgrade."""
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,9 @@ def _upload(factory, data: bytes, owner: str | None = "o1", **limits) -> str:
 
 
 def _line(cid: str, url: str = "/v1/completions", **body) -> str:
-    return json.dumps({"custom_id": cid, "method": "POST", "url": url,
-                       "body": {"prompt": "hello", "max_tokens": 4, **body}})
+    return json.dumps(
+        {"custom_id": cid, "method": "POST", "url": url, "body": {"prompt": "hello", "max_tokens": 4, **body}}
+    )
 
 
 def test_a_file_is_stored_in_chunks_and_read_back_whole(factory):
@@ -74,8 +76,17 @@ def test_owners_see_only_their_files_and_pages_go_newest_first(factory):
 
 def test_a_batch_is_a_job_of_the_stored_file(factory):
     file_id = _upload(factory, "\n".join([_line("a"), _line("b", temperature=9), _line("c")]).encode())
-    batch_id = create_batch(factory, input_file_id=file_id, endpoint="/v1/completions", completion_window="24h",
-                            metadata={"k": "v"}, owner="o1", fields=FIELDS, max_line_bytes=1 << 20, max_lines=10)
+    batch_id = create_batch(
+        factory,
+        input_file_id=file_id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata={"k": "v"},
+        owner="o1",
+        fields=FIELDS,
+        max_line_bytes=1 << 20,
+        max_lines=10,
+    )
     with factory() as s:
         batch, job = file_sql.get_batch(s, batch_id, "o1")
         assert job.status == "in_progress" and job.input_file == file_id and job.user_metadata == {"k": "v"}
@@ -88,13 +99,26 @@ def test_a_batch_is_a_job_of_the_stored_file(factory):
 def test_a_malformed_file_fails_its_batch_with_every_line_named(factory):
     lines = [_line("a"), "[1]", _line("a"), _line("d", url="/v1/chat/completions"), '{"url": "/v1/completions"}']
     file_id = _upload(factory, "\n".join(lines).encode())
-    batch_id = create_batch(factory, input_file_id=file_id, endpoint="/v1/completions", completion_window="24h",
-                            metadata=None, owner=None, fields=FIELDS, max_line_bytes=1 << 20, max_lines=10)
+    batch_id = create_batch(
+        factory,
+        input_file_id=file_id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata=None,
+        owner=None,
+        fields=FIELDS,
+        max_line_bytes=1 << 20,
+        max_lines=10,
+    )
     with factory() as s:
         batch, job = file_sql.get_batch(s, batch_id, None)
         assert job.status == "failed" and "failed validation" in job.error
         assert [(e["line"], e["code"]) for e in batch.errors] == [
-            (2, "invalid_line"), (3, "duplicate_custom_id"), (4, "invalid_url"), (5, "missing_custom_id")]
+            (2, "invalid_line"),
+            (3, "duplicate_custom_id"),
+            (4, "invalid_url"),
+            (5, "missing_custom_id"),
+        ]
         assert queries.job_counts(s, batch_id)["pending"] == 0 and batch_id not in file_sql.local_batches_to_run(s)
 
 

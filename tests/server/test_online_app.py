@@ -2,6 +2,7 @@
 model, fast: /v1/completions' choices, n > 1, logprobs, the SSE stream (chunks add up to the answer, include_usage,
 [DONE]), the errors (model_not_found, a field named, a prompt too long, no chat template, a chunked body over the
 limit), /v1/models and /metrics."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def _events(response) -> list:
     lines = [line for line in response.text.split("\n\n") if line]
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
-    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
 
 
 def test_completion_equals_generate(client, decoder):
@@ -73,12 +74,15 @@ def test_stream_n_interleaves_by_index(client):
     assert sorted(finals) == [0, 1]
 
 
-@pytest.mark.parametrize("body,status,code,param", [
-    ({"model": "gpt-4o"}, 404, "model_not_found", "model"),
-    ({"temperature": 9}, 400, "invalid_value", "temperature"),
-    ({"best_of": 2}, 400, "unsupported_field", "best_of"),
-    ({"max_tokens": 10**6}, 400, "invalid_request", None),
-])
+@pytest.mark.parametrize(
+    "body,status,code,param",
+    [
+        ({"model": "gpt-4o"}, 404, "model_not_found", "model"),
+        ({"temperature": 9}, 400, "invalid_value", "temperature"),
+        ({"best_of": 2}, 400, "unsupported_field", "best_of"),
+        ({"max_tokens": 10**6}, 400, "invalid_request", None),
+    ],
+)
 def test_errors(client, body, status, code, param):
     reply = _complete(client, **body)
     assert reply.status_code == status
@@ -118,7 +122,8 @@ def test_concurrent_requests_share_steps(client, decoder):
     engine = client.app.state.ctx.part("engine")
     engine.most_rows = 0
     with ThreadPoolExecutor(len(prompts)) as pool:
-        replies = list(pool.map(lambda p: client.post("/v1/completions", json={"prompt": p, "max_tokens": 200}),
-                                prompts))
+        replies = list(
+            pool.map(lambda p: client.post("/v1/completions", json={"prompt": p, "max_tokens": 200}), prompts)
+        )
     assert [r.json()["choices"][0]["text"] for r in replies] == expected
     assert engine.most_rows > 1  # requests from different clients decoded in the same steps

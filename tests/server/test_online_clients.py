@@ -9,6 +9,7 @@ the official `openai` package and LangChain's ChatOpenAI.
 - a streaming client that goes away frees its row (the in-progress gauge of /metrics drops);
 - ChatOpenAI(base_url=...): invoke, stream, with_structured_output.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,8 @@ from typing import Literal
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
-
 from online_server import KEY, start_server
+from pydantic import BaseModel
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +49,9 @@ def client(server):
 
 
 def _chat(client, content: str, **kw):
-    return client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}],
-                                          max_tokens=MAX_TOKENS, temperature=0, **kw)
+    return client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": content}], max_tokens=MAX_TOKENS, temperature=0, **kw
+    )
 
 
 def test_chat_equals_decoder_and_reports_speculation(client, default_decoder):
@@ -60,8 +61,9 @@ def test_chat_equals_decoder_and_reports_speculation(client, default_decoder):
     assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
     from spec_batch import SamplingParams
 
-    direct = default_decoder.generate([default_decoder.apply_chat_template(CHAT)],
-                                      SamplingParams(max_new_tokens=MAX_TOKENS))[0]
+    direct = default_decoder.generate(
+        [default_decoder.apply_chat_template(CHAT)], SamplingParams(max_new_tokens=MAX_TOKENS)
+    )[0]
     assert choice.message.content == direct.text
     assert reply.usage.completion_tokens == direct.stats.output_tokens
     speculative = reply.usage.model_extra["speculative"]
@@ -78,27 +80,53 @@ def test_stream_adds_up_to_the_same_answer(client):
 
 
 def test_json_schema_and_parse(client):
-    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
-              "required": ["answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     reply = client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}], max_tokens=40,
-        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+        model="default",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+    )
     assert json.loads(reply.choices[0].message.content)["answer"] in ("yes", "no")
     parsed = client.chat.completions.parse(
-        model="default", messages=[{"role": "user", "content": "Is water wet? Answer in JSON."}], max_tokens=40,
-        response_format=Answer)
+        model="default",
+        messages=[{"role": "user", "content": "Is water wet? Answer in JSON."}],
+        max_tokens=40,
+        response_format=Answer,
+    )
     assert isinstance(parsed.choices[0].message.parsed, Answer)
 
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                       "required": ["city"], "additionalProperties": False}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def _weather(client, **kw):
     return client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=60,
-        tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0, **kw)
+        model="default",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        max_tokens=60,
+        tools=[TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        **kw,
+    )
 
 
 def test_tools_give_tool_calls(client):
@@ -113,8 +141,9 @@ def test_tools_give_tool_calls(client):
 
 
 def test_completions_and_models(client):
-    reply = client.completions.create(model="default", prompt="The capital of France is", max_tokens=MAX_TOKENS,
-                                      temperature=0)
+    reply = client.completions.create(
+        model="default", prompt="The capital of France is", max_tokens=MAX_TOKENS, temperature=0
+    )
     assert reply.object == "text_completion" and reply.choices[0].text
     assert [m.id for m in client.models.list()] == ["default"]
     assert client.models.retrieve("default").id == "default"
@@ -143,8 +172,9 @@ def test_auth(server):
 
 def test_body_limit(server):
     big = {"model": "default", "messages": [{"role": "user", "content": "x" * (9 << 20)}]}
-    reply = httpx.post(server.base_url + "/chat/completions", json=big, headers={"Authorization": f"Bearer {KEY}"},
-                       timeout=60)
+    reply = httpx.post(
+        server.base_url + "/chat/completions", json=big, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
     assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
 
 
@@ -172,8 +202,9 @@ def _wait_idle(server, timeout: float = 20) -> float:
 
 
 def test_client_that_leaves_frees_its_row(server, client):
-    stream = client.chat.completions.create(model="default", messages=CHAT, max_tokens=4000, stream=True,
-                                            logit_bias=NO_EOS)
+    stream = client.chat.completions.create(
+        model="default", messages=CHAT, max_tokens=4000, stream=True, logit_bias=NO_EOS
+    )
     for _, _chunk in zip(range(3), stream):
         pass
     assert _in_progress(server) == 1
@@ -182,19 +213,25 @@ def test_client_that_leaves_frees_its_row(server, client):
     assert "spec_batch_requests_total" in httpx.get(server.url + "/metrics").text
     body = {"model": "default", "messages": CHAT, "max_tokens": 4000, "logit_bias": NO_EOS}
     with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
-        httpx.post(server.base_url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                   timeout=httpx.Timeout(5, read=1.5))
+        httpx.post(
+            server.base_url + "/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=httpx.Timeout(5, read=1.5),
+        )
     assert _wait_idle(server) == 0
 
 
 def test_langchain_chat_openai(server):
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(base_url=server.base_url, api_key=KEY, model="default", temperature=0, max_tokens=MAX_TOKENS,
-                     max_retries=0)
+    llm = ChatOpenAI(
+        base_url=server.base_url, api_key=KEY, model="default", temperature=0, max_tokens=MAX_TOKENS, max_retries=0
+    )
     whole = llm.invoke(PROMPTS[2]).content
     assert whole
     assert "".join(chunk.content for chunk in llm.stream(PROMPTS[2])) == whole
-    structured = ChatOpenAI(base_url=server.base_url, api_key=KEY, model="default", temperature=0, max_tokens=40,
-                            max_retries=0).with_structured_output(Answer)
+    structured = ChatOpenAI(
+        base_url=server.base_url, api_key=KEY, model="default", temperature=0, max_tokens=40, max_retries=0
+    ).with_structured_output(Answer)
     assert isinstance(structured.invoke("Is fire hot? Answer in JSON."), Answer)

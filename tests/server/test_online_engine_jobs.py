@@ -1,16 +1,16 @@
 """A bulk job decoded through the server's engine (`engine.as_decoder()`, what `ctx.parts["decoder"]` holds) while
 an online stream shares its steps: the job's stored outputs equal those of the same job through a plain Decoder
 (the runner's on_result, return_errors, should_stop and the baseline's without_speculation all work on it)."""
+
 from __future__ import annotations
 
+from batch_lines import completion_line, write_batch
 from sqlalchemy import select
 
 from spec_batch import SamplingParams
 from spec_batch.core.engine import Engine
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import Request, make_session_factory
-
-from batch_lines import completion_line, write_batch
 
 PROMPTS = ["1 2 3 4 5 1 2 3", "7 8 9", "5 5 5 5 5 5 1", "3", "10 20 30 10 20 30 10"]
 
@@ -19,8 +19,15 @@ def _job(factory, tmp_path, name: str) -> str:
     lines = [completion_line(f"r{i}", p, max_tokens=12) for i, p in enumerate(PROMPTS)]
     lines.append(completion_line("long", "1 2", max_tokens=10**6))  # fails alone: longer than the context
     path = write_batch(tmp_path / f"{name}.jsonl", lines)
-    job_id, _ = create_job_from_file(factory, path, target="tiny", drafter="ngram", batch_size=2, baseline_sample=2,
-                                     output_file=tmp_path / f"{name}.out.jsonl")
+    job_id, _ = create_job_from_file(
+        factory,
+        path,
+        target="tiny",
+        drafter="ngram",
+        batch_size=2,
+        baseline_sample=2,
+        output_file=tmp_path / f"{name}.out.jsonl",
+    )
     return job_id
 
 

@@ -1,5 +1,6 @@
 """`spec-batch serve` as a process: graceful shutdown lets an in-flight streamed request finish; --help names the
 flags that mirror the settings; --require-keys; the compose api service."""
+
 from __future__ import annotations
 
 import os
@@ -10,17 +11,22 @@ import threading
 import openai
 import pytest
 import yaml
+from online_server import KEY, SPEC_BATCH, start_server
 
 from bench.processes import REPO
-from online_server import KEY, SPEC_BATCH, start_server
 
 
 @pytest.mark.slow
 def test_sigterm_lets_the_stream_in_flight_finish(tmp_path):
     server = start_server(tmp_path)
     client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)
-    stream = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Count to 50."}],
-                                            max_tokens=40, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Count to 50."}],
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+    )
     chunks = [next(iter(stream))]
     stopper = threading.Timer(0.2, server.process.send_signal, args=(signal.SIGTERM,))
     stopper.start()
@@ -40,8 +46,7 @@ def test_help_names_the_flags():
 
 def test_require_keys_refuses_to_start_without_keys():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_BATCH_API_KEYS")}
-    done = subprocess.run([SPEC_BATCH, "serve", "--require-keys"], capture_output=True, text=True, env=env,
-                          timeout=60)
+    done = subprocess.run([SPEC_BATCH, "serve", "--require-keys"], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "SPEC_BATCH_API_KEYS" in done.stderr
 
 

@@ -1,5 +1,6 @@
 """Migration 0005: invalid lines keep their custom_id (a partial unique index over valid rows), old invalid rows
 are backfilled from their stored line, and the downgrade restores the old rule; options and choices columns."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,14 +9,20 @@ from sqlalchemy.exc import IntegrityError
 
 from spec_batch.store.db import _run, downgrade, make_engine
 
-ROW = ("INSERT INTO requests (job_id, custom_id, line_number, input, endpoint, status, attempts) "
-       "VALUES ('j', :c, :n, :i, :e, :s, 0)")
+ROW = (
+    "INSERT INTO requests (job_id, custom_id, line_number, input, endpoint, status, attempts) "
+    "VALUES ('j', :c, :n, :i, :e, :s, 0)"
+)
 
 
 def _job(conn) -> None:
-    conn.execute(text("INSERT INTO jobs (id, status, target, drafter, sampling_defaults, batch_size, baseline_sample, "
-                      "n_requests, n_invalid, decode_wall_s, created_at) VALUES ('j', 'in_progress', 't', 'ngram', "
-                      "'{}', 8, 0, 3, 2, 0, CURRENT_TIMESTAMP)"))
+    conn.execute(
+        text(
+            "INSERT INTO jobs (id, status, target, drafter, sampling_defaults, batch_size, baseline_sample, "
+            "n_requests, n_invalid, decode_wall_s, created_at) VALUES ('j', 'in_progress', 't', 'ngram', "
+            "'{}', 8, 0, 3, 2, 0, CURRENT_TIMESTAMP)"
+        )
+    )
 
 
 def test_0005_keeps_custom_ids_of_invalid_lines_and_downgrades(empty_db_url):

@@ -1,4 +1,5 @@
 """The SQL store on SQLite and PostgreSQL: migrations up and down, the schema, conditional updates, job_summary."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,8 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from spec_batch.jobs import lifecycle
 from spec_batch.core.outputs import GenerationResult, RequestStats
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.stats import stats_by_model
 from spec_batch.store import (
     JOB_SUMMARY_COLUMNS,
@@ -32,11 +33,28 @@ from spec_batch.store import (
     utcnow,
 )
 
-
 REPO = Path(__file__).resolve().parents[2]
-VIEW_COLUMNS = ("job_id, status, target, drafter, n_requests, n_completed, n_failed, output_tokens, acceptance_rate, "
-                "tokens_per_step, tokens_per_s, baseline_tokens_per_s, speedup, created_at, completed_at, forced_tokens, "
-                "speedup_low, speedup_high, speedup_reliable").split(", ")
+VIEW_COLUMNS = [
+    "job_id",
+    "status",
+    "target",
+    "drafter",
+    "n_requests",
+    "n_completed",
+    "n_failed",
+    "output_tokens",
+    "acceptance_rate",
+    "tokens_per_step",
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "speedup",
+    "created_at",
+    "completed_at",
+    "forced_tokens",
+    "speedup_low",
+    "speedup_high",
+    "speedup_reliable",
+]
 
 
 def _revisions() -> list[str]:
@@ -110,8 +128,14 @@ def test_plain_alembic_upgrade_head_uses_the_settings_url(tmp_path, monkeypatch)
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     env = {**os.environ, "SPEC_BATCH_DATABASE_URL": url}
-    proc = subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     engine = make_engine(url)
     assert current_revision(engine) == head_revision() and "job_summary" in _views(engine)
@@ -146,18 +170,44 @@ def test_postgres_is_not_migrated_implicitly(pg_admin):
 def _new_job(factory, *, n: int = 3, baseline_sample: int = 0, **kw) -> tuple[str, list[int]]:
     job_id = "job_" + os.urandom(8).hex()
     with factory.begin() as s:
-        s.add(Job(id=job_id, target="t", drafter="ngram", sampling_defaults={}, n_requests=n,
-                  baseline_sample=baseline_sample, status="in_progress", **kw))
+        s.add(
+            Job(
+                id=job_id,
+                target="t",
+                drafter="ngram",
+                sampling_defaults={},
+                n_requests=n,
+                baseline_sample=baseline_sample,
+                status="in_progress",
+                **kw,
+            )
+        )
         for i in range(n):
-            s.add(Request(job_id=job_id, custom_id=f"c{i}", line_number=i + 1, input="{}", endpoint="/v1/completions",
-                          prompt="p", params={"max_new_tokens": 4}))
+            s.add(
+                Request(
+                    job_id=job_id,
+                    custom_id=f"c{i}",
+                    line_number=i + 1,
+                    input="{}",
+                    endpoint="/v1/completions",
+                    prompt="p",
+                    params={"max_new_tokens": 4},
+                )
+            )
     with factory() as s:
         return job_id, queries.request_ids(s, job_id)
 
 
 def _result(out: int, draft: int, accepted: int, forwards: int, wall: float = 0.1, error: bool = False):
-    stats = RequestStats(prompt_tokens=5, output_tokens=out, draft_tokens=draft, accepted_tokens=accepted,
-                         target_forwards=forwards, accepted_length_histogram=[1, 2], wall_s=wall)
+    stats = RequestStats(
+        prompt_tokens=5,
+        output_tokens=out,
+        draft_tokens=draft,
+        accepted_tokens=accepted,
+        target_forwards=forwards,
+        accepted_length_histogram=[1, 2],
+        wall_s=wall,
+    )
     if error:
         return GenerationResult("", [], "error", stats, error="prompt too long")
     return GenerationResult("x" * out, list(range(out)), "length", stats)
@@ -177,7 +227,7 @@ def test_defaults_timestamps_and_uniqueness(db_url):
             s.add(Request(job_id=job_id, custom_id="c0", line_number=99, input="{}", endpoint="/v1/completions"))
     with factory.begin() as s:  # an invalid line (no endpoint) keeps its custom_id, even one in use (0005)
         s.add(Request(job_id=job_id, custom_id="c0", line_number=98, input="{}", status="failed"))
-    other, _ = _new_job(factory, n=1)  # ... but not across jobs
+    _other, _ = _new_job(factory, n=1)  # ... but not across jobs
     with pytest.raises(IntegrityError):  # status values are checked
         with factory.begin() as s:
             s.execute(text("UPDATE requests SET status = 'done' WHERE job_id = :j"), {"j": job_id})
@@ -191,9 +241,15 @@ def test_save_result_is_conditional_and_claims_respect_leases(db_url):
     with factory.begin() as s:  # a live lease is not claimable; a pending row is
         assert request_claims.claim_requests(s, job_id, ids, worker="w2", lease_seconds=60) == [ids[2]]
     with factory.begin() as s:  # an expired lease is
-        s.execute(text("UPDATE requests SET lease_expires_at = :t WHERE id = :i"),
-                  {"t": (utcnow() - timedelta(seconds=5)).replace(tzinfo=None) if "sqlite" in db_url
-                   else utcnow() - timedelta(seconds=5), "i": ids[0]})
+        s.execute(
+            text("UPDATE requests SET lease_expires_at = :t WHERE id = :i"),
+            {
+                "t": (utcnow() - timedelta(seconds=5)).replace(tzinfo=None)
+                if "sqlite" in db_url
+                else utcnow() - timedelta(seconds=5),
+                "i": ids[0],
+            },
+        )
     with factory.begin() as s:
         assert request_claims.claim_requests(s, job_id, ids, worker="w3", lease_seconds=60) == [ids[0]]
     with factory.begin() as s:
@@ -211,8 +267,13 @@ def test_save_result_is_conditional_and_claims_respect_leases(db_url):
     with factory() as s:
         r = s.get(Request, ids[1])
         assert (r.status, r.error_code, r.error) == ("failed", "decode_error", "prompt too long")
-        assert queries.job_counts(s, job_id) == {"pending": 1, "running": 0, "completed": 1, "failed": 1,
-                                                 "cancelled": 0}
+        assert queries.job_counts(s, job_id) == {
+            "pending": 1,
+            "running": 0,
+            "completed": 1,
+            "failed": 1,
+            "cancelled": 0,
+        }
 
 
 def test_finalize_exactly_once_and_only_when_done(db_url):
@@ -265,17 +326,38 @@ def test_resolve_job_id(db_url):
 def test_job_summary_equals_the_sums_of_the_request_rows(db_url):
     factory = make_session_factory(db_url)
     job_id, ids = _new_job(factory, n=5)
-    results = [_result(10, 12, 8, 3, wall=0.3), _result(7, 0, 0, 7, wall=0.2), _result(20, 30, 15, 6, wall=0.5),
-               _result(0, 0, 0, 0, error=True)]
+    results = [
+        _result(10, 12, 8, 3, wall=0.3),
+        _result(7, 0, 0, 7, wall=0.2),
+        _result(20, 30, 15, 6, wall=0.5),
+        _result(0, 0, 0, 0, error=True),
+    ]
     with factory.begin() as s:
         for rid, res in zip(ids, results):
             queries.save_result(s, rid, res)
         queries.add_decode_time(s, job_id, 1.5)
         queries.add_decode_time(s, job_id, 0.5)  # two runs add up
-        queries.record_baseline(s, job_id, n_requests=2, baseline_output_tokens=30, baseline_wall_s=3.0,
-                                sample_output_tokens=30, sample_wall_s=1.2)
-        assert queries.record_baseline(s, job_id, n_requests=1, baseline_output_tokens=1, baseline_wall_s=1.0,
-                                       sample_output_tokens=1, sample_wall_s=1.0) is False  # first wins
+        queries.record_baseline(
+            s,
+            job_id,
+            n_requests=2,
+            baseline_output_tokens=30,
+            baseline_wall_s=3.0,
+            sample_output_tokens=30,
+            sample_wall_s=1.2,
+        )
+        assert (
+            queries.record_baseline(
+                s,
+                job_id,
+                n_requests=1,
+                baseline_output_tokens=1,
+                baseline_wall_s=1.0,
+                sample_output_tokens=1,
+                sample_wall_s=1.0,
+            )
+            is False
+        )  # first wins
     with factory() as s:
         row = summaries.job_summary_row(s, job_id)
         reqs = s.scalars(select(Request).where(Request.job_id == job_id)).all()
@@ -285,8 +367,9 @@ def test_job_summary_equals_the_sums_of_the_request_rows(db_url):
     assert row["n_completed"] == sum(r.status == "completed" for r in reqs) == 3
     assert row["n_failed"] == sum(r.status == "failed" for r in reqs) == 1
     assert row["output_tokens"] == out == 37
-    assert row["acceptance_rate"] == pytest.approx(sum(r.accepted_tokens or 0 for r in reqs)
-                                                  / sum(r.draft_tokens or 0 for r in reqs))
+    assert row["acceptance_rate"] == pytest.approx(
+        sum(r.accepted_tokens or 0 for r in reqs) / sum(r.draft_tokens or 0 for r in reqs)
+    )
     assert row["tokens_per_step"] == pytest.approx(out / sum(r.target_forwards or 0 for r in reqs))
     assert row["tokens_per_s"] == pytest.approx(out / job.decode_wall_s) and job.decode_wall_s == pytest.approx(2.0)
     assert row["baseline_tokens_per_s"] == pytest.approx(10.0)

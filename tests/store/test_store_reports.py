@@ -1,11 +1,12 @@
 """The report queries (spec_batch.store.report_queries) and the per-request baseline table on a real database."""
+
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
-
 from batch_lines import completion_line, write_batch
+
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.store import make_session_factory, queries, summaries
 from spec_batch.store.baselines import SamplePair, record_baseline_samples
@@ -14,8 +15,9 @@ from spec_batch.store.report_queries import job_history, job_report_data
 
 
 def _job(factory, tmp_path, n=6, **kw):
-    path = write_batch(tmp_path / f"in{n}.jsonl",
-                       [completion_line(f"c{i}", f"prompt {i}", max_tokens=8) for i in range(n)] + ["{bad"])
+    path = write_batch(
+        tmp_path / f"in{n}.jsonl", [completion_line(f"c{i}", f"prompt {i}", max_tokens=8) for i in range(n)] + ["{bad"]
+    )
     job_id, _ = create_job_from_file(factory, path, target="fake-target", drafter="ngram", **kw)
     return job_id
 
@@ -34,7 +36,8 @@ def test_job_report_data_matches_job_summary(db_url, tmp_path, fake_decoder_cls)
     assert data.requests[-1].status == "failed" and data.requests[-1].output_tokens is None
     assert sum(r.output_tokens or 0 for r in data.requests) == summary["output_tokens"]
     assert sum(r.target_forwards or 0 for r in data.requests) * summary["tokens_per_step"] == pytest.approx(
-        summary["output_tokens"])
+        summary["output_tokens"]
+    )
     done = [r for r in data.requests if r.status == "completed"]
     assert len(done) == 6 and all(r.completed_at is not None and r.started_at is not None for r in done)
 
@@ -50,7 +53,11 @@ def test_baseline_samples_are_read_back_in_line_order(db_url, tmp_path):
     with factory() as s:
         got = job_report_data(s, job_id).baseline
     assert [(b.custom_id, b.line_number) for b in got] == [("c0", 1), ("c3", 4)]
-    assert (got[1].speculative_output_tokens, got[1].speculative_target_forwards, got[1].baseline_wall_s) == (30, 10, 1.5)
+    assert (got[1].speculative_output_tokens, got[1].speculative_target_forwards, got[1].baseline_wall_s) == (
+        30,
+        10,
+        1.5,
+    )
 
 
 def test_job_history_is_oldest_first_and_filters_by_creation_time(db_url, tmp_path):

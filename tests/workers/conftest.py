@@ -7,13 +7,13 @@
 - ``queued_job(n, chunk_size, ...)``: a queue job and its chunks; ``job_state(job_id)``: its counts and row.
 - ``fake_runtime(decoder=None, ...)``: what the task needs from a worker process (``FakeRuntime``).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import shutil
 
 import pytest
-
 from batch_lines import completion_line, write_batch
 from queue_testlib import SHARED_REDIS_URL, RedisServer, redis_ping
 
@@ -27,8 +27,10 @@ def redis_url(tmp_path_factory) -> str:
         server.stop()
         return
     if not redis_ping(SHARED_REDIS_URL):
-        pytest.skip(f"no redis-server binary and Redis at {SHARED_REDIS_URL} cannot be reached "
-                    f"(start it with scripts/services.sh)")
+        pytest.skip(
+            f"no redis-server binary and Redis at {SHARED_REDIS_URL} cannot be reached "
+            f"(start it with scripts/services.sh)"
+        )
     import redis
 
     redis.Redis.from_url(SHARED_REDIS_URL).flushdb()
@@ -53,8 +55,8 @@ class FakeRuntime:
     tests tick it). `loads` counts decoder() calls."""
 
     def __init__(self, factory, decoder, lease_seconds: int = 30, max_attempts: int = 3):
-        from spec_batch.settings import get_settings
         from spec_batch.jobs import lease
+        from spec_batch.settings import get_settings
 
         self.session_factory = factory
         self.settings = dataclasses.replace(get_settings(), lease_seconds=lease_seconds, max_attempts=max_attempts)
@@ -108,8 +110,16 @@ def queued_job(factory, tmp_path):
         lines = lines or [completion_line(f"r{i}", f"prompt number {i}") for i in range(n)]
         path = write_batch(tmp_path / f"batch{len(list(tmp_path.glob('batch*')))}.jsonl", lines)
         q = queue_name("fake", "ngram")
-        job_id, _ = create_job_from_file(factory, path, target="fake", drafter="ngram", batch_size=batch_size,
-                                         baseline_sample=baseline, queue=q, chunk_size=chunk_size)
+        job_id, _ = create_job_from_file(
+            factory,
+            path,
+            target="fake",
+            drafter="ngram",
+            batch_size=batch_size,
+            baseline_sample=baseline,
+            queue=q,
+            chunk_size=chunk_size,
+        )
         with factory.begin() as s:
             ids = queries.open_request_ids(s, job_id)
             chunks = qstore.add_chunks(s, job_id, q, ids, chunk_size, measure_baseline=baseline > 0, epoch="e1")

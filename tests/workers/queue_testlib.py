@@ -8,6 +8,7 @@ bench/bench_queue.py, re-exported here), batch files and the CLI.
 - ``worker_env(db_url, broker_url, lease_seconds)``: the environment of a worker (one torch thread each).
 - ``write_completions(path, n, ...)``: a batch file of n completion requests (some failing on purpose).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,34 @@ SPEC_BATCH = str(Path(sys.executable).with_name("spec-batch"))
 
 
 def completion(cid: str, prompt: str, max_tokens: int) -> str:
-    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions",
-                       "body": {"model": "default", "prompt": prompt, "max_tokens": max_tokens}})
+    return json.dumps(
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "default", "prompt": prompt, "max_tokens": max_tokens},
+        }
+    )
 
 
-TOPICS = ["apples", "rivers", "trains", "clouds", "violins", "bridges", "lanterns", "glaciers",
-          "maps", "owls", "kites", "comets", "gardens", "ladders", "harbors", "meadows"]
+TOPICS = [
+    "apples",
+    "rivers",
+    "trains",
+    "clouds",
+    "violins",
+    "bridges",
+    "lanterns",
+    "glaciers",
+    "maps",
+    "owls",
+    "kites",
+    "comets",
+    "gardens",
+    "ladders",
+    "harbors",
+    "meadows",
+]
 
 
 def write_completions(path: Path, n: int, *, max_tokens: int = 8, failing: tuple[int, ...] = ()) -> Path:
@@ -53,5 +76,4 @@ def write_completions(path: Path, n: int, *, max_tokens: int = 8, failing: tuple
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 300.0) -> subprocess.CompletedProcess:
-    return subprocess.run([SPEC_BATCH, *args], cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([SPEC_BATCH, *args], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout)

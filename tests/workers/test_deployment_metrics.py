@@ -1,9 +1,9 @@
 """docker-compose.yml's Prometheus reaches the workers: its scrape config names the worker services and the port
 their environment gives SPEC_BATCH_METRICS_PORT."""
+
 from __future__ import annotations
 
 import yaml
-
 from queue_testlib import REPO
 
 

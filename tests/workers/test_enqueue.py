@@ -1,11 +1,12 @@
 """Submitting and re-enqueueing: the broker checked first, the job committed before anything is published, a
 broker lost midway, orphans adopted."""
+
 from __future__ import annotations
 
 import pytest
+from batch_lines import completion_line, write_batch
 from sqlalchemy import select
 
-from batch_lines import completion_line, write_batch
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job
@@ -27,8 +28,9 @@ def test_submit_with_redis_down_creates_no_job(factory, tmp_path, db_url):
 def test_submit_publishes_every_chunk(factory, tmp_path, redis_url):
     import redis
 
-    path = write_batch(tmp_path / "b.jsonl", [completion_line(f"r{i}", f"p{i}") for i in range(7)]
-                       + ['{"custom_id": "bad"}'])
+    path = write_batch(
+        tmp_path / "b.jsonl", [completion_line(f"r{i}", f"p{i}") for i in range(7)] + ['{"custom_id": "bad"}']
+    )
     res = submit_file(factory, path, target="default", drafter="ngram", chunk_size=3, broker_url=redis_url)
     assert (res.n_requests, res.n_invalid, res.n_chunks, res.published) == (8, 1, 3, 3)
     r = redis.Redis.from_url(redis_url)
@@ -73,8 +75,9 @@ def test_enqueue_job_adopts_orphans_and_republishes(factory, tmp_path, redis_url
 
     path = write_batch(tmp_path / "b.jsonl", [completion_line(f"r{i}", f"p{i}") for i in range(5)])
     # a submit that died after storing the job, before storing its chunks
-    job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram",
-                                     queue=queue_name("default", "ngram"), chunk_size=2)
+    job_id, _ = create_job_from_file(
+        factory, path, target="default", drafter="ngram", queue=queue_name("default", "ngram"), chunk_size=2
+    )
     with factory() as s:
         assert len(qstore.orphan_request_ids(s, job_id)) == 5
     sent = []

@@ -1,6 +1,7 @@
 """Faults with servers of their own: Redis restarted in the middle of a job (every queued message lost), and
 PostgreSQL unreachable for a few seconds while two workers share a job. Real workers, the real default model.
 """
+
 from __future__ import annotations
 
 import socket
@@ -8,14 +9,13 @@ import threading
 import time
 
 import pytest
+from db_fixtures import create_pg_database, drop_pg_database
+from queue_testlib import WorkerProcess, free_port, wait_for, worker_env, write_completions
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from db_fixtures import create_pg_database, drop_pg_database
-from queue_testlib import WorkerProcess, free_port, wait_for, worker_env, write_completions
-from spec_batch.jobs.lease import token_pid
-from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store import chunks as qstore
+from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store.models import Request
 from spec_batch.workers.enqueue import submit_file
 
@@ -36,7 +36,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._running = False
 
-    def up(self) -> "TcpProxy":
+    def up(self) -> TcpProxy:
         srv = socket.socket()
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.bind(("127.0.0.1", self.port))
@@ -50,7 +50,7 @@ class TcpProxy:
         while self._running and self._srv is srv:
             try:
                 client, _ = srv.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -117,8 +117,9 @@ def _assert_exactly_once(factory, job_id: str, n: int) -> list[Request]:
         job = queries.get_job(s, job_id)
         chunks = qstore.job_chunks(s, job_id)
     assert len(rs) == n and len({r.custom_id for r in rs}) == n
-    assert all(r.status == "completed" and r.output is not None and r.completed_at for r in rs), \
-        [(r.custom_id, r.status, r.error) for r in rs]
+    assert all(r.status == "completed" and r.output is not None and r.completed_at for r in rs), [
+        (r.custom_id, r.status, r.error) for r in rs
+    ]
     assert job.status == "completed" and job.completed_at is not None
     assert {c.state for c in chunks} <= {"done", "split"}
     return rs
@@ -139,8 +140,16 @@ def test_redis_restarted_in_the_middle_of_a_job(tmp_path, redis_server):
     try:
         worker.wait_ready()
         path = write_completions(tmp_path / "b.jsonl", 8, max_tokens=8)
-        res = submit_file(factory, path, target="default", drafter="ngram", batch_size=2, baseline_sample=0,
-                          chunk_size=2, broker_url=redis_server.url)
+        res = submit_file(
+            factory,
+            path,
+            target="default",
+            drafter="ngram",
+            batch_size=2,
+            baseline_sample=0,
+            chunk_size=2,
+            broker_url=redis_server.url,
+        )
         with factory() as s:
             first_epoch = qstore.job_chunks(s, res.job_id)[0].epoch
         wait_for(lambda: _progress(factory, res.job_id), JOB_TIMEOUT_S, 0.1, what="the job to start")
@@ -174,14 +183,22 @@ def test_postgres_two_workers_and_a_database_outage(tmp_path, pg_admin, redis_ur
         for w in workers:
             w.wait_ready()
         path = write_completions(tmp_path / "b.jsonl", 8, max_tokens=8)
-        res = submit_file(factory, path, target="default", drafter="ngram", batch_size=2, baseline_sample=0,
-                          chunk_size=2, broker_url=redis_url)
+        res = submit_file(
+            factory,
+            path,
+            target="default",
+            drafter="ngram",
+            batch_size=2,
+            baseline_sample=0,
+            chunk_size=2,
+            broker_url=redis_url,
+        )
         wait_for(lambda: _progress(factory, res.job_id), JOB_TIMEOUT_S, 0.1, what="the job to start")
         proxy.down()  # the workers lose the database for a few seconds
         time.sleep(2.5)
         proxy.up()
         assert _wait_job(factory, res.job_id, workers) == "completed"
-        rs = _assert_exactly_once(factory, res.job_id, 8)
+        _assert_exactly_once(factory, res.job_id, 8)
         # both workers took chunks; which of them completes each is Celery's and the outage's business (a worker
         # whose attempts all fell in the outage may leave every request to the other one's retries)
         assert all("process_chunk" in w.log() and "received" in w.log() for w in workers)

@@ -4,6 +4,7 @@ Two workers (one torch thread each: two cores) serve the whole module; a test th
 Jobs are small (max_tokens 8-16) so the module stays within a few minutes on two cores.
 Fault tests with their own servers (Redis restarted, PostgreSQL unreachable): test_queue_faults.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from queue_testlib import WorkerProcess, run_cli, wait_for, worker_env, write_completions
 from sqlalchemy import select
 
-from queue_testlib import WorkerProcess, run_cli, wait_for, worker_env, write_completions
-from spec_batch.store import make_session_factory, migrate_to_head, queries, summaries
 from spec_batch.store import chunks as qstore
+from spec_batch.store import make_session_factory, migrate_to_head, queries, summaries
 from spec_batch.store.models import Request
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -142,8 +143,18 @@ def test_submit_and_wait_through_a_worker_matches_the_in_process_runner(live, tm
     path = write_completions(tmp_path / "b.jsonl", 6, max_tokens=8)
     job_id = submit(live, path, "--chunk-size", "3", "--batch-size", "4", "--max-tokens", "8")
     out = tmp_path / "results.jsonl"
-    proc = run_cli("wait", job_id, "--timeout", str(JOB_TIMEOUT_S), "--interval", "0.5", "-o", str(out),
-                   env=live.env, timeout=JOB_TIMEOUT_S + 60)
+    proc = run_cli(
+        "wait",
+        job_id,
+        "--timeout",
+        str(JOB_TIMEOUT_S),
+        "--interval",
+        "0.5",
+        "-o",
+        str(out),
+        env=live.env,
+        timeout=JOB_TIMEOUT_S + 60,
+    )
     assert proc.returncode == 0, proc.stderr + live.logs()
     assert proc.stdout.strip().splitlines()[-1] == "completed"
     assert "6/6 done" in proc.stderr
@@ -152,8 +163,15 @@ def test_submit_and_wait_through_a_worker_matches_the_in_process_runner(live, tm
 
     # the same input in-process (same batch size, no baseline on either side)
     factory = live.factory
-    local_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram", batch_size=4,
-                                       baseline_sample=0, sampling_defaults={"max_new_tokens": 8})
+    local_id, _ = create_job_from_file(
+        factory,
+        path,
+        target="default",
+        drafter="ngram",
+        batch_size=4,
+        baseline_sample=0,
+        sampling_defaults={"max_new_tokens": 8},
+    )
     run_job(factory, local_id, load_decoder("default", "ngram", num_draft_tokens=8, adaptive=False))
     with factory() as s:
         q = summaries.job_summary_row(s, job_id)
@@ -166,7 +184,12 @@ def test_submit_and_wait_through_a_worker_matches_the_in_process_runner(live, tm
     for r in rows(live, job_id):
         l = by_id[r.custom_id]
         assert (r.output, r.output_tokens, r.draft_tokens, r.accepted_tokens, r.target_forwards) == (
-            l.output, l.output_tokens, l.draft_tokens, l.accepted_tokens, l.target_forwards)
+            l.output,
+            l.output_tokens,
+            l.draft_tokens,
+            l.accepted_tokens,
+            l.target_forwards,
+        )
 
 
 def test_two_workers_share_one_job(live, tmp_path):
@@ -236,8 +259,9 @@ def test_kill_9_a_worker_in_the_middle_of_a_chunk(live, tmp_path):
     path = write_completions(tmp_path / "b.jsonl", 8, max_tokens=16)
     job_id = submit(live, path, "--chunk-size", "4", "--batch-size", "1", "--max-tokens", "16")
     victim = live.workers["a"]
-    chunk_id, holder = wait_for(lambda: _chunk_in_flight(live, job_id, victim), JOB_TIMEOUT_S, 0.05,
-                                what="worker a in the middle of a chunk")
+    chunk_id, holder = wait_for(
+        lambda: _chunk_in_flight(live, job_id, victim), JOB_TIMEOUT_S, 0.05, what="worker a in the middle of a chunk"
+    )
     done_before = {r.id: (r.output, r.worker) for r in rows(live, job_id) if r.status == "completed"}
     victim.kill9()  # the main process and its pool child: a lost machine
     t_kill = time.monotonic()

@@ -1,21 +1,20 @@
 """Leases, the heartbeat and the reaper: expired chunks re-queued then split then given up, dead siblings taken
 over at once, lost messages republished, unfinished jobs finalized, orphans adopted."""
+
 from __future__ import annotations
 
 import subprocess
 import sys
 from datetime import timedelta
 
+from batch_lines import completion_line, write_batch
 from sqlalchemy import select, update
 
-from batch_lines import completion_line, write_batch
-
-from spec_batch.jobs import lifecycle
+from spec_batch.jobs import lease, lifecycle
 from spec_batch.jobs.lease import holder_prefix
-from spec_batch.store import chunks as qstore, chunk_recovery
-from spec_batch.store import queries, request_claims
+from spec_batch.store import chunk_recovery, queries, request_claims
+from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Job, Request, utcnow
-from spec_batch.jobs import lease
 from spec_batch.workers import reaper, tasks
 from spec_batch.workers.routing import queue_name
 
@@ -31,8 +30,14 @@ def _reap(factory, published, *, lease_seconds=5, max_attempts=3, epoch="e1", mo
     monkeypatch.setattr(reaper, "broker_epoch", lambda url: epoch)
     from spec_batch.jobs.runner import finalize_job
 
-    return reaper.reap(factory, broker_url="redis://unused", publish=published, lease_seconds=lease_seconds,
-                      max_attempts=max_attempts, finalize=lambda j: finalize_job(factory, j))
+    return reaper.reap(
+        factory,
+        broker_url="redis://unused",
+        publish=published,
+        lease_seconds=lease_seconds,
+        max_attempts=max_attempts,
+        finalize=lambda j: finalize_job(factory, j),
+    )
 
 
 def _hold(factory, chunk, token, *, expired=True, claim_requests=True):
@@ -68,8 +73,11 @@ def test_a_redelivered_message_takes_over_an_expired_chunk(factory, queued_job, 
     job_id, chunks = queued_job(n=3, chunk_size=3)
     _hold(factory, chunks[0], "gone/n/1/a", expired=True)
     with factory.begin() as s:
-        s.execute(update(Request).where(Request.worker == "gone/n/1/a")
-                  .values(lease_expires_at=utcnow() + timedelta(seconds=30)))
+        s.execute(
+            update(Request)
+            .where(Request.worker == "gone/n/1/a")
+            .values(lease_expires_at=utcnow() + timedelta(seconds=30))
+        )
     out = tasks._process(fake_runtime(), chunks[0].id, lease.new_token())
     assert out["completed"] == 3 and out["finalized"]
     counts, job = job_state(job_id)
@@ -85,8 +93,11 @@ def test_reaper_requeues_an_expired_chunk_then_splits_then_gives_up(factory, mon
     assert not _reap(factory, pub, monkeypatch=monkeypatch).any() and pub == []
     # first loss: the same chunk again, its requests pending at once
     with factory.begin() as s:
-        s.execute(update(qstore.QueueChunk).where(qstore.QueueChunk.id == chunk.id)
-                  .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        s.execute(
+            update(qstore.QueueChunk)
+            .where(qstore.QueueChunk.id == chunk.id)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
     rep = _reap(factory, pub, monkeypatch=monkeypatch)
     assert rep.requeued == 1 and pub == [(chunk.id, chunk.queue)]
     counts, _ = job_state(job_id)
@@ -137,7 +148,7 @@ def test_reaper_republishes_after_the_broker_lost_its_messages(factory, monkeypa
 
 
 def test_reaper_publishes_chunks_a_submit_never_published(factory, monkeypatch, queued_job):
-    _, chunks = queued_job(n=2, chunk_size=2)
+    _, _chunks = queued_job(n=2, chunk_size=2)
     with factory.begin() as s:
         s.execute(update(qstore.QueueChunk).values(epoch=None))
     pub = Published()
@@ -158,8 +169,11 @@ def test_reaper_finishes_jobs_whose_last_worker_died(factory, monkeypatch, queue
         assert queries.get_job(s, job_id).status == "completed"
     # ... or between finalizing and completing
     with factory.begin() as s:
-        s.execute(update(Job).where(Job.id == job_id)
-                  .values(status="finalizing", finalizing_at=utcnow() - timedelta(seconds=60)))
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status="finalizing", finalizing_at=utcnow() - timedelta(seconds=60))
+        )
     assert _reap(factory, Published(), monkeypatch=monkeypatch).finalized == 1
     with factory() as s:
         assert queries.get_job(s, job_id).status == "completed"
@@ -167,8 +181,9 @@ def test_reaper_finishes_jobs_whose_last_worker_died(factory, monkeypatch, queue
 
 def test_reaper_with_the_broker_down_does_nothing(factory, queued_job):
     queued_job(n=2, chunk_size=2)
-    rep = reaper.reap(factory, broker_url=DEAD_BROKER, publish=Published(), lease_seconds=5, max_attempts=3,
-                     finalize=lambda j: None)
+    rep = reaper.reap(
+        factory, broker_url=DEAD_BROKER, publish=Published(), lease_seconds=5, max_attempts=3, finalize=lambda j: None
+    )
     assert rep.errors and not rep.any()
 
 
@@ -187,8 +202,9 @@ def test_reaper_adopts_orphans_after_a_grace(factory, tmp_path):
     from spec_batch.jobs import create_job_from_file
 
     path = write_batch(tmp_path / "b.jsonl", [completion_line(f"r{i}", f"p{i}") for i in range(3)])
-    job_id, _ = create_job_from_file(factory, path, target="default", drafter="ngram",
-                                     queue=queue_name("default", "ngram"), chunk_size=2)
+    job_id, _ = create_job_from_file(
+        factory, path, target="default", drafter="ngram", queue=queue_name("default", "ngram"), chunk_size=2
+    )
     pub = Published()
     assert reaper.adopt_orphans(factory, grace_s=60, publish=pub, epoch="e", chunk_size=2) == 0
     with factory.begin() as s:

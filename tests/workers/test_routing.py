@@ -1,4 +1,5 @@
 """Routing: a job's target and drafter decide its queue; `--model TARGET[:DRAFTER]` names a pair."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,8 +55,16 @@ def test_the_precision_is_part_of_the_queue_name_and_full_at_the_default_dtype_k
     assert queue_name("default", "suffix", None, None) == queue_name("default", "suffix", "full", None)
     assert queue_name("default", "suffix", "full", None) == "spec-batch.default.suffix"
     assert queue_name("default", "suffix", "int4", "bfloat16") == "spec-batch.default.suffix.int4-bfloat16"
-    names = {queue_name("default", "suffix", w, d) for w, d in
-             [(None, None), ("int4", "bfloat16"), ("int8", "bfloat16"), ("full", "bfloat16"), ("full", "float32")]}
+    names = {
+        queue_name("default", "suffix", w, d)
+        for w, d in [
+            (None, None),
+            ("int4", "bfloat16"),
+            ("int8", "bfloat16"),
+            ("full", "bfloat16"),
+            ("full", "float32"),
+        ]
+    }
     assert len(names) == 5  # chunks of one job never reach a worker of another precision
     hub = "HuggingFaceTB/SmolLM2-360M"
     assert queue_name(hub, "none", "full", None) == queue_name(hub, "none")  # today's digest kept
@@ -70,8 +79,13 @@ def test_parse_model_pair_keeps_a_self_draft_whole():
 def test_a_worker_for_a_head_listens_where_submit_publishes():
     """Drafter names carry colons (head:NAME, hybrid:/dir, self:int4): `worker --model` splits at the first one,
     so its queue is the one `submit` derives from the job's (target, drafter)."""
-    for target, drafter in (("default", "head:notices"), ("default", "hybrid:notices"), ("default", "head:/heads/a:b"),
-                            ("default", "self:int4"), ("./m/big", "HuggingFaceTB/SmolLM2-135M")):
+    for target, drafter in (
+        ("default", "head:notices"),
+        ("default", "hybrid:notices"),
+        ("default", "head:/heads/a:b"),
+        ("default", "self:int4"),
+        ("./m/big", "HuggingFaceTB/SmolLM2-135M"),
+    ):
         assert parse_model_pair(f"{target}:{drafter}") == (target, drafter)
         assert queue_name(*parse_model_pair(f"{target}:{drafter}")) == queue_name(target, drafter)
     assert queue_name("default", "head:notices") != queue_name("default:head", "notices")

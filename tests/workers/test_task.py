@@ -1,15 +1,14 @@
 """The chunk task in-process with a fake runtime: store once, complete once, skip what others hold, fail alone,
 cancel and take-over. The same with real worker processes: test_queue_workers.py."""
+
 from __future__ import annotations
 
+from batch_lines import completion_line
 from sqlalchemy import select, update
 
-from batch_lines import completion_line
-from spec_batch.jobs import lifecycle
-from spec_batch.jobs import cancel_job, runner
+from spec_batch.jobs import cancel_job, lease, lifecycle, runner
 from spec_batch.store import chunks as qstore
 from spec_batch.store.models import Request
-from spec_batch.jobs import lease
 from spec_batch.workers import tasks
 
 
@@ -45,7 +44,11 @@ def test_an_unknown_chunk_id_is_a_no_op(factory, fake_runtime):
 
 
 def test_a_failing_request_fails_alone(factory, queued_job, fake_runtime, job_state):
-    lines = [completion_line("ok1", "fine"), completion_line("bad", "TOO LONG here"), completion_line("ok2", "also fine")]
+    lines = [
+        completion_line("ok1", "fine"),
+        completion_line("bad", "TOO LONG here"),
+        completion_line("ok2", "also fine"),
+    ]
     job_id, chunks = queued_job(lines=lines, chunk_size=3)
     tasks._process(fake_runtime(), chunks[0].id, lease.new_token())
     counts, job = job_state(job_id)
@@ -114,8 +117,11 @@ def test_a_chunk_taken_over_stops_its_old_holder(factory, queued_job, fake_runti
                 on_result(i, res)
                 if i == 0:  # meanwhile a reaper gave the chunk to another worker
                     with factory.begin() as s:
-                        s.execute(update(qstore.QueueChunk).where(qstore.QueueChunk.id == chunks[0].id)
-                                  .values(worker="other/n/1/x"))
+                        s.execute(
+                            update(qstore.QueueChunk)
+                            .where(qstore.QueueChunk.id == chunks[0].id)
+                            .values(worker="other/n/1/x")
+                        )
                     rt.heartbeat.tick()
 
             return super().generate(prompts, params, batch_size, on_result=cb, **kw)

@@ -1,5 +1,6 @@
 """A worker keeps a job's memory across the chunks it runs (warmed from SQL on first use: the job's outputs
 done so far, by anyone), and drops it when the job ends."""
+
 from __future__ import annotations
 
 from spec_batch.jobs import lease
@@ -24,7 +25,7 @@ def test_a_job_memory_lives_across_chunks_and_goes_with_the_job(factory, queued_
 
 
 def test_no_memory_for_drafters_without_one(factory, queued_job, fake_runtime, fake_decoder_cls):
-    job_id, chunks = queued_job(n=2, chunk_size=2)
+    _job_id, chunks = queued_job(n=2, chunk_size=2)
     decoder = fake_decoder_cls()
     tasks._process(fake_runtime(decoder), chunks[0].id, lease.new_token())
     assert decoder.memories == [None]

@@ -1,6 +1,7 @@
 """workers/metrics.py in multiprocess mode, in a fresh interpreter (the mode is chosen when prometheus_client is
 first imported): pool-like forked children count, the main process serves the sum, dead children's live gauge
 goes away, and importing prometheus_client too early is refused."""
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,9 @@ def _free_port() -> int:
 
 
 def _run(code: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_children_add_up_in_the_main_process(monkeypatch):
@@ -77,14 +79,14 @@ def test_children_add_up_in_the_main_process(monkeypatch):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     s = result["samples"]
     lab = 'drafter="d",target="t"'
-    assert s[f'spec_batch_requests_total{{drafter="d",status="completed",target="t"}}'] == 3
-    assert s[f'spec_batch_requests_total{{drafter="d",status="failed",target="t"}}'] == 3
+    assert s['spec_batch_requests_total{drafter="d",status="completed",target="t"}'] == 3
+    assert s['spec_batch_requests_total{drafter="d",status="failed",target="t"}'] == 3
     assert s[f"spec_batch_output_tokens_total{{{lab}}}"] == 10 + 11 + 12
     assert s[f"spec_batch_draft_tokens_total{{{lab}}}"] == 24
     assert s[f"spec_batch_accepted_tokens_total{{{lab}}}"] == 15
     assert s[f"spec_batch_target_forwards_total{{{lab}}}"] == 12
-    assert s[f'spec_batch_accepted_tokens_per_position_total{{drafter="d",position="1",target="t"}}'] == 9
-    assert s[f'spec_batch_accepted_tokens_per_position_total{{drafter="d",position="2",target="t"}}'] == 6
+    assert s['spec_batch_accepted_tokens_per_position_total{drafter="d",position="1",target="t"}'] == 9
+    assert s['spec_batch_accepted_tokens_per_position_total{drafter="d",position="2",target="t"}'] == 6
     assert s[f"spec_batch_request_latency_seconds_count{{{lab}}}"] == 3
     assert s[f"spec_batch_request_latency_seconds_sum{{{lab}}}"] == 1.5
     assert s[f"spec_batch_step_seconds_sum{{{lab}}}"] == 3 * 0.125
@@ -106,7 +108,6 @@ def test_a_given_directory_is_emptied_and_kept(tmp_path, monkeypatch):
     proc = _run("from spec_batch.workers import metrics\nprint(metrics.prepare())\nmetrics.shutdown()")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(tmp_path) and not stale.exists() and tmp_path.is_dir()
-
 
 
 def listening_address(port: int, pid: int | str = "self") -> str | None:
@@ -143,8 +144,7 @@ def test_metrics_listen_on_this_machine_only_unless_told(monkeypatch, host, expe
     else:
         monkeypatch.setenv("SPEC_BATCH_METRICS_HOST", host)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port), "10"], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port), "10"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "serving"
         assert listening_address(port, proc.pid) == expected

@@ -1,14 +1,14 @@
 """Prometheus metrics of a real `spec-batch worker` (prefork pool, real Redis, the real default model): after a
 job, the counters served at /metrics equal what SQL records for the same requests."""
+
 from __future__ import annotations
 
 import urllib.request
 
 import pytest
-
+from queue_testlib import WorkerProcess, completion, free_port, run_cli, wait_for, worker_env
 from test_worker_metrics import listening_address
 
-from queue_testlib import WorkerProcess, completion, free_port, run_cli, wait_for, worker_env
 from spec_batch.store import make_session_factory, migrate_to_head, queries
 from spec_batch.store.report_queries import job_report_data
 
@@ -39,12 +39,13 @@ def test_worker_counters_equal_sql(tmp_path, redis_url):
         assert listening_address(port) == "127.0.0.1"  # this machine only, unless SPEC_BATCH_METRICS_HOST says
         # repetitive prompts, so drafts get accepted; r5 does not fit the model's context and fails
         words = ["red blue green", "one two three four", "cat dog", "sun moon star", "up down", "a b c d", "x y"]
-        lines = [completion(f"r{i}", "word " * 9000 if i == 5 else ", ".join([w] * 12) + ",", 16)
-                 for i, w in enumerate(words)]
+        lines = [
+            completion(f"r{i}", "word " * 9000 if i == 5 else ", ".join([w] * 12) + ",", 16)
+            for i, w in enumerate(words)
+        ]
         path = tmp_path / "b.jsonl"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        proc = run_cli("submit", str(path), "--chunk-size", "3", "--batch-size", "3", "--baseline-sample", "2",
-                       env=env)
+        proc = run_cli("submit", str(path), "--chunk-size", "3", "--batch-size", "3", "--baseline-sample", "2", env=env)
         assert proc.returncode == 0, proc.stderr
         job_id = proc.stdout.strip().splitlines()[-1]
         factory = make_session_factory(db_url)
@@ -81,8 +82,10 @@ def test_worker_counters_equal_sql(tmp_path, redis_url):
         }
         for j, n in enumerate(positions):
             if n:
-                expected[f'spec_batch_accepted_tokens_per_position_total{{drafter="{data.summary["drafter"]}",'
-                         f'position="{j + 1}",target="{data.summary["target"]}"}}'] = n
+                expected[
+                    f'spec_batch_accepted_tokens_per_position_total{{drafter="{data.summary["drafter"]}",'
+                    f'position="{j + 1}",target="{data.summary["target"]}"}}'
+                ] = n
         assert sum(r.status == "failed" for r in rows) == 1 and total("accepted_tokens") > 0
         assert positions and sum(positions) == total("accepted_tokens")
 
