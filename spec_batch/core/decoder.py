@@ -338,9 +338,15 @@ class Decoder:
 
         events = []
         confidence = proposed.confidence or [None] * len(rows)
+        failures = grammar.failures
         for b, (row, d, n, a, conf, nxt, f, lp) in enumerate(
             zip(rows, chains, drafted, accepted, confidence, next_tokens, map(len, grammar.forced), logprobs)
         ):
+            if failures[b] is not None:  # its grammar engine gave up: the row ends with its output so far, alone
+                row.stats.record_step(0, 0, 0)
+                row.fail_grammar(failures[b])
+                events.append(_Event(row, [], True))
+                continue
             emitted = d[:a] + [nxt]
             row.stats.record_step(n - f, a - f, draft.forwards)  # the drafter's own tokens (after forced ones)
             if proposed.parents is None:

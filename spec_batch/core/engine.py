@@ -36,6 +36,11 @@ from .params import SamplingParams
 log = logging.getLogger(__name__)
 
 
+# A failed step's error for the rows in it: a request's own failures (a bad prompt, a grammar the engine gave up on)
+# end that request alone, so what is left is the decoder's fault; its text may hold other requests' data.
+STEP_FAILED = "decoding failed: an internal error of the decoder (its details are in the server's log)"
+
+
 class EngineClosed(SpecBatchError):
     """The engine is shutting down and takes no new request."""
 
@@ -173,9 +178,9 @@ class Engine:
                 admitted = self._admit(len(batch.tickets))
             try:
                 self._step(batch, admitted)
-            except Exception as exc:  # a failed step fails the rows in it, never the engine
-                log.exception("engine step failed")
-                batch.fail_all(admitted, f"{type(exc).__name__}: {exc}")
+            except Exception:  # a failed step fails the rows in it, never the engine
+                log.exception("engine step failed")  # the details go to the log, never to the callers
+                batch.fail_all(admitted, STEP_FAILED)
                 batch = Batch(self.decoder)
 
     def _admit(self, running: int) -> list[Ticket]:

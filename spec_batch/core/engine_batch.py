@@ -16,7 +16,7 @@ import torch
 from .decoder import Decoder, Request
 from .drafters import Drafter
 from .kv_batch import KVBatch
-from .outputs import GenerationResult, RequestStats, StreamChunk
+from .outputs import INTERNAL_ERROR, GenerationResult, RequestStats, StreamChunk
 from .rows import Row
 
 log = logging.getLogger("spec_batch.core.engine")
@@ -112,7 +112,7 @@ class Batch:
             if ticket.row is not None and ticket.row.finished:
                 continue
             stats = ticket.row.stats if ticket.row is not None else RequestStats()
-            result = GenerationResult("", [], "error", stats, error=error)
+            result = GenerationResult("", [], "error", stats, error=error, error_code=INTERNAL_ERROR)
             _send(ticket, RowUpdate(StreamChunk("", [], "error", stats), result))
 
 
