@@ -1,6 +1,6 @@
 """The grammar's part of one decoding step (structured output), for the rows that have a response_format.
 
-1. `GrammarStep(rows, force)`: each constrained row's chain of forced tokens (each the only token its grammar
+1. `GrammarStep(rows, force)`: each constrained (and speculating) row's chain of forced tokens (each the only token its grammar
    allows) is pushed onto its matcher. The drafter sees `views`: rows that already end with their chain, so
    it proposes what comes after it; `room` is how many tokens each row can still take as a draft.
 2. `extend(draft)`: each row's draft becomes chain + the drafter's tokens, cut at the first token the
@@ -40,16 +40,16 @@ class ForcedView:
 
 
 class GrammarStep:
-    def __init__(self, rows: Sequence[Any], force: bool):
-        """force=False (the `none` drafter: plain decoding) computes no forced chains."""
+    def __init__(self, rows: Sequence[Any], force: Sequence[bool]):
+        """force[b] False (plain decoding: the `none` drafter, a plain row) computes no forced chain for row b."""
         self.states: list[GrammarState | None] = [getattr(r, "grammar", None) for r in rows]
         self.active = any(s is not None for s in self.states)
         self.forced: list[list[int]] = [[] for _ in rows]
         # a step yields accepted + 1 tokens, so drafting more than the remaining budget - 1 is waste
         room = [max(0, r.params.max_new_tokens - r.n_generated - 1) for r in rows]
-        if force and self.active:
+        if self.active:
             for b, state in enumerate(self.states):
-                if state is not None:
+                if state is not None and force[b]:
                     self.forced[b] = state.forced(limit=room[b])  # [] once the engine failed
         self.views = [ForcedView(r, f) if f else r for r, f in zip(rows, self.forced)]
         # a chain that ends the output (EOS) leaves nothing to draft after it

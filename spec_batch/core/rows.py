@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .grammar import GrammarState
+from .job_memory import JobMemory
 from .outputs import GRAMMAR_FAILED, FinishReason, GenerationResult, RequestStats, TokenLogprob
 from .params import SamplingParams
 from .policy import RowAcceptance
@@ -31,6 +32,8 @@ class Row:
     grammar: GrammarState | None = None  # the response_format's matcher, at the accepted output (grammar.py)
     logprobs: list[TokenLogprob] | None = None  # one per generated token (an EOS included) when params.logprobs
     error: str | None = None  # why it ended with finish_reason "error"
+    memory: JobMemory | None = None  # its job's memory, which the drafter may draft from (None: an online request)
+    plain: bool = False  # drafts nothing: the baseline's rows, decoded beside speculating ones
 
     @property
     def n_generated(self) -> int:

@@ -127,16 +127,13 @@ class OracleTreeDrafter:
     def __init__(self, references: dict[tuple[int, ...], list[int]], vocab: int):
         self.references, self.vocab, self.trees = references, vocab, 0
 
-    def admit(self, rows):
+    def admit(self, rows, memory=None):
         pass
 
     def feedback(self, rows, k, accepted):
         pass
 
     def keep_rows(self, keep):
-        pass
-
-    def use_memory(self, memory):
         pass
 
     def available(self, rows, k_max):
