@@ -137,16 +137,15 @@ class LocalBatchRunner:
                 baseline=hasattr(decoder, "without_speculation"),
             )
         except BatchStopped:  # claims given back; a cancelled batch settles now (the runner did not get to it)
-            with self.ctx.session_factory.begin() as s:
-                lifecycle.settle_cancel(s, batch_id)
+            lifecycle.after_run(self.ctx.session_factory, batch_id, lifecycle.RunOutcome.INTERRUPTED)
         except JobStateError as exc:  # another process holds it, or it was cancelled meanwhile: not ours now
             log.info("batch %s left alone: %s", batch_id, exc)
         except Exception as exc:
             self._failures[batch_id] = n = self._failures.get(batch_id, 0) + 1
             log.exception("batch %s: unexpected error (%d of %d)", batch_id, n, MAX_FAILURES)
             if n >= MAX_FAILURES:
-                with self.ctx.session_factory.begin() as s:
-                    lifecycle.fail(s, batch_id, f"the batch failed in the server: {type(exc).__name__}: {exc}")
+                error = f"the batch failed in the server: {type(exc).__name__}: {exc}"
+                lifecycle.after_run(self.ctx.session_factory, batch_id, lifecycle.RunOutcome.BROKEN, error=error)
 
 
 class QueueBatchRunner:

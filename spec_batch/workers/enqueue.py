@@ -24,7 +24,6 @@ from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import create_job_from_file, lifecycle
 from spec_batch.settings import get_settings, shown_url
 from spec_batch.store import chunks, queries
-from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING
 
 from .publish import publish_chunk
 from .reaper import broker_epoch
@@ -134,7 +133,7 @@ def submit_file(
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         result = SubmitResult(job_id, job.status, queue, job.n_requests, job.n_invalid, parse_report=report)
-        if job.status != JOB_IN_PROGRESS:
+        if not lifecycle.is_running(job.status):
             return result  # no valid line: the job failed; nothing to enqueue
         ids = queries.open_request_ids(s, job_id)
         new = chunks.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
@@ -187,24 +186,26 @@ def enqueue_job(
 ) -> EnqueueReport:
     """(Re-)enqueues a queue job: open requests no live chunk covers get new chunks, and (by default) every
     queued chunk is published again (a duplicate message is harmless: the task skips a chunk it cannot
-    claim). A job left ``validating`` goes to ``in_progress``. Running chunks are left to their leases."""
+    claim). A job left ``validating`` with open requests starts (``in_progress``); a job that is not running
+    afterwards (it ended, is being cancelled, or changed status meanwhile) gets nothing new, and the report says
+    the status it has. Running chunks are left to their leases."""
     settings = get_settings()
     broker_url = broker_url or settings.broker_url
     epoch = check_broker(broker_url)
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        if job.status in JOB_TERMINAL:
+        if lifecycle.is_terminal(job.status):
             return EnqueueReport(job_id, job.status)
         queue = job.queue or queue_name(job.target, job.drafter, job.weights, job.dtype)
         size = chunk_size or job.chunk_size or settings.chunk_size
         chunks.set_job_queue(s, job_id, queue, size)
+        if queries.open_request_ids(s, job_id):
+            lifecycle.start(s, job_id)  # a job left validating starts
+        s.refresh(job)  # start is conditional: the status as it is now, whoever changed it, not as assumed
         status = job.status
-        if status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
-            lifecycle.start(s, job_id)
-            status = JOB_IN_PROGRESS
-        needs_baseline = (
-            job.baseline_sample > 0 and job.baseline_wall_s is None and not chunks.baseline_chunk_pending(s, job_id)
-        )
+        if not lifecycle.is_running(status):
+            return EnqueueReport(job_id, status)
+        needs_baseline = lifecycle.wants_baseline(job) and not chunks.baseline_chunk_pending(s, job_id)
         new = chunks.add_chunks(
             s, job_id, queue, chunks.orphan_request_ids(s, job_id), size, measure_baseline=needs_baseline
         )

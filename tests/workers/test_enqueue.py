@@ -3,10 +3,13 @@ broker lost midway, orphans adopted."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from batch_lines import completion_line, write_batch
 from sqlalchemy import select
 
+from spec_batch.jobs import lifecycle
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job
@@ -88,3 +91,71 @@ def test_enqueue_job_adopts_orphans_and_republishes(factory, tmp_path, redis_url
         assert qstore.orphan_request_ids(s, job_id) == []
     rep = enqueue_job(factory, job_id, broker_url=redis_url)  # again: nothing new, queued ones republished
     assert rep.new_chunks == 0 and rep.republished == 3
+
+
+def _validating_queue_job(factory, n: int) -> str:
+    """A queue job whose submit died after storing its rows, before it started: validating, requests pending."""
+    job_id = "job_" + os.urandom(8).hex()
+    with factory.begin() as s:
+        queries.insert_job(
+            s,
+            id=job_id,
+            target="default",
+            drafter="ngram",
+            sampling_defaults={},
+            n_requests=n,
+            baseline_sample=0,
+            queue=queue_name("default", "ngram"),
+            chunk_size=2,
+        )
+        queries.insert_requests(
+            s,
+            [
+                dict(
+                    job_id=job_id,
+                    custom_id=f"r{i}",
+                    line_number=i + 1,
+                    input="{}",
+                    status="pending",
+                    endpoint="/v1/completions",
+                    prompt=f"p{i}",
+                    params={"max_new_tokens": 4},
+                    attempts=0,
+                )
+                for i in range(n)
+            ],
+        )
+    return job_id
+
+
+def test_enqueue_job_starts_a_job_left_validating(factory, redis_url, monkeypatch):
+    job_id = _validating_queue_job(factory, 3)
+    with factory() as s:
+        assert queries.get_job(s, job_id).status == "validating"
+    sent = []
+    monkeypatch.setattr(enqueue, "publish_chunk", lambda cid, q, broker_url=None: sent.append(cid))
+    rep = enqueue_job(factory, job_id, broker_url=redis_url)
+    assert (rep.status, rep.new_chunks, len(sent)) == ("in_progress", 2, 2)
+    with factory() as s:
+        assert queries.get_job(s, job_id).status == "in_progress"
+
+
+def test_enqueue_job_reports_the_status_a_racing_change_left(factory, redis_url, monkeypatch):
+    """start() is a conditional UPDATE: when the job left validating meanwhile (here a cancel that won the race),
+    it returns False, and enqueue reports the status the job has and gives it no chunks (it used to report
+    in_progress and publish them anyway)."""
+    job_id = _validating_queue_job(factory, 3)
+    start = lifecycle.start
+
+    def cancelled_first(session, job_id, **kwargs):
+        assert lifecycle.request_cancel(session, job_id)
+        return start(session, job_id, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "start", cancelled_first)
+    sent = []
+    monkeypatch.setattr(enqueue, "publish_chunk", lambda cid, q, broker_url=None: sent.append(cid))
+    rep = enqueue_job(factory, job_id, broker_url=redis_url)
+    assert (rep.status, rep.new_chunks, sent) == ("cancelling", 0, [])
+    with factory() as s:
+        assert queries.get_job(s, job_id).status == "cancelling"
+        assert qstore.job_chunks(s, job_id) == []
