@@ -211,7 +211,7 @@ def drafters() -> dict[str, Callable[[], Callable[[], Drafter]]]:
 def load_requests(database_url: str, job_id: str, limit: int | None) -> tuple[str, list[Request]]:
     """The job's target and its completed requests as (prompt ids, output ids), in the order they completed."""
     from spec_batch import load_decoder
-    from spec_batch.jobs.runner import build_prompt
+    from spec_batch.openai_format.prompts import build_prompt
     from spec_batch.store import make_session_factory, queries
 
     factory = make_session_factory(database_url)

@@ -45,7 +45,7 @@ from ..core.outputs import RequestStats
 from ..settings import get_settings
 from ..store import queries
 from ..store.models import REQ_FAILED
-from .claims import ClaimedRequests, build_prompt, claimed_requests  # noqa: F401  (build_prompt: bench_replay)
+from .claims import ClaimedRequests, claimed_requests
 from .job_memory_store import uses_job_memory, warm_memory
 from .lease import Heartbeat, Lease, new_lease
 from .lifecycle import RunOutcome, after_run, is_stopping, takes_new_work
