@@ -22,7 +22,7 @@ from spec_batch.jobs import (
     write_results,
 )
 from spec_batch.jobs.baseline import WARMUP_TOKENS
-from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
+from spec_batch.jobs.batch_output import errors_path_for, iter_jsonl
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.lifecycle import finalize_job
 from spec_batch.jobs.runner import run_requests
