@@ -142,8 +142,7 @@ def test_enqueue_job_starts_a_job_left_validating(factory, redis_url, monkeypatc
 
 def test_enqueue_job_reports_the_status_a_racing_change_left(factory, redis_url, monkeypatch):
     """start() is a conditional UPDATE: when the job left validating meanwhile (here a cancel that won the race),
-    it returns False, and enqueue reports the status the job has and gives it no chunks (it used to report
-    in_progress and publish them anyway)."""
+    it returns False, and enqueue reports the status the job has and gives it no chunks."""
     job_id = _validating_queue_job(factory, 3)
     start = lifecycle.start
 
