@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -136,25 +136,32 @@ def submit_file(
         if not lifecycle.is_running(job.status):
             return result  # no valid line: the job failed; nothing to enqueue
         ids = queries.open_request_ids(s, job_id)
-        new = chunks.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
+        new = chunks.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=lifecycle.wants_baseline(job))
         pending = [(c.id, c.queue) for c in new]
     result.n_chunks = len(pending)
-    published, error = _publish(pending, session_factory, epoch, broker_url)
-    result.published = published
-    if error is None:
-        return result
+    result.published, error = _publish(pending, session_factory, epoch, broker_url)
+    if error is not None:
+        _publish_failed(session_factory, job_id, result.published, len(pending), error)
+    return result
+
+
+def _publish_failed(
+    session_factory: sessionmaker[Session], job_id: str, published: int, total: int, error: Exception
+) -> NoReturn:
+    """A submit whose broker failed midway: with nothing published the job is deleted again (no half-created
+    job); otherwise it stays, and the reaper or `spec-batch resume` publishes the rest."""
     if published == 0 and _delete_unpublished_job(session_factory, job_id):
         raise BrokerUnavailableError(
             f"the broker went away while enqueueing ({error.__class__.__name__}: {error}); "
             f"no job was created: submit the file again once Redis is back"
         ) from error
     raise PartialEnqueueError(
-        f"job {job_id} is stored but only {published} of {len(pending)} chunks could be enqueued "
+        f"job {job_id} is stored but only {published} of {total} chunks could be enqueued "
         f"({error.__class__.__name__}: {error}). The workers publish the rest once Redis is back (within "
         f"SPEC_BATCH_LEASE_SECONDS), or run `spec-batch resume {job_id}` then.",
         job_id,
         published,
-        len(pending),
+        total,
     ) from error
 
 
