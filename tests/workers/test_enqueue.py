@@ -3,8 +3,6 @@ broker lost midway, orphans adopted."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from batch_lines import completion_line, write_batch
 from sqlalchemy import select
@@ -93,43 +91,21 @@ def test_enqueue_job_adopts_orphans_and_republishes(factory, tmp_path, redis_url
     assert rep.new_chunks == 0 and rep.republished == 3
 
 
-def _validating_queue_job(factory, n: int) -> str:
-    """A queue job whose submit died after storing its rows, before it started: validating, requests pending."""
-    job_id = "job_" + os.urandom(8).hex()
-    with factory.begin() as s:
-        queries.insert_job(
-            s,
-            id=job_id,
-            target="default",
-            drafter="ngram",
-            sampling_defaults={},
-            n_requests=n,
-            baseline_sample=0,
-            queue=queue_name("default", "ngram"),
-            chunk_size=2,
-        )
-        queries.insert_requests(
-            s,
-            [
-                dict(
-                    job_id=job_id,
-                    custom_id=f"r{i}",
-                    line_number=i + 1,
-                    input="{}",
-                    status="pending",
-                    endpoint="/v1/completions",
-                    prompt=f"p{i}",
-                    params={"max_new_tokens": 4},
-                    attempts=0,
-                )
-                for i in range(n)
-            ],
+def _validating_queue_job(factory, tmp_path, monkeypatch, n: int) -> str:
+    """A queue job whose submit stored its rows and died before starting it: validating, requests pending."""
+    from spec_batch.jobs import create_job_from_file
+
+    path = write_batch(tmp_path / "v.jsonl", [completion_line(f"r{i}", f"p{i}") for i in range(n)])
+    with monkeypatch.context() as m:
+        m.setattr(lifecycle, "start", lambda *args, **kwargs: False)  # the process died before this
+        job_id, _ = create_job_from_file(
+            factory, path, target="default", drafter="ngram", queue=queue_name("default", "ngram"), chunk_size=2
         )
     return job_id
 
 
-def test_enqueue_job_starts_a_job_left_validating(factory, redis_url, monkeypatch):
-    job_id = _validating_queue_job(factory, 3)
+def test_enqueue_job_starts_a_job_left_validating(factory, tmp_path, redis_url, monkeypatch):
+    job_id = _validating_queue_job(factory, tmp_path, monkeypatch, 3)
     with factory() as s:
         assert queries.get_job(s, job_id).status == "validating"
     sent = []
@@ -140,10 +116,10 @@ def test_enqueue_job_starts_a_job_left_validating(factory, redis_url, monkeypatc
         assert queries.get_job(s, job_id).status == "in_progress"
 
 
-def test_enqueue_job_reports_the_status_a_racing_change_left(factory, redis_url, monkeypatch):
+def test_enqueue_job_reports_the_status_a_racing_change_left(factory, tmp_path, redis_url, monkeypatch):
     """start() is a conditional UPDATE: when the job left validating meanwhile (here a cancel that won the race),
     it returns False, and enqueue reports the status the job has and gives it no chunks."""
-    job_id = _validating_queue_job(factory, 3)
+    job_id = _validating_queue_job(factory, tmp_path, monkeypatch, 3)
     start = lifecycle.start
 
     def cancelled_first(session, job_id, **kwargs):
