@@ -1,4 +1,4 @@
-"""A bulk job decoded through the server's engine (`engine.as_decoder()`, what `ctx.parts["decoder"]` holds) while
+"""A bulk job decoded through the server's engine (`engine.as_decoder()`, what `ctx.decoder` holds) while
 an online stream shares its steps: the job's stored outputs equal those of the same job through a plain Decoder
 (the runner's on_result, return_errors, should_stop and the baseline's without_speculation all work on it)."""
 
