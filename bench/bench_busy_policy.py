@@ -1,9 +1,9 @@
-"""Does speculation survive a busy machine? Issue 23 item 9's reproduction, as a check (exit 1 when it fails).
+"""Does speculation survive a busy machine? A reproduction of a busy spell, as a check (exit 1 when it fails).
 
 A short job (8 requests: 4 copy-heavy edits, 4 free answers, outputs of 16-48 tokens) is decoded by the default
 model with the suffix drafter and the job's memory, as `spec-batch run` does, while N CPU-bound processes share the
-machine (default 2). The adaptive policy sees noisy step costs; before probes were kept up for free drafters, it
-could switch drafting off for the whole job (0 draft tokens). The job runs twice on the same decoder (a worker keeps
+machine (default 2). The adaptive policy sees noisy step costs; without probes (`--no-cost-probes`) a free drafter
+can switch drafting off for the whole job (0 draft tokens). The job runs twice on the same decoder (a worker keeps
 its decoder, and its policy, across jobs): both runs must draft.
 
     python -m bench.bench_busy_policy [--burners 2] [--drafter suffix] [--batch-size 8]
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-cost-probes",
         action="store_true",
-        help="the policy as before issue 23 item 9 (a free drafter never probes): the comparison",
+        help="the policy without cost probes for free drafters (they never probe once off): the comparison",
     )
     args = ap.parse_args(argv)
     decoder = load_decoder("default", args.drafter)

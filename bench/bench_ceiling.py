@@ -7,7 +7,7 @@ bench_replay.py estimates it from a cost model; this runs it. The greedy outputs
   suffix          the default drafter and policy
   oracle fF       the suffix drafter at max_spec_factor F with each proposal cut to the run the target will
                   accept (known from the reference outputs): a policy that never wastes a draft token
-  HF PL 10        Hugging Face prompt lookup (batch 1 only), the baseline issue 11 measures edits against
+  HF PL 10        Hugging Face prompt lookup (batch 1 only), what copy-heavy edits are measured against
 
 If even `oracle` misses a target, no policy on these proposals reaches it on this machine: it takes other
 proposals or cheaper verify tokens (another accelerator).

@@ -1,4 +1,4 @@
-"""Side-by-side benchmark of the decoding core against Hugging Face `generate` (GitHub issue 2).
+"""Side-by-side benchmark of the decoding core against Hugging Face `generate`.
 
 One process, the same prompts, greedy decoding, the same EOS and max_new_tokens everywhere:
 
@@ -20,17 +20,17 @@ offline, which is why the draft-model rows use the target itself and a tiny rand
 
 Each configuration runs on a whole prompt set; repeats are interleaved (A B C A B C ...) and the median time
 is used. tokens/s = output tokens (EOS not counted) / seconds for the set. --repeats applies to the rows the
-issue's targets are computed from; the other rows are shown once (--other-repeats), to keep a full run short.
+targets are computed from; the other rows are shown once (--other-repeats), to keep a full run short.
 Outputs are compared token for token with Hugging Face greedy at batch 1.
 
     python -m bench.bench_core                            # everything
     python -m bench.bench_core --quick                    # a smoke run (~2 minutes)
     python -m bench.bench_core --threads 1 --clock cpu    # on a machine shared with other work (see --clock)
     python -m bench.bench_core --sets edits,free --batch 1 --repeats 3 --no-drafts
-    python -m bench.bench_core --sets templated,edits,free --drafter ngram,suffix --no-drafts   # issue 11
+    python -m bench.bench_core --sets templated,edits,free --drafter ngram,suffix --no-drafts
 
-At the end it prints the issue's targets with PASS/MISS and the measured ratios, and the time a new process
-takes to `load_decoder('default')` once the converted model is cached (issue 3; median of 3).
+At the end it prints the targets with PASS/MISS and the measured ratios, and the time a new process takes to
+`load_decoder('default')` once the converted model is cached (median of 3).
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(meaningful with --threads 1 on a machine shared with other work; both are printed)",
     )
     ap.add_argument("--seed", type=int, default=0, help="torch seed of the tiny random draft")
-    ap.add_argument("--no-load-time", action="store_true", help="skip the new-process load_decoder timing (issue 3)")
+    ap.add_argument("--no-load-time", action="store_true", help="skip the new-process load_decoder timing")
     ap.add_argument("--show", type=int, default=1, help="print the first characters of this many outputs per set")
     ap.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     ap.add_argument("--quick", action="store_true", help="smoke run: edits+free, 2 prompts, 32 tokens, 1 repeat")

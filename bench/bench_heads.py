@@ -6,7 +6,7 @@ on them (the code `spec-batch drafters train` runs), and then every row decodes 
 side, at each batch size: `none`, `suffix`, `head`, `hybrid` (suffix where confident, the head elsewhere), and
 Hugging Face prompt lookup at batch 1 on edits. Each row reports CPU and wall seconds, the speedups over `none`,
 accepted tokens per step, and whether its outputs equal `none`'s. The draft cost of one head token is measured
-against one batch-1 target forward (the issue's bound: 10%).
+against one batch-1 target forward (the bound in docs/heads.md: 10%).
 
     python -m bench.bench_heads                                   # all sets, 200 train / 40 test, batch 1 and 8
     python -m bench.bench_heads --sets edits --train 40 --test 8 --max-new-tokens 32 --epochs 2   # smoke

@@ -9,8 +9,8 @@ prompts one after another, at the same thread count -- and what do load time and
 
 Every configuration runs in a fresh process (its load time and resident memory are its own), one after
 another within a round, the rounds interleaved; tokens/s is output tokens over decode wall time, greedy. Each
-spec-batch run of the set is one job (a job memory, as `spec-batch run` keeps); `--set templated` is the bulk
-templated job of issue 26's batch-8 target.
+spec-batch run of the set is one job (a job memory, as `spec-batch run` keeps); `--set templated` is a bulk
+templated job, whose outputs share text with each other.
 llama-cpp-python is an optional extra (`pip install -e .[llamacpp]`, docs/weights.md); without it the llama.cpp
 rows are skipped. Prints one JSON line per (round, configuration, mode) and a median table at the end.
 """

@@ -22,7 +22,7 @@ finishes, one policy planning every row's length per step and learning the steps
 (`none` is replayed the same way for the ratio). A step's cost, in plain steps of its batch, is
 1 + T x real draft tokens + P x padded positions (rows shorter than the longest) + J once any row drafts:
 --padding-costs T,P,J, measured on your machine by bench/bench_step_costs.py (default: the default model at
-batch 8 on a 2-core CPU, docs/benchmarks.md, 2026-12-02 afternoon; on a GPU all three are near 0). The `oracle`
+batch 8 on a 2-core CPU, docs/benchmarks.md, "What a verify step costs"; on a GPU all three are near 0). The `oracle`
 policy knows each row's accepted run and drafts exactly it (at batch > 1 the best shared minimum run): the ceiling of a policy on these proposals and costs.
 
 Caveats: SQL keeps output text, so outputs are re-tokenized (a token boundary can differ from the original
@@ -222,7 +222,7 @@ def drafters() -> dict[str, Callable[[], Callable[[], Drafter]]]:
 def load_requests(database_url: str, job_id: str, limit: int | None) -> tuple[str, list[Request]]:
     """The job's target and its completed requests as (prompt ids, output ids), in the order they completed."""
     from spec_batch import load_decoder
-    from spec_batch.jobs.runner import build_prompt
+    from spec_batch.openai_format.prompts import build_prompt
     from spec_batch.store import make_session_factory, queries
 
     factory = make_session_factory(database_url)

@@ -3,9 +3,9 @@ with speculation on (the drafter given) and off (`none`), each against its own `
 
 Every client sends chat requests one after another (the official `openai` client, greedy, max_tokens fixed) for
 --requests requests per level; aggregate tokens/s = all completion tokens / the level's wall time. Concurrent
-clients share the engine's steps (continuous batching), so tokens/s should grow with clients; the targets of
-issue 24: 8 clients >= 3x 1 client, and speculation at 1 client within 10% of the core's batch-1 ratio
-(bench_core). Timings belong in docs/benchmarks.md, run on a quiet machine.
+clients share the engine's steps (continuous batching), so tokens/s should grow with clients, and speculation at 1
+client should keep the core's batch-1 ratio (bench_core). Timings belong in docs/benchmarks.md, run on a quiet
+machine.
 
     python -m bench.bench_server                       # default model, ngram vs none, 1/4/8/16 clients
     python -m bench.bench_server --clients 1,2 --requests 4 --max-tokens 16   # a smoke run

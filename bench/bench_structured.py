@@ -1,4 +1,4 @@
-"""Structured output benchmark (GitHub issue 10): JSON-schema jobs with and without speculation.
+"""Structured output benchmark: JSON-schema jobs with and without speculation.
 
 On the JSON-schema set of bench/structured_prompts.py (extraction, classification, invoices), greedy, side by
 side at each batch size:

@@ -1,5 +1,5 @@
-"""The prepared accelerator check: is the core exact there, and what does a verify step cost (issue 11's batch-8
-targets are bound by that cost on a CPU; CI has no GPU, and a session with one has minutes).
+"""The prepared accelerator check: is the core exact there, and what does a verify step cost (on a CPU the batch-8
+speedups are bound by that cost; CI has no GPU, and time on one is short: one prepared run).
 
 The default model's GGUF (98 MB) is more than a device run carries, so this builds a model of its shape
 (SmolLM2-135M: 30 layers, 576 wide, 9 query and 3 key/value heads, vocabulary 49152) with random weights, its
@@ -12,7 +12,7 @@ same step costs; and an exact oracle:
 2. step costs at batch 8 (bench_step_costs.py's T, P, J): pass them to bench_replay.py --padding-costs to see
    what a stored job would gain on this device;
 3. none against suffix at batch 8 on these prompts, wall clock, medians of --rounds;
-4. int4 weights (issue 26; `--int4`, on by default): the model's linear layers as spec_batch.loading.quant_linear
+4. int4 weights (`--int4`, on by default): the model's linear layers as spec_batch.loading.quant_linear
    Int4Linear (tinygemm `_weight_int4pack_mm` on CUDA, bf16 activations), checked against its own dequantized
    weights, then greedy `none` vs `suffix` at batch 1 and 8 on the int4 model (speculation must not change a
    token), and none vs suffix at batch 8, wall clock. Not yet run on a GPU: the CUDA kernel's layout is gpt-fast's.

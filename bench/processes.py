@@ -38,7 +38,7 @@ def redis_ping(url: str, timeout: float = 1.0) -> bool:
 
 
 class RedisServer:
-    """A private redis-server (no persistence: a restart loses every message, as in the issue's fault test)."""
+    """A private redis-server (no persistence: a restart loses every message, which the fault tests need)."""
 
     def __init__(self, workdir: Path, port: int | None = None):
         self.port = port or free_port()

@@ -23,8 +23,8 @@ DEFAULT_CHUNK_SIZE = 32
 DEFAULT_MAX_ATTEMPTS = 3
 # The longest batch line read (bytes, without its newline); a longer one fails alone before it is parsed, and only
 # its start is stored. 1 MiB holds a prompt of ~250k tokens of text, beyond the context of any model served here
-# (and of 128k-token models), plus tool and JSON schemas; a line over it cannot run, so reading it whole (the
-# 20 MB line of issue 23 took 4.3 GB and 38 s) buys nothing.
+# (and of 128k-token models), plus tool and JSON schemas; a line over it cannot run, so reading it whole buys
+# nothing and costs memory and time (docs/batch-format.md).
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_API_PORT = 8000
 # Uploaded batch files (POST /v1/files): OpenAI's own limits, 200 MB and 50,000 requests a file.
@@ -66,7 +66,7 @@ class Settings:
     # The suffix drafter's job memory: tokens of a job's outputs kept per job, and jobs a worker keeps memories of.
     suffix_memory_tokens: int = 50_000
     suffix_memory_jobs: int = 4
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread (issue 23)
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread
     pack_weights: bool = True  # CPU: prepack full-precision linears for oneDNN at load (loading/cpu_linear.py)
     # The OpenAI-compatible server (spec-batch serve, docs/server.md).
     api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)

@@ -41,7 +41,7 @@ pytest_plugins = ["db_fixtures"]
 CPU = torch.device("cpu")
 
 # One intra-op thread unless OMP_NUM_THREADS says otherwise: the models here are tiny (or small), and on a busy
-# machine (tests run next to other processes) torch's spinning worker threads make each forward 10-100x slower.
+# machine (tests run next to other processes) torch's spinning worker threads make each forward many times slower.
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 

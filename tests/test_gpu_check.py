@@ -26,7 +26,7 @@ def test_exactness_report_counts_the_outputs_equal_to_none_and_to_hugging_face(t
 
 
 def test_the_int4_check_quantizes_the_model_and_finds_speculation_exact_on_it(tiny_llama):
-    """The int4 part (issue 26), on the CPU's int4 kernel: a model 32 wide quantizes with group 32."""
+    """The int4 part, on the CPU's int4 kernel: a model 32 wide quantizes with group 32."""
     model = tiny_llama(7, vocab=64, layers=2, lm_head_scale=8.0)
     ps = gpu_check.prompts(3, seed=0, vocab=64)
     report = gpu_check.check_int4(model, torch.device("cpu"), ps, max_new=8, rounds=1)

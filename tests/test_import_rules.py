@@ -254,7 +254,7 @@ MAX_FUNCTION_LINES = 60  # from `def` to its last line
 
 
 def test_no_module_or_function_is_too_long():
-    """Issue 22: a module over 400 lines or a function over 60 is split along its jobs (tests, bench and migrations
+    """A module over 400 lines or a function over 60 is split along its jobs (tests, bench and migrations
     are outside these packages)."""
     too_long = []
     for module, path in project_modules().items():

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -16,7 +12,6 @@ from ._common import (
     EXIT_CANCELLED,
     EXIT_COMPLETED,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_NOT_FINISHED,
     EXIT_OUTPUT_NOT_WRITTEN,
     max_tokens_option,
@@ -28,7 +23,8 @@ from ._common import (
     weights_options,
 )
 from ._group import main
-from ._job_display import _console, _fmt, _print_summary
+from ._job_display import _console, _print_summary
+from ._run_display import _running
 
 
 def _load_decoder(
@@ -60,109 +56,6 @@ def _load_decoder(
             )
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """`kill` (SIGTERM) stops a run like Ctrl-C: claimed requests go back to pending at once."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-class _RunDisplay:
-    """The progress of a run on stderr: baseline messages, then a bar (requests done, tokens/s, acceptance)."""
-
-    def __init__(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.console = _console(stderr=True)
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("requests"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TextColumn("acceptance {task.fields[acc]}"),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=False,
-        )
-        self.task = None
-        self.t0 = 0.0
-
-    def on_phase(self, name: str, info: Any) -> None:
-        if name == "baseline":
-            self.console.print(
-                f"measuring the baseline: {info} request(s) decoded with and without speculation "
-                f"(--baseline-sample 0 skips it)"
-            )
-        elif name == "baseline_done" and info is not None:
-            from ..jobs.baseline import describe_speedup
-
-            speedup = describe_speedup(info.speedup, info.speedup_low, info.speedup_high, info.reliable)
-            self.console.print(
-                f"baseline: {_fmt(info.baseline_tokens_per_s, '.1f')} tok/s without speculation, "
-                f"{_fmt(info.sample_tokens_per_s, '.1f')} with it: speedup {speedup}"
-            )
-        elif name == "run":
-            self.progress.start()
-            self.task = self.progress.add_task("decoding", total=info, tps="—", acc="—")
-            self.t0 = time.perf_counter()
-
-    def on_progress(self, report) -> None:
-        if self.task is None:
-            return
-        elapsed = time.perf_counter() - self.t0
-        tps = report.output_tokens / elapsed if elapsed > 0 else None
-        self.progress.update(
-            self.task, completed=report.done, tps=_fmt(tps, ".1f"), acc=_fmt(report.acceptance_rate, ".0%")
-        )
-
-    def hooks(self) -> dict[str, Any]:
-        return {"on_phase": self.on_phase, "on_progress": self.on_progress}
-
-    def close(self) -> None:
-        self.progress.stop()
-
-
-@contextmanager
-def _running(job_id: str):
-    """A run's display; Ctrl-C or SIGTERM stop the run (claimed requests go back at once) and exit 130."""
-    display = _RunDisplay()
-    try:
-        with _sigterm_as_interrupt():
-            yield display
-    except KeyboardInterrupt:
-        display.close()
-        _interrupted(job_id)
-    finally:
-        display.close()
-
-
-def _interrupted(job_id: str) -> None:
-    _console(stderr=True).print(
-        f"[yellow]interrupted.[/] Finished requests are stored; continue with [bold]spec-batch resume {job_id}[/]"
-    )
-    sys.exit(EXIT_INTERRUPTED)
 
 
 def _exit_code(session_factory, job_id: str) -> int:
@@ -242,8 +135,7 @@ def run_command(
     (Ctrl-C, kill)? `spec-batch resume JOB` continues where it stopped; nothing finished is lost. The exit code
     says how the job ended (README.md: Exit codes).
     """
-    from ..jobs import create_job_from_file, run_job, validate_file, write_results
-    from ..jobs.output_guard import OutputPathError, check_output_path
+    from ..jobs import create_job_from_file, run_job, write_results
     from ..settings import get_settings
 
     meta = parse_metadata(metadata)
@@ -252,12 +144,7 @@ def run_command(
     draft = draft or settings.default_draft
     output = output or _default_output(file)
     defaults = {"max_new_tokens": max_tokens, "temperature": temperature}
-    # Everything that can be checked without the model is checked before it loads.
-    try:
-        check_output_path(output, input_path=file, force=force)
-        parsed = validate_file(file, defaults)
-    except (OutputPathError, OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    parsed = _validated(file, output, force, defaults)
     session_factory = open_store_or_exit()
     console = _console(stderr=True)
     job_options = dict(
@@ -268,13 +155,13 @@ def run_command(
         metadata=meta or None,
         report=parsed,
     )
-    if parsed.requests:
-        # an unknown model fails before any job exists
+    decoder = None
+    if parsed.requests:  # an unknown model fails before any job exists
         decoder = _load_decoder(target, draft, device, dtype, weights, draft_weights)
-        job_id, parsed = create_job_from_file(session_factory, file, **_decoder_job_fields(decoder), **job_options)
+        job_options.update(_decoder_job_fields(decoder))
     else:
-        decoder = None
-        job_id, parsed = create_job_from_file(session_factory, file, target=target, drafter=draft, **job_options)
+        job_options.update(target=target, drafter=draft)
+    job_id, parsed = create_job_from_file(session_factory, file, **job_options)
     click.echo(job_id)
     console.print(f"job [bold]{job_id}[/]: {parsed.n_lines} request(s) from {file}, {len(parsed.errors)} invalid")
     _print_line_errors(parsed.errors, console)
@@ -285,6 +172,18 @@ def run_command(
         write_results(session_factory, job_id, output)  # the errors file says why every line was refused
     _print_summary(session_factory, job_id)
     sys.exit(_exit_code(session_factory, job_id))
+
+
+def _validated(file: Path, output: Path, force: bool, defaults: dict):
+    """The file's lines, validated; everything that can be checked without the model is checked before it loads."""
+    from ..jobs import validate_file
+    from ..jobs.output_guard import OutputPathError, check_output_path
+
+    try:
+        check_output_path(output, input_path=file, force=force)
+        return validate_file(file, defaults)
+    except (OutputPathError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _decoder_job_fields(decoder) -> dict:

@@ -278,25 +278,11 @@ def worker_command(
     --device and --torch-threads reach the worker processes as SPEC_BATCH_DEVICE and SPEC_BATCH_TORCH_THREADS
     (they read them through spec_batch.settings, as every other setting)."""
     from ..settings import get_settings, shown_url
-    from ..workers.routing import parse_model_pair, queue_name
 
     settings = get_settings()
-    names: list[str] = []
-    for q in queues:
-        names += [n.strip() for n in q.split(",") if n.strip()]
-    pairs = []
-    for m in models:
-        try:
-            pairs.append(parse_model_pair(m, settings.default_draft))
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--model") from exc
-    if not pairs and not names:
-        pairs = [(settings.default_target, settings.default_draft)]
-    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype)
-    names += [queue_name(t, d, job_weights, job_dtype) for t, d in pairs]
+    names = _worker_queues(models, queues, weights or settings.weights, dtype)
     if draft_weights:
         os.environ["SPEC_BATCH_DRAFT_WEIGHTS"] = draft_weights
-    names = list(dict.fromkeys(names))
     if device:
         os.environ["SPEC_BATCH_DEVICE"] = device
     if torch_threads:
@@ -320,6 +306,31 @@ def worker_command(
         *celery_args,
     ]
     app.worker_main(argv)
+
+
+def _worker_queues(
+    models: tuple[str, ...], queues: tuple[str, ...], weights: str | None, dtype: str | None
+) -> list[str]:
+    """The queues a worker serves: those named (comma lists too), then each TARGET[:DRAFT] pair's at the requested
+    precision; the default pair's when neither is given. Each once, in that order."""
+    from ..settings import get_settings
+    from ..workers.routing import parse_model_pair, queue_name
+
+    settings = get_settings()
+    names: list[str] = []
+    for q in queues:
+        names += [n.strip() for n in q.split(",") if n.strip()]
+    pairs = []
+    for m in models:
+        try:
+            pairs.append(parse_model_pair(m, settings.default_draft))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--model") from exc
+    if not pairs and not names:
+        pairs = [(settings.default_target, settings.default_draft)]
+    job_weights, job_dtype = _requested_precision(weights, dtype)
+    names += [queue_name(t, d, job_weights, job_dtype) for t, d in pairs]
+    return list(dict.fromkeys(names))
 
 
 def _check_database() -> None:

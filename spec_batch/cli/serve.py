@@ -99,7 +99,7 @@ def serve(
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
-        f"serving {ctx.model_id!r} (drafter {ctx.part('served').drafter}, batches: {settings.api_runner}) "
+        f"serving {ctx.model_id!r} (drafter {ctx.served.drafter}, batches: {settings.api_runner}) "
         f"on http://{host}:{port}/v1",
         err=True,
     )

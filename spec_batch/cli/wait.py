@@ -46,7 +46,7 @@ def _progress_line(job_id: str, status: str, counts: dict[str, int], total: int,
 def wait_for_job(
     session_factory, job_id: str, *, interval: float, timeout: float | None, output: Path | None, quiet: bool
 ) -> int:
-    from ..store import queries, summaries
+    from ..store import queries
 
     t0 = time.monotonic()
     last_line = None
@@ -79,36 +79,47 @@ def wait_for_job(
         time.sleep(interval)
     if tty and not quiet:
         err("")
+    if not quiet:
+        _print_outcome(session_factory, job_id)
+    if output is not None and status != JOB_FAILED:
+        _write_output(session_factory, job_id, output)
+    click.echo(status)
+    return JOB_EXIT_CODES.get(status, EXIT_FAILED)
+
+
+def _print_outcome(session_factory, job_id: str) -> None:
+    """The ended job's rates and its error, if any, on stderr."""
+    from ..store import queries, summaries
+
     with session_factory() as s:
         row = summaries.job_summary_row(s, job_id) or {}
         error = queries.get_job(s, job_id).error
-    if not quiet:
-        stats = []
-        for key, label, fmt in (
-            ("tokens_per_s", "tokens/s", ".1f"),
-            ("acceptance_rate", "acceptance", ".3f"),
-            ("tokens_per_step", "tokens/step", ".2f"),
-            ("speedup", "speedup", ".2f"),
-        ):
-            if row.get(key) is not None:
-                stats.append(f"{label} {row[key]:{fmt}}")
-        if stats:
-            err("  " + ", ".join(stats))
-        if error:
-            err(f"  error: {error}")
-    if output is not None and status != JOB_FAILED:
-        from ..jobs import write_results
+    stats = []
+    for key, label, fmt in (
+        ("tokens_per_s", "tokens/s", ".1f"),
+        ("acceptance_rate", "acceptance", ".3f"),
+        ("tokens_per_step", "tokens/step", ".2f"),
+        ("speedup", "speedup", ".2f"),
+    ):
+        if row.get(key) is not None:
+            stats.append(f"{label} {row[key]:{fmt}}")
+    if stats:
+        err("  " + ", ".join(stats))
+    if error:
+        err(f"  error: {error}")
 
-        try:
-            rep = write_results(session_factory, job_id, output)
-        except OSError as exc:
-            raise click.ClickException(f"cannot write {output}: {exc}") from exc
-        err(
-            f"  wrote {rep.n_output} result(s) to {rep.output_path}"
-            + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else "")
-        )
-    click.echo(status)
-    return JOB_EXIT_CODES.get(status, EXIT_FAILED)
+
+def _write_output(session_factory, job_id: str, output: Path) -> None:
+    from ..jobs import write_results
+
+    try:
+        rep = write_results(session_factory, job_id, output)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc}") from exc
+    err(
+        f"  wrote {rep.n_output} result(s) to {rep.output_path}"
+        + (f" and {rep.n_errors} error(s) to {rep.errors_path}" if rep.errors_path else "")
+    )
 
 
 @main.command("wait")

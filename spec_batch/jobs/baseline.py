@@ -166,10 +166,10 @@ def measure_baseline(
 
 def _warm_up(batch: ClaimedRequests, decoders: Sequence[Any], slices: list[list[int]], batch_size: int) -> None:
     """Untimed, for both decoders: each round's slice, its first WARMUP_TOKENS tokens, so the timed rounds meet
-    shapes already seen. First calls pay one-time costs (a 2-token batch-1 warm-up met none of a batch-8 verify
-    step's shapes), and a job's speculative decoder starts with a cold draft policy (a plain step first, step costs
-    and confidence calibration unknown) that the rest of the job runs with once learned. `make demo` measured
-    0.90-1.02x timed cold, 1.24-1.60x after a warm-up (its tokens per step: 2.7-2.8 either way)."""
+    shapes already seen. First calls pay one-time costs for every shape they meet (a batch-8 verify step's among
+    them), and a job's speculative decoder starts with a cold draft policy (a plain step first, step costs
+    and confidence calibration unknown) that the rest of the job runs with once learned: timed cold, the speedup
+    would measure that start rather than the job (docs/jobs.md, "Measured speedup")."""
     for positions in slices:
         prompts = [batch.prompts[i] for i in positions]
         warm = [

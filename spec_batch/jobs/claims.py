@@ -18,28 +18,13 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.params import SamplingParams
-from ..errors import ChatTemplateError, SpecBatchError
+from ..openai_format.prompts import build_prompt, prompt_error_code
 from ..store import queries, request_claims
 from .choices import Choices, expand, n_of
 from .lease import Lease
 
 # Interruptions that are not failures: the claims go back without counting an attempt.
 CLEAN_INTERRUPTIONS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit)
-
-
-def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
-    """The decoder's input for a stored request: chat messages through the target's chat template."""
-    if endpoint == "/v1/chat/completions":
-        return decoder.apply_chat_template(prompt)
-    return prompt
-
-
-def prompt_error_code(exc: BaseException) -> str:
-    if isinstance(exc, ChatTemplateError):
-        return "chat_template_error"
-    if isinstance(exc, SpecBatchError):
-        return "invalid_request"
-    return "internal_error"
 
 
 @dataclass
@@ -146,7 +131,5 @@ def claimed_requests(
 __all__ = [
     "CLEAN_INTERRUPTIONS",
     "ClaimedRequests",
-    "build_prompt",
     "claimed_requests",
-    "prompt_error_code",
 ]

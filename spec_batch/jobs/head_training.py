@@ -23,8 +23,8 @@ from ..core.head import EagleHead, head_for_target, stored_tensors
 from ..core.head_train import TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
+from ..openai_format.prompts import build_prompt
 from ..store.drafters import DraftHead, StoredOutput
-from .claims import build_prompt
 
 HELDOUT = 0.1
 DRAFT_VOCAB = 8192  # FR-Spec: ~8k frequent tokens cover nearly every token of a job's outputs

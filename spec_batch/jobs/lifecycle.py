@@ -8,16 +8,24 @@ The statuses are OpenAI's Batch API's (docs/architecture.md has the diagram)::
          |             |
          +-------------+--> cancelling -> cancelled       (once none of its requests runs)
 
-The service, the runner, the Celery task and the reaper change a job's status only through the functions
-below; none sets a status itself. Each change is one conditional UPDATE whose allowed source statuses come from
-TRANSITIONS, so processes racing on a job change it once (the one that did gets True).
+Each change is one conditional UPDATE whose allowed source statuses come from TRANSITIONS, so processes racing
+on a job change it once (the one that did gets True). No job status is assigned anywhere else (store/ writes the
+rows; tests/test_job_status_rules.py checks both).
+
+Callers report what happened and this module decides what the job does next: ``after_run(session_factory, job_id,
+outcome)`` when a run of a job's requests ends (the runner, a worker's task, the reaper, the server's batch
+runner) settles a cancelling job, completes a finished one or fails a broken one; ``wants_baseline(job)`` says
+whether a job's speedup is still to be measured. Other code reads a status only through the predicates below
+(``is_terminal``, ``is_stopping``, ``is_running``, ``takes_new_work``) or to show it.
 
 Resuming is not a status: `resume_action` says what continuing a job means in each status.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -34,11 +42,12 @@ from ..store.models import (
     JOB_STATUSES,
     JOB_TERMINAL,
     JOB_VALIDATING,
+    Job,
     utcnow,
 )
 from .export import write_results
 
-INITIAL = JOB_VALIDATING  # a job row is inserted with this status, then leaves it by `start` or `fail`
+INITIAL = JOB_VALIDATING  # store.queries.insert_job stores a job with this status; it leaves it by start or fail
 
 # status -> the statuses it may change to
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -186,6 +195,82 @@ def takes_new_work(status: str) -> bool:
     return not is_terminal(status) and status != JOB_CANCELLING
 
 
+def is_running(status: str) -> bool:
+    """The job has started and its requests are being decoded (in_progress): the only status in which it gets new
+    queue chunks, its orphaned requests are adopted, and its baseline is measured."""
+    return status == JOB_IN_PROGRESS
+
+
+def is_finalizing(status: str) -> bool:
+    """A process began finalizing the job (finalizing): what is left is finish_finalizing."""
+    return status == JOB_FINALIZING
+
+
+def wants_baseline(job: Job) -> bool:
+    """Whether the job's speedup is still to be measured: it is running, asks for a sample, has valid requests to
+    take it from, and has no baseline yet (the first measurement wins)."""
+    return (
+        is_running(job.status)
+        and job.baseline_sample > 0
+        and job.n_requests > job.n_invalid
+        and job.baseline_wall_s is None
+    )
+
+
+# ---------------------------------------------------------------- after a run: what the job does next
+
+
+class RunOutcome(Enum):
+    """How a run of a job's requests ended, as its caller reports it to after_run."""
+
+    FINISHED = "finished"  # it ran every request it was given to the end (or found none left to run)
+    CANCELLED = "cancelled"  # it stopped because the job is being cancelled
+    INTERRUPTED = "interrupted"  # it stopped for its own reason (a stop, a lost lease, a vanished holder): the job
+    # goes on in a later run or another process
+    BROKEN = "broken"  # the job cannot run at all here (after_run's `error` says why)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What after_run did to the job: at most one of these is True (the call that changed it)."""
+
+    completed: bool = False
+    cancelled: bool = False
+    failed: bool = False
+
+    @property
+    def ended(self) -> bool:
+        return self.completed or self.cancelled or self.failed
+
+
+def after_run(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    outcome: RunOutcome,
+    *,
+    finalize: bool = True,
+    error: str | None = None,
+) -> Settled:
+    """Decides and does what the job does now that a run of its requests ended:
+
+    - BROKEN: the job fails with `error`;
+    - a job being cancelled (whatever the run saw) is cancelled once none of its requests runs (settle_cancel);
+    - FINISHED (and `finalize`): the job completes if none of its requests is open (finalize_job: exactly one
+      process, whichever finishes last, writes the output file);
+    - otherwise nothing changes: the job's open requests wait for the next run.
+    """
+    if outcome is RunOutcome.BROKEN:
+        with session_factory.begin() as s:
+            return Settled(failed=fail(s, job_id, error or "the job could not run"))
+    with session_factory.begin() as s:
+        status = queries.get_job(s, job_id).status
+        if is_stopping(status):
+            return Settled(cancelled=settle_cancel(s, job_id))
+    if outcome is RunOutcome.FINISHED and finalize and is_running(status):
+        return Settled(completed=finalize_job(session_factory, job_id))
+    return Settled()
+
+
 def resume_action(job_id: str, status: str) -> str:
     """What resuming the job means (RESUME_*), or JobStateError for a failed, cancelled or cancelling job."""
     if status == JOB_COMPLETED:
@@ -205,6 +290,9 @@ __all__ = [
     "RESUME_RUN",
     "TRANSITIONS",
     "JobStateError",
+    "RunOutcome",
+    "Settled",
+    "after_run",
     "begin_finalizing",
     "can_change",
     "check_runnable",
@@ -212,6 +300,8 @@ __all__ = [
     "fail",
     "finalize_job",
     "finish_finalizing",
+    "is_finalizing",
+    "is_running",
     "is_stopping",
     "is_terminal",
     "request_cancel",
@@ -220,4 +310,5 @@ __all__ = [
     "sources_of",
     "start",
     "takes_new_work",
+    "wants_baseline",
 ]

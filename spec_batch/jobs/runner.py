@@ -23,8 +23,9 @@ finalize=True, memory=None)``.
 - ``memory``: the job's JobMemory (the suffix drafter drafts from the job's other outputs; outputs never change).
   None: for a suffix decoder, one for this call, warmed from the job's completed outputs (a resume starts with
   the job's history); a worker passes the one it keeps for the job across chunks (jobs.job_memory_store.JobMemories).
-- ``finalize=True``: when no request of the job is open any more, ``finalize_job`` completes it (conditional
-  updates: exactly one process, whichever finishes last, writes the output file and completes the job).
+- At the end the call reports how it ended to ``lifecycle.after_run``, which settles a job being cancelled and,
+  with ``finalize=True``, completes the job once none of its requests is open (conditional updates: exactly one
+  process, whichever finishes last, writes the output file and completes the job).
 """
 
 from __future__ import annotations
@@ -44,15 +45,20 @@ from ..core.outputs import RequestStats
 from ..settings import get_settings
 from ..store import queries
 from ..store.models import REQ_FAILED
-from .claims import ClaimedRequests, build_prompt, claimed_requests  # noqa: F401  (build_prompt: bench_replay)
+from .claims import ClaimedRequests, claimed_requests
 from .job_memory_store import uses_job_memory, warm_memory
 from .lease import Heartbeat, Lease, new_lease
-from .lifecycle import finalize_job, is_stopping, settle_cancel, takes_new_work
+from .lifecycle import RunOutcome, after_run, is_stopping, takes_new_work
 from .stats import pooled
 
 GROUP_FACTOR = 4  # requests claimed and handed to generate() at once = GROUP_FACTOR * batch_size
 STOPPED_BY_CALLER = "should_stop"
 STOPPED_CANCELLED = "cancelled"  # the job is being cancelled
+OUTCOMES = {
+    None: RunOutcome.FINISHED,
+    STOPPED_CANCELLED: RunOutcome.CANCELLED,
+    STOPPED_BY_CALLER: RunOutcome.INTERRUPTED,
+}
 CANCEL_CHECK_S = 1.0  # how often (at most) a running group looks at its job's status
 CANCELLED = "cancelled"  # the finish_reason of a row generate() stopped before it finished
 
@@ -239,12 +245,7 @@ def _run_requests(
         if stop.reason is not None:
             break
     report.stopped = report.stopped or stop.reason
-
-    if report.stopped == STOPPED_CANCELLED:
-        with session_factory.begin() as s:
-            settle_cancel(s, job_id)
-    elif finalize and report.stopped is None:
-        report.finalized = finalize_job(session_factory, job_id)
+    report.finalized = after_run(session_factory, job_id, OUTCOMES[report.stopped], finalize=finalize).completed
     return report
 
 

@@ -18,14 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.params import SamplingParams
 from ..store import chunks, queries
-from ..store.models import (
-    JOB_FINALIZING,
-    JOB_IN_PROGRESS,
-    REQ_FAILED,
-    REQ_PENDING,
-    REQ_RUNNING,
-    utcnow,
-)
+from ..store.models import REQ_FAILED, REQ_PENDING, REQ_RUNNING, utcnow
 from . import lifecycle
 from .baseline import measure_baseline
 from .batch_input import DEFAULT_SAMPLING, BatchRequest, ParseReport, read_batch_file
@@ -130,7 +123,6 @@ def create_job_from_file(
         queries.insert_job(
             s,
             id=job_id,
-            status=lifecycle.INITIAL,
             target=target,
             drafter=drafter,
             input_file=input_name or str(Path(path).resolve()),
@@ -199,11 +191,11 @@ def run_job(
     """
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        status, has_baseline = job.status, job.baseline_wall_s is not None
+        status, measure = job.status, baseline and lifecycle.wants_baseline(job)
         k = min(job.baseline_sample, job.n_requests - job.n_invalid)  # the sample is at most the valid requests
     lifecycle.check_runnable(job_id, status)
     with held_lease(session_factory, None, worker, lease_seconds) as lease:
-        if baseline and k > 0 and not has_baseline and status == JOB_IN_PROGRESS:
+        if measure:
             if on_phase:
                 on_phase("baseline", k)
             b = measure_baseline(session_factory, job_id, decoder, lease=lease)
@@ -272,7 +264,7 @@ def resume_job(
     finalizing is finalized again (its output file rewritten)."""
     with session_factory() as s:
         status = queries.get_job(s, job_id).status
-    if status == JOB_FINALIZING:
+    if lifecycle.is_finalizing(status):
         return RunReport(job_id=job_id, finalized=lifecycle.finish_finalizing(session_factory, job_id))
     if not lifecycle.is_terminal(status):
         wait_until_free(session_factory, job_id, wait=wait, poll_s=poll_s, on_wait=on_wait)
@@ -368,8 +360,8 @@ def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOut
             chunks.cancel_queued_chunks(s, job_id)
     if not changed and not lifecycle.is_stopping(status):
         raise JobStateError(f"job {job_id} is {status}; it cannot be cancelled")
+    lifecycle.after_run(session_factory, job_id, lifecycle.RunOutcome.CANCELLED)  # cancelled now if nothing runs
     with session_factory.begin() as s:
-        lifecycle.settle_cancel(s, job_id)
         status = queries.get_job(s, job_id).status
         running = queries.job_counts(s, job_id)[REQ_RUNNING]
     return CancelOutcome(job_id, status, running)

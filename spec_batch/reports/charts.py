@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import matplotlib.dates as mdates
+from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from .aggregate import BaselineRates, PositionAcceptance, RequestRates, ThroughputSeries
@@ -78,44 +79,9 @@ def requests_paid(rates: Sequence[RequestRates], baseline_tokens_per_s: float | 
         ax = fig.add_subplot()
         points = [r for r in rates if r.tokens_per_step is not None]
         if baseline_tokens_per_s is None:
-            ax.scatter(
-                [r.tokens_per_step for r in points],
-                [r.tokens_per_s for r in points],
-                s=14,
-                color=SPEC,
-                alpha=0.7,
-                label=f"requests ({len(points):,})",
-            )
+            _dots(ax, points, SPEC, 0.7, "requests")
         else:
-            paid = [r for r in points if r.tokens_per_s >= baseline_tokens_per_s]
-            lost = [r for r in points if r.tokens_per_s < baseline_tokens_per_s]
-            ax.scatter(
-                [r.tokens_per_step for r in paid],
-                [r.tokens_per_s for r in paid],
-                s=14,
-                color=PAID,
-                alpha=0.75,
-                label=f"faster than without speculation ({len(paid):,})",
-            )
-            ax.scatter(
-                [r.tokens_per_step for r in lost],
-                [r.tokens_per_s for r in lost],
-                s=14,
-                color=NOT_PAID,
-                alpha=0.75,
-                label=f"slower than without speculation ({len(lost):,})",
-            )
-            ax.axhline(baseline_tokens_per_s, color=REFERENCE, linestyle="--", linewidth=1)
-            ax.annotate(
-                f"baseline: {baseline_tokens_per_s:.1f} tokens/s per request without speculation",
-                (1.0, baseline_tokens_per_s),
-                xycoords=("axes fraction", "data"),
-                ha="right",
-                va="bottom",
-                fontsize=8,
-                xytext=(-4, 2),
-                textcoords="offset points",
-            )
+            _paid_and_lost(ax, points, baseline_tokens_per_s)
         ax.axvline(1.0, color=REFERENCE, linestyle=":", linewidth=1)
         ax.annotate(
             "1 token per step = plain decoding",
@@ -139,6 +105,41 @@ def requests_paid(rates: Sequence[RequestRates], baseline_tokens_per_s: float | 
         ax.set_title(title)
         ax.legend(loc="upper left", fontsize=8)
         return to_svg(fig, chart_id)
+
+
+def _dots(ax: Axes, points: Sequence[RequestRates], color: str, alpha: float, label: str) -> None:
+    """One dot per request at (tokens per step, tokens/s); the legend counts them."""
+    xs, ys = [r.tokens_per_step for r in points], [r.tokens_per_s for r in points]
+    ax.scatter(xs, ys, s=14, color=color, alpha=alpha, label=f"{label} ({len(points):,})")
+
+
+def _paid_and_lost(ax: Axes, points: Sequence[RequestRates], baseline_tokens_per_s: float) -> None:
+    """The requests above the baseline's tokens/s in one colour, those below in another, and the baseline's line."""
+    _dots(
+        ax,
+        [r for r in points if r.tokens_per_s >= baseline_tokens_per_s],
+        PAID,
+        0.75,
+        "faster than without speculation",
+    )
+    _dots(
+        ax,
+        [r for r in points if r.tokens_per_s < baseline_tokens_per_s],
+        NOT_PAID,
+        0.75,
+        "slower than without speculation",
+    )
+    ax.axhline(baseline_tokens_per_s, color=REFERENCE, linestyle="--", linewidth=1)
+    ax.annotate(
+        f"baseline: {baseline_tokens_per_s:.1f} tokens/s per request without speculation",
+        (1.0, baseline_tokens_per_s),
+        xycoords=("axes fraction", "data"),
+        ha="right",
+        va="bottom",
+        fontsize=8,
+        xytext=(-4, 2),
+        textcoords="offset points",
+    )
 
 
 def throughput_over_time(series: ThroughputSeries, job_tokens_per_s: float | None, chart_id: str) -> str:

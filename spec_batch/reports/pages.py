@@ -126,6 +126,24 @@ def chart(key: str, heading: str, caption: str, draw: Callable[[], str] | None, 
 
 def job_section(data: JobReportData) -> JobSection:
     rates = aggregate.request_rates(data.requests)
+    return JobSection(
+        job_id=data.job_id,
+        summary=_summary(data),
+        charts=_job_charts(data, rates),
+        tables=[
+            _request_table(
+                f"Slowest requests (lowest tokens/s, {TABLE_ROWS} at most)", aggregate.slowest(rates, TABLE_ROWS)
+            ),
+            _request_table(
+                f"Least-accepted requests (lowest acceptance rate, {TABLE_ROWS} at most)",
+                aggregate.least_accepted(rates, TABLE_ROWS),
+            ),
+        ],
+        notes=[f"job error: {data.error}"] if data.error else [],
+    )
+
+
+def _job_charts(data: JobReportData, rates: list[aggregate.RequestRates]) -> list[Chart]:
     positions = aggregate.acceptance_by_position(data.requests)
     lengths = aggregate.accepted_length_counts(data.requests)
     series = aggregate.throughput_over_time(data.requests, {b.request_id for b in data.baseline})
@@ -133,7 +151,7 @@ def job_section(data: JobReportData) -> JobSection:
     base_tps = aggregate.baseline_request_tokens_per_s(data.baseline)
     job_tps = data.summary.get("tokens_per_s")
     cid = data.job_id + "-"
-    chart_list = [
+    return [
         chart(
             "acceptance-by-position",
             "Acceptance rate by draft position",
@@ -176,21 +194,6 @@ def job_section(data: JobReportData) -> JobSection:
             "before per-request pairs were recorded); the speedup above comes from the job's totals.",
         ),
     ]
-    return JobSection(
-        job_id=data.job_id,
-        summary=_summary(data),
-        charts=chart_list,
-        tables=[
-            _request_table(
-                f"Slowest requests (lowest tokens/s, {TABLE_ROWS} at most)", aggregate.slowest(rates, TABLE_ROWS)
-            ),
-            _request_table(
-                f"Least-accepted requests (lowest acceptance rate, {TABLE_ROWS} at most)",
-                aggregate.least_accepted(rates, TABLE_ROWS),
-            ),
-        ],
-        notes=[f"job error: {data.error}"] if data.error else [],
-    )
 
 
 def _overview(datas: Sequence[JobReportData]) -> Table:
@@ -275,7 +278,19 @@ def history_page(rows: Sequence[dict[str, Any]], *, now: datetime, since: dateti
             "No job in this period produced tokens.",
         ),
     ]
-    table = Table(
+    period = f"since {fmt_time(since)}" if since is not None else "all jobs"
+    return Page(
+        title="spec-batch job history",
+        generated_at=fmt_time(now),
+        intro=f"{len(rows)} job(s), {period}, coloured by target and drafter.",
+        charts=chart_list,
+        tables=[_history_table(rows)],
+    )
+
+
+def _history_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """Every job of the period, newest first."""
+    return Table(
         "Jobs",
         [
             "created",
@@ -304,12 +319,4 @@ def history_page(rows: Sequence[dict[str, Any]], *, now: datetime, since: dateti
             ]
             for r in reversed(rows)
         ],
-    )
-    period = f"since {fmt_time(since)}" if since is not None else "all jobs"
-    return Page(
-        title="spec-batch job history",
-        generated_at=fmt_time(now),
-        intro=f"{len(rows)} job(s), {period}, coloured by target and drafter.",
-        charts=chart_list,
-        tables=[table],
     )

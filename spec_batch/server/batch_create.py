@@ -131,7 +131,6 @@ def _fail_validation(
         queries.insert_job(
             s,
             id=batch_id,
-            status=lifecycle.INITIAL,
             target=fields.target,
             drafter=fields.drafter,
             input_file=batch_values["input_file_id"],

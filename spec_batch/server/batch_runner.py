@@ -1,13 +1,13 @@
 """Where the API's batches run: `make_batch_runner(ctx)` returns the server's batch runner, a Service (start/stop)
-that ServerContext.services starts with the app, and registers it as ``ctx.parts["batches"]`` for the Batches API.
+that ServerContext.services starts with the app, and sets it as ``ctx.batches`` for the Batches API.
 
 - ``local`` (SPEC_BATCH_API_RUNNER=local): a thread of the server process runs the batches, oldest first, on
-  ``ctx.parts["decoder"]`` (the engine's decoder-like object: `Decoder.generate`'s signature), through the job
+  ``ctx.decoder`` (the engine's decoder-like object: `Decoder.generate`'s signature), through the job
   service (baseline, claims under a lease, finalization), so `spec-batch serve` works alone on SQLite. On start it
   resumes every unfinished local batch: requests of a server that died are taken over (its lease expired or its
   process is gone), so a restart mid-batch loses nothing. stop() hands the requests in flight back (pending).
 - ``queue`` (SPEC_BATCH_API_RUNNER=queue): a batch is published to the Celery queue of the served pair
-  (``ctx.parts["served"]``), where the existing workers run it. stop() leaves batches with the queue; start()
+  (``ctx.served``), where the existing workers run it. stop() leaves batches with the queue; start()
   enqueues again the open requests of queue batches that no chunk covers (a server that died mid-enqueue).
 """
 
@@ -21,7 +21,7 @@ from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lifecycle import JobStateError
 from spec_batch.jobs.service import resume_job
 from spec_batch.server.batch_create import JobFields
-from spec_batch.server.context import ServerContext, Service
+from spec_batch.server.context import ServerContext
 from spec_batch.server.errors import APIError
 from spec_batch.store import files as file_sql
 from spec_batch.store import queries
@@ -74,7 +74,7 @@ class LocalBatchRunner:
         self._failures: dict[str, int] = {}
 
     def job_fields(self) -> JobFields:
-        decoder, served = self.ctx.parts.get("decoder"), self.ctx.parts.get("served")
+        decoder, served = self.ctx.decoder, self.ctx.served
         precision = getattr(decoder, "precision", None)
         return JobFields(
             target=getattr(decoder, "target_name", None) or served.target,
@@ -85,7 +85,7 @@ class LocalBatchRunner:
         )
 
     def check_ready(self) -> None:
-        if self.ctx.parts.get("decoder") is None:
+        if self.ctx.decoder is None:
             raise APIError(503, "this server has no model to run batches with", code="service_unavailable")
 
     def submitted(self, batch_id: str) -> None:
@@ -126,7 +126,7 @@ class LocalBatchRunner:
             return lifecycle.is_stopping(queries.get_job(s, batch_id).status)
 
     def _run_one(self, batch_id: str) -> None:
-        decoder = self.ctx.parts.get("decoder")
+        decoder = self.ctx.decoder
         stoppable = _Stoppable(decoder, lambda: self._stopped_or_cancelled(batch_id))
         try:
             resume_job(
@@ -137,16 +137,15 @@ class LocalBatchRunner:
                 baseline=hasattr(decoder, "without_speculation"),
             )
         except BatchStopped:  # claims given back; a cancelled batch settles now (the runner did not get to it)
-            with self.ctx.session_factory.begin() as s:
-                lifecycle.settle_cancel(s, batch_id)
+            lifecycle.after_run(self.ctx.session_factory, batch_id, lifecycle.RunOutcome.INTERRUPTED)
         except JobStateError as exc:  # another process holds it, or it was cancelled meanwhile: not ours now
             log.info("batch %s left alone: %s", batch_id, exc)
         except Exception as exc:
             self._failures[batch_id] = n = self._failures.get(batch_id, 0) + 1
             log.exception("batch %s: unexpected error (%d of %d)", batch_id, n, MAX_FAILURES)
             if n >= MAX_FAILURES:
-                with self.ctx.session_factory.begin() as s:
-                    lifecycle.fail(s, batch_id, f"the batch failed in the server: {type(exc).__name__}: {exc}")
+                error = f"the batch failed in the server: {type(exc).__name__}: {exc}"
+                lifecycle.after_run(self.ctx.session_factory, batch_id, lifecycle.RunOutcome.BROKEN, error=error)
 
 
 class QueueBatchRunner:
@@ -156,7 +155,7 @@ class QueueBatchRunner:
         self.ctx = ctx
 
     def job_fields(self) -> JobFields:
-        served, settings = self.ctx.parts["served"], self.ctx.settings
+        served, settings = self.ctx.served, self.ctx.settings
         return JobFields(
             target=served.target,
             drafter=served.drafter,
@@ -164,7 +163,7 @@ class QueueBatchRunner:
             dtype=served.dtype,
             queue=queue_name(served.target, served.drafter, served.weights, served.dtype),
             chunk_size=settings.chunk_size,
-            **_decoder_limits(self.ctx.parts.get("decoder")),
+            **_decoder_limits(self.ctx.decoder),
         )
 
     def check_ready(self) -> None:
@@ -198,9 +197,9 @@ class QueueBatchRunner:
 BatchRunner = LocalBatchRunner | QueueBatchRunner
 
 
-def make_batch_runner(ctx: ServerContext) -> Service:
-    """The runner SPEC_BATCH_API_RUNNER names (ctx.settings.api_runner), registered as ctx.parts["batches"]. The
-    caller adds it to ctx.services (the app starts and stops it)."""
+def make_batch_runner(ctx: ServerContext) -> BatchRunner:
+    """The runner SPEC_BATCH_API_RUNNER names (ctx.settings.api_runner), set as ctx.batches. The caller adds it to
+    ctx.services (the app starts and stops it)."""
     runner: BatchRunner = QueueBatchRunner(ctx) if ctx.settings.api_runner == "queue" else LocalBatchRunner(ctx)
-    ctx.parts["batches"] = runner
+    ctx.batches = runner
     return runner

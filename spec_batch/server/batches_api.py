@@ -17,7 +17,7 @@ from spec_batch.reports import job_report_html
 from spec_batch.server.auth import Owner
 from spec_batch.server.batch_create import JobFields, create_batch
 from spec_batch.server.batch_objects import batch_object, list_object
-from spec_batch.server.context import Context
+from spec_batch.server.context import BatchRunnerLike, Context, ServerContext
 from spec_batch.server.errors import APIError, invalid_request, not_found
 from spec_batch.store import files as file_sql
 from spec_batch.store.file_tables import PURPOSE_BATCH
@@ -60,14 +60,14 @@ def _check_create(body: CreateBatch) -> None:
         )
 
 
-def _runner(ctx: Any) -> Any:
-    runner = ctx.parts.get("batches")
+def _runner(ctx: ServerContext) -> BatchRunnerLike:
+    runner = ctx.batches
     if runner is None:
         raise APIError(503, "this server runs no batches (no batch runner is configured)", code="service_unavailable")
     return runner
 
 
-def _object(ctx: Any, batch_id: str, owner: str | None) -> dict[str, Any]:
+def _object(ctx: ServerContext, batch_id: str, owner: str | None) -> dict[str, Any]:
     with ctx.session_factory() as s:
         found = file_sql.get_batch(s, batch_id, owner)
         if found is None:

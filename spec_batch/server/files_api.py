@@ -23,7 +23,7 @@ from spec_batch.server.batch_objects import (
     parse_result_file_id,
     result_file_object,
 )
-from spec_batch.server.context import Context
+from spec_batch.server.context import Context, ServerContext
 from spec_batch.server.errors import APIError, invalid_request, not_found, too_large
 from spec_batch.server.file_io import iter_content, store_upload
 from spec_batch.store import files as file_sql
@@ -122,7 +122,7 @@ def list_files(
     return list_object([file_object(r) for r in rows[:limit]], len(rows) > limit)
 
 
-def _result_file(ctx: Any, file_id: str, owner: str | None) -> tuple[Any, Any, str]:
+def _result_file(ctx: ServerContext, file_id: str, owner: str | None) -> tuple[Any, Any, str]:
     """(batch, job, kind) of a batch's result file the caller may see; a 404 otherwise."""
     parsed = parse_result_file_id(file_id)
     if parsed is not None:

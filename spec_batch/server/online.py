@@ -1,7 +1,7 @@
 """Online endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (docs/server.md).
 
 A body is parsed by the one parser of batch lines and HTTP requests (`openai_format.parse_body(online=True)`),
-decoded in the server's shared engine (`ctx.parts["engine"]`: requests that arrive while others decode join
+decoded in the server's shared engine (`ctx.engine`: requests that arrive while others decode join
 their batch) and rendered like a batch output line (`online_bodies.Reply`). `stream: true` answers as
 server-sent events; a client that goes away frees its rows.
 """
@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from spec_batch.core.engine import Engine
 from spec_batch.core.outputs import GenerationResult
 from spec_batch.openai_format import CHAT, COMPLETIONS, BodyError, ParsedBody, parse_body
 from spec_batch.server.auth import Owner
@@ -50,7 +51,7 @@ def list_models(ctx: Context, owner: Owner) -> dict[str, Any]:
 
 @router.get("/v1/models/{model}")
 def retrieve_model(model: str, ctx: Context, owner: Owner) -> dict[str, Any]:
-    if not ctx.part("served").names(model):
+    if not ctx.served.names(model):
         raise not_found("model", model, param="model", code="model_not_found")
     return _model_object(ctx.model_id)
 
@@ -64,13 +65,19 @@ async def _parsed(request: Request, ctx: ServerContext, endpoint: str) -> Parsed
         parsed = parse_body(endpoint, body, online=True)
     except BodyError as exc:
         raise invalid_request(str(exc), param=exc.param or None, code=exc.code) from None
-    if parsed.model is not None and not ctx.part("served").names(parsed.model):
+    if parsed.model is not None and not ctx.served.names(parsed.model):
         raise model_not_found(parsed.model, ctx.model_id)
     return parsed
 
 
+def _engine(ctx: ServerContext) -> Engine:
+    if ctx.engine is None:
+        raise APIError(503, "this server has no model loaded for online requests", code="service_unavailable")
+    return ctx.engine
+
+
 def _reply(ctx: ServerContext, parsed: ParsedBody) -> Reply:
-    engine = ctx.part("engine")
+    engine = _engine(ctx)
     tools = parsed.tools is not None and parsed.tools.choice != "none"
     return Reply(parsed.endpoint, ctx.model_id, engine.decoder.draft_name, engine.decoder.tokenizer, tools=tools)
 
@@ -78,8 +85,8 @@ def _reply(ctx: ServerContext, parsed: ParsedBody) -> Reply:
 async def _complete(request: Request, ctx: ServerContext, endpoint: str) -> Any:
     parsed = await _parsed(request, ctx, endpoint)
     reply = _reply(ctx, parsed)
-    call = OnlineCall(ctx.part("engine"), parsed)
-    metrics = RequestMetrics(ctx.part("served"), call.n)
+    call = OnlineCall(_engine(ctx), parsed)
+    metrics = RequestMetrics(ctx.served, call.n)
     try:
         await call.start()
     except BaseException:

@@ -17,8 +17,8 @@ from spec_batch.core.engine_batch import RowUpdate
 from spec_batch.core.outputs import GenerationResult
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs.choices import expand
-from spec_batch.jobs.claims import build_prompt, prompt_error_code
 from spec_batch.openai_format import ParsedBody
+from spec_batch.openai_format.prompts import build_prompt, prompt_error_code
 from spec_batch.server.errors import APIError, invalid_request
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client having gone

@@ -1,9 +1,9 @@
 """What `spec-batch serve` runs: the served pair loaded once, its engine, the app's context and uvicorn.
 
-`build_context` makes the ServerContext: parts "served" (ServedModel), "engine" (the shared Engine), "decoder"
-(the engine as a Decoder: batch jobs in the server process decode through the same steps as online requests),
-and services [engine, batch runner]: started in that order, stopped in reverse, so on shutdown the batch runner
-hands its work back first and the engine then finishes the online requests in flight.
+`build_context` makes the ServerContext: `served` (ServedModel), `engine` (the shared Engine), `decoder` (the
+engine as a Decoder: batch jobs in the server process decode through the same steps as online requests), `batches`
+(the batch runner), and services [engine, batch runner]: started in that order, stopped in reverse, so on shutdown
+the batch runner hands its work back first and the engine then finishes the online requests in flight.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.core.engine import Engine
 from spec_batch.server.app import create_app
-from spec_batch.server.context import ServerContext, Service
+from spec_batch.server.batch_runner import make_batch_runner
+from spec_batch.server.context import ServerContext
 from spec_batch.server.served import ServedModel
 from spec_batch.settings import Settings
 
@@ -74,27 +75,13 @@ def build_context(
     ctx = ServerContext(
         settings=settings,
         session_factory=session_factory,
-        model_id=served.model_id,
+        served=served,
+        engine=engine,
+        decoder=engine.as_decoder(),
         services=[engine],
-        parts={"served": served, "engine": engine, "decoder": engine.as_decoder()},
     )
-    # --- the batch runner (Files/Batches API, issue 24's other half) plugs in here ---------------------------
-    runner = batch_runner(ctx)
-    if runner is not None:
-        ctx.services.append(runner)  # after the engine: stopped before it
+    ctx.services.append(make_batch_runner(ctx))  # after the engine: stopped before it
     return ctx
-
-
-def batch_runner(ctx: ServerContext) -> Service | None:
-    """`make_batch_runner(ctx)` of spec_batch.server.batch_runner when that module is present (the batches
-    branch); without it the server serves the online endpoints only. An error inside it is raised, not hidden."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("spec_batch.server.batch_runner") is None:
-        return None
-    module = importlib.import_module("spec_batch.server.batch_runner")
-    return module.make_batch_runner(ctx)
 
 
 def run(ctx: ServerContext, host: str, port: int, *, log_level: str = "info") -> None:

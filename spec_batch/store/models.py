@@ -147,7 +147,7 @@ class Job(Base):
     sample_output_tokens: Mapped[int | None] = mapped_column(Integer)
     sample_wall_s: Mapped[float | None] = mapped_column(Float)
     # The lowest and highest ratio of the baseline's interleaved rounds (0006): a wide range (see
-    # spec_batch.jobs.speedup.UNRELIABLE_SPREAD) means the load changed while the speedup was measured.
+    # spec_batch.jobs.baseline.UNRELIABLE_SPREAD) means the load changed while the speedup was measured.
     speedup_low: Mapped[float | None] = mapped_column(Float)
     speedup_high: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import SpecBatchError
 from .models import (
+    JOB_VALIDATING,
     REQ_CANCELLED,
     REQ_COMPLETED,
     REQ_FAILED,
@@ -40,8 +41,9 @@ INSERT_BATCH = 1000  # request rows per INSERT statement
 
 
 def insert_job(session: Session, **values: Any) -> None:
-    """Adds a job row (`values`: Job columns by attribute name)."""
-    session.add(Job(**values))
+    """Adds a job row (`values`: Job columns by attribute name, the status excepted) in the first status of the
+    lifecycle, validating: spec_batch.jobs.lifecycle changes it from there."""
+    session.add(Job(status=JOB_VALIDATING, **values))
     session.flush()
 
 

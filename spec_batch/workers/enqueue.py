@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,7 +24,6 @@ from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import create_job_from_file, lifecycle
 from spec_batch.settings import get_settings, shown_url
 from spec_batch.store import chunks, queries
-from spec_batch.store.models import JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING
 
 from .publish import publish_chunk
 from .reaper import broker_epoch
@@ -134,28 +133,35 @@ def submit_file(
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
         result = SubmitResult(job_id, job.status, queue, job.n_requests, job.n_invalid, parse_report=report)
-        if job.status != JOB_IN_PROGRESS:
+        if not lifecycle.is_running(job.status):
             return result  # no valid line: the job failed; nothing to enqueue
         ids = queries.open_request_ids(s, job_id)
-        new = chunks.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=baseline_sample > 0)
+        new = chunks.add_chunks(s, job_id, queue, ids, chunk_size, measure_baseline=lifecycle.wants_baseline(job))
         pending = [(c.id, c.queue) for c in new]
     result.n_chunks = len(pending)
-    published, error = _publish(pending, session_factory, epoch, broker_url)
-    result.published = published
-    if error is None:
-        return result
+    result.published, error = _publish(pending, session_factory, epoch, broker_url)
+    if error is not None:
+        _publish_failed(session_factory, job_id, result.published, len(pending), error)
+    return result
+
+
+def _publish_failed(
+    session_factory: sessionmaker[Session], job_id: str, published: int, total: int, error: Exception
+) -> NoReturn:
+    """A submit whose broker failed midway: with nothing published the job is deleted again (no half-created
+    job); otherwise it stays, and the reaper or `spec-batch resume` publishes the rest."""
     if published == 0 and _delete_unpublished_job(session_factory, job_id):
         raise BrokerUnavailableError(
             f"the broker went away while enqueueing ({error.__class__.__name__}: {error}); "
             f"no job was created: submit the file again once Redis is back"
         ) from error
     raise PartialEnqueueError(
-        f"job {job_id} is stored but only {published} of {len(pending)} chunks could be enqueued "
+        f"job {job_id} is stored but only {published} of {total} chunks could be enqueued "
         f"({error.__class__.__name__}: {error}). The workers publish the rest once Redis is back (within "
         f"SPEC_BATCH_LEASE_SECONDS), or run `spec-batch resume {job_id}` then.",
         job_id,
         published,
-        len(pending),
+        total,
     ) from error
 
 
@@ -187,24 +193,26 @@ def enqueue_job(
 ) -> EnqueueReport:
     """(Re-)enqueues a queue job: open requests no live chunk covers get new chunks, and (by default) every
     queued chunk is published again (a duplicate message is harmless: the task skips a chunk it cannot
-    claim). A job left ``validating`` goes to ``in_progress``. Running chunks are left to their leases."""
+    claim). A job left ``validating`` with open requests starts (``in_progress``); a job that is not running
+    afterwards (it ended, is being cancelled, or changed status meanwhile) gets nothing new, and the report says
+    the status it has. Running chunks are left to their leases."""
     settings = get_settings()
     broker_url = broker_url or settings.broker_url
     epoch = check_broker(broker_url)
     with session_factory.begin() as s:
         job = queries.get_job(s, job_id)
-        if job.status in JOB_TERMINAL:
+        if lifecycle.is_terminal(job.status):
             return EnqueueReport(job_id, job.status)
         queue = job.queue or queue_name(job.target, job.drafter, job.weights, job.dtype)
         size = chunk_size or job.chunk_size or settings.chunk_size
         chunks.set_job_queue(s, job_id, queue, size)
+        if queries.open_request_ids(s, job_id):
+            lifecycle.start(s, job_id)  # a job left validating starts
+        s.refresh(job)  # start is conditional: the status as it is now, whoever changed it, not as assumed
         status = job.status
-        if status == JOB_VALIDATING and queries.open_request_ids(s, job_id):
-            lifecycle.start(s, job_id)
-            status = JOB_IN_PROGRESS
-        needs_baseline = (
-            job.baseline_sample > 0 and job.baseline_wall_s is None and not chunks.baseline_chunk_pending(s, job_id)
-        )
+        if not lifecycle.is_running(status):
+            return EnqueueReport(job_id, status)
+        needs_baseline = lifecycle.wants_baseline(job) and not chunks.baseline_chunk_pending(s, job_id)
         new = chunks.add_chunks(
             s, job_id, queue, chunks.orphan_request_ids(s, job_id), size, measure_baseline=needs_baseline
         )

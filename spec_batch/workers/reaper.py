@@ -21,6 +21,9 @@ any live worker recovers what a dead one left:
 3. a queue job with nothing open any more that is still ``in_progress`` (its last worker died between storing
    the last result and finalizing) is finalized, and a ``cancelling`` one with nothing running is cancelled.
 
+The reaper reports what it found to ``lifecycle.after_run`` (a run that finished, or a holder that vanished) and
+lets it decide what the job does; it reads a job's status only through lifecycle's predicates.
+
 Every step is a conditional UPDATE, so reapers in many processes racing on one row change it once; a chunk is
 re-published inside the transaction that re-queues it (commit after publish), so a reaper that dies in between
 leaves the chunk to the next one. Messages are never trusted alone: a task re-reads the chunk and skips it
@@ -44,8 +47,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.lease import abandoned_tokens, brief, forget_abandoned, holder_is_dead, holder_prefix
+from spec_batch.jobs.lifecycle import RunOutcome
 from spec_batch.store import chunk_recovery, chunks, queries
-from spec_batch.store.models import JOB_CANCELLING, JOB_IN_PROGRESS, utcnow
+from spec_batch.store.models import utcnow
 
 log = logging.getLogger("spec_batch.workers.reaper")
 
@@ -124,7 +128,7 @@ def _recover_chunk(
     finalize: Callable[[str], None],
 ) -> None:
     job_id = None
-    done_after = False
+    ended: RunOutcome | None = None  # how the vanished holder's run ended, when this call ends it
     with session_factory.begin() as s:
         chunk = chunks.get_chunk(s, chunk_id)
         if chunk is None or chunk.state != chunks.CHUNK_RUNNING or chunk.worker != holder:
@@ -132,35 +136,52 @@ def _recover_chunk(
         job = queries.find_job(s, chunk.job_id)
         job_id = chunk.job_id
         open_ids = chunks.open_ids_of(s, chunk.request_ids)
-        if job is None or job.status not in chunks.JOB_ACTIVE or job.status == JOB_CANCELLING:
-            # Nothing to run any more: free the dead holder's requests, let cancellation finish.
+        if job is None or not lifecycle.takes_new_work(job.status):
+            # Nothing to run any more: free the dead holder's requests; lifecycle lets a cancellation finish.
             chunks.release_worker_requests(s, holder)
             chunks.finish_chunk(s, chunk.id, holder)
-            if job is not None and job.status == JOB_CANCELLING and lifecycle.settle_cancel(s, job.id):
-                report.cancelled += 1
-            return
-        chunks.release_worker_requests(s, holder)  # the lost claims count their attempt now
-        over = set(chunk_recovery.requests_over_attempts(s, open_ids, max_attempts))
-        for rid in over:
-            attempts = queries.request_attempts(s, rid) or max_attempts
-            if queries.save_failure(s, rid, WORKER_LOST, _give_up_message(attempts)):
-                report.failed_requests += 1
-        open_ids = [i for i in open_ids if i not in over]
-        if not open_ids:
-            chunks.release_worker_requests(s, holder)
-            chunks.finish_chunk(s, chunk.id, holder)
-            done_after = True
-        elif chunk.attempts >= 2 and len(open_ids) > 1:
-            pieces = chunks.split_chunk(s, chunk, open_ids, epoch, expected_worker=holder)
-            for piece in pieces:
-                publish(piece)
-            report.split += 1
+            ended = RunOutcome.INTERRUPTED if job is not None else None
         else:
-            if chunks.requeue_chunk(s, chunk, epoch, expected_worker=holder):
-                publish(chunk)
-                report.requeued += 1
-    if done_after and job_id is not None:
+            ended = _requeue_or_end(s, chunk, holder, open_ids, epoch, publish, max_attempts, report)
+    if ended is RunOutcome.INTERRUPTED:
+        if lifecycle.after_run(session_factory, job_id, ended).cancelled:
+            report.cancelled += 1
+    elif ended is RunOutcome.FINISHED:
         finalize(job_id)
+
+
+def _requeue_or_end(
+    s: Session,
+    chunk: chunks.QueueChunk,
+    holder: str,
+    open_ids: list[int],
+    epoch: str,
+    publish: Publisher,
+    max_attempts: int,
+    report: ReapReport,
+) -> RunOutcome | None:
+    """A lost chunk of a job that still runs: its requests over the attempt limit fail alone, the rest is
+    re-queued (split per request after a second loss). FINISHED when nothing of it is left to run."""
+    chunks.release_worker_requests(s, holder)  # the lost claims count their attempt now
+    over = set(chunk_recovery.requests_over_attempts(s, open_ids, max_attempts))
+    for rid in over:
+        attempts = queries.request_attempts(s, rid) or max_attempts
+        if queries.save_failure(s, rid, WORKER_LOST, _give_up_message(attempts)):
+            report.failed_requests += 1
+    open_ids = [i for i in open_ids if i not in over]
+    if not open_ids:
+        chunks.release_worker_requests(s, holder)
+        chunks.finish_chunk(s, chunk.id, holder)
+        return RunOutcome.FINISHED
+    if chunk.attempts >= 2 and len(open_ids) > 1:
+        pieces = chunks.split_chunk(s, chunk, open_ids, epoch, expected_worker=holder)
+        for piece in pieces:
+            publish(piece)
+        report.split += 1
+    elif chunks.requeue_chunk(s, chunk, epoch, expected_worker=holder):
+        publish(chunk)
+        report.requeued += 1
+    return None
 
 
 def reap(
@@ -242,9 +263,8 @@ def _end_queue_jobs(
         stuck = chunk_recovery.queue_jobs_stuck_finalizing(s, since_before=grace)
     for job_id in stuck:  # the worker finalizing it died between its two steps
         try:
-            with session_factory.begin() as s:
-                if lifecycle.complete(s, job_id):
-                    report.finalized += 1
+            if lifecycle.finish_finalizing(session_factory, job_id):
+                report.finalized += 1
         except Exception as exc:
             report.errors.append(f"complete {job_id}: {brief(exc)}")
     for job_id in to_finalize:
@@ -255,9 +275,8 @@ def _end_queue_jobs(
             report.errors.append(f"finalize {job_id}: {brief(exc)}")
     for job_id in to_cancel:
         try:
-            with session_factory.begin() as s:
-                if lifecycle.settle_cancel(s, job_id):
-                    report.cancelled += 1
+            if lifecycle.after_run(session_factory, job_id, RunOutcome.CANCELLED).cancelled:
+                report.cancelled += 1
         except Exception as exc:
             report.errors.append(f"cancel {job_id}: {brief(exc)}")
 
@@ -280,7 +299,7 @@ def adopt_orphans(
         with session_factory.begin() as s:
             job = queries.get_job(s, job_id)
             orphans = chunks.orphan_request_ids(s, job_id)
-            if not orphans or job.status != JOB_IN_PROGRESS or job.queue is None:
+            if not orphans or not lifecycle.is_running(job.status) or job.queue is None:
                 continue
             # Two reapers racing here may both adopt the same requests: the second chunk then only finds
             # them claimed or done and does nothing (claims are conditional), so this needs no lock.

@@ -12,7 +12,7 @@ from typing import Any
 from spec_batch.jobs import lease
 from spec_batch.jobs.heads import resolve_with_settings
 from spec_batch.jobs.job_memory_store import JobMemories
-from spec_batch.jobs.lifecycle import finalize_job
+from spec_batch.jobs.lifecycle import RunOutcome, after_run
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
 from spec_batch.store import chunks, open_store
@@ -47,7 +47,8 @@ class Runtime:
         publish_chunk(chunk.id, chunk.queue)
 
     def finalize(self, job_id: str) -> None:
-        finalize_job(self.session_factory, job_id)
+        """The reaper found nothing of the job left to run: lifecycle completes (or settles) it."""
+        after_run(self.session_factory, job_id, RunOutcome.FINISHED)
 
     def reap_tick(self) -> None:
         """The heartbeat's extra duty in a worker: one reaper pass, logged when it did something."""

@@ -10,8 +10,8 @@
 4. the first chunk of a job measures the job's baseline (``spec_batch.jobs.measure_baseline``);
 5. ``spec_batch.jobs.runner.run_requests`` claims, decodes and stores the requests (a request that raises fails
    alone with its error stored). At its next decoding step the task stops when the job is being cancelled or
-   another worker took the chunk over; the job is completed, exactly once, by whichever worker stores its
-   last result (``finalize_job``'s conditional updates).
+   another worker took the chunk over; the runner reports how it ended to ``lifecycle.after_run``, which
+   completes the job exactly once, in whichever worker stores its last result (conditional updates).
 
 Failures: a transient one (the database or the broker unreachable) gives the chunk back and retries with
 exponential backoff; anything else fails the task without retry (a request's own error never gets here: it
@@ -32,11 +32,11 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import lease, lifecycle, measure_baseline
 from spec_batch.jobs.job_memory_store import uses_job_memory
-from spec_batch.jobs.lifecycle import finalize_job
+from spec_batch.jobs.lifecycle import RunOutcome
 from spec_batch.jobs.runner import STOPPED_BY_CALLER, STOPPED_CANCELLED, run_requests
 from spec_batch.settings import get_settings
 from spec_batch.store import chunks, queries
-from spec_batch.store.models import JOB_CANCELLING, REQ_FAILED
+from spec_batch.store.models import REQ_FAILED
 
 from . import metrics
 from .celery_app import TASK_NAME_PROCESS_CHUNK, app
@@ -207,8 +207,8 @@ def _claim(rt: Runtime, chunk_id: str, token: str) -> _ChunkWork | str:
             job.target,
             job.drafter,
             job.batch_size,
-            measure=chunk.measure_baseline and job.baseline_sample > 0 and job.baseline_wall_s is None,
-            cancelling=job.status == JOB_CANCELLING,
+            measure=chunk.measure_baseline and lifecycle.wants_baseline(job),
+            cancelling=lifecycle.is_stopping(job.status),
             precision={k: v for k, v in (("weights", job.weights), ("dtype", job.dtype)) if v is not None},
         )
 
@@ -222,8 +222,8 @@ def _process(rt: Runtime, chunk_id: str, token: str) -> dict[str, Any]:
     counted = metrics.ChunkMetrics(target=work.target, drafter=work.drafter, n=len(work.request_ids))
     try:
         if work.cancelling:
+            lifecycle.after_run(rt.session_factory, work.job_id, RunOutcome.CANCELLED)
             with rt.session_factory.begin() as s:
-                lifecycle.settle_cancel(s, work.job_id)
                 chunks.finish_chunk(s, chunk_id, token)
             return {**out, "stopped": STOPPED_CANCELLED}
         try:
@@ -251,7 +251,7 @@ def _fail_unloadable(
         chunks.finish_chunk(s, chunk_id, token)
     for _ in range(failed):
         counted.on_stored(REQ_FAILED, None)
-    finalize_job(rt.session_factory, work.job_id)
+    lifecycle.after_run(rt.session_factory, work.job_id, RunOutcome.FINISHED)  # every request it had is done
 
 
 def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease, counted: metrics.ChunkMetrics) -> None:
@@ -273,8 +273,9 @@ def _run_chunk(
     out: dict[str, Any],
 ) -> dict[str, Any]:
     # The runner stops at the next decoding step when the job is being cancelled, or (should_stop) when
-    # another worker took the chunk over; rows it did not finish go back to pending.
-    # a job already partly done (by others too) warms this worker's memory of it from SQL on first use
+    # another worker took the chunk over; rows it did not finish go back to pending. It reports how it ended to
+    # lifecycle.after_run (the job settled or completed there); what is left here is the chunk's own state.
+    # A job already partly done (by others too) warms this worker's memory of it from SQL on first use.
     session_factory, job_id = rt.session_factory, work.job_id
     memory = rt.memories.get(session_factory, job_id, decoder.tokenizer) if uses_job_memory(decoder) else None
     report = run_requests(
@@ -300,8 +301,7 @@ def _run_chunk(
     with session_factory.begin() as s:
         status = queries.get_job(s, job_id).status
         open_ids = chunks.open_ids_of(s, work.request_ids)
-        if status == JOB_CANCELLING:
-            lifecycle.settle_cancel(s, job_id)
+        if lifecycle.is_stopping(status):  # cancelled, or cancelling until its last runner stops
             chunks.finish_chunk(s, chunk_id, holding.token)
             stopped = STOPPED_CANCELLED
         elif holding.lost:
@@ -311,9 +311,7 @@ def _run_chunk(
             rt.heartbeat.poke()
         else:
             chunks.finish_chunk(s, chunk_id, holding.token)
-    if not open_ids and lifecycle.takes_new_work(status):
-        out["finalized"] = finalize_job(session_factory, job_id) or out.get("finalized", False)
-    if out.get("finalized") or lifecycle.is_terminal(status) or stopped == STOPPED_CANCELLED:
+    if report.finalized or lifecycle.is_terminal(status) or stopped == STOPPED_CANCELLED:
         rt.memories.drop(job_id)  # the job ended
     out["stopped"] = stopped
     return out

@@ -1,4 +1,4 @@
-"""Ctrl-C is not a lost attempt (issue 23, item 8): a real `spec-batch run` interrupted with SIGINT during its
+"""Ctrl-C is not a lost attempt: a real `spec-batch run` interrupted with SIGINT during its
 baseline phase, then resumed and interrupted again, gives its claims back without counting; the job then resumes
 to completion with every request's attempts at 0 (SPEC_BATCH_MAX_ATTEMPTS never comes near)."""
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
+from spec_batch.jobs.batch_output import errors_path_for, iter_jsonl
 from spec_batch.store import (
     Request,
     current_revision,

@@ -32,7 +32,7 @@ def loads(monkeypatch, fake_decoder_cls):
 
     calls = Loads()
 
-    def load(target, draft, device, dtype, *precision):  # precision: --weights, --draft-weights (issue 26)
+    def load(target, draft, device, dtype, *precision):  # precision: --weights, --draft-weights
         calls.append((target, draft))
         return calls.decoder
 

@@ -1,4 +1,4 @@
-"""The measured speedup's range (issue 23, item 9): `spec-batch run` measures the baseline sample in interleaved
+"""The measured speedup's range: `spec-batch run` measures the baseline sample in interleaved
 rounds and stores the lowest and highest round ratio; `show`, the HTML report and job_summary say when the
 rounds disagree by more than 25% of the speedup (the load changed while it was measured)."""
 

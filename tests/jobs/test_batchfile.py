@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spec_batch.jobs.batchfile import (
+from spec_batch.jobs.batch_input import (
     CHAT,
     COMPLETIONS,
     DUPLICATE_CUSTOM_ID,
@@ -20,13 +20,11 @@ from spec_batch.jobs.batchfile import (
     UNSUPPORTED_ENDPOINT,
     UNSUPPORTED_FIELD,
     BatchLineError,
-    error_line,
-    errors_path_for,
-    output_line,
     parse_line,
     parse_lines,
     read_batch_file,
 )
+from spec_batch.jobs.batch_output import error_line, errors_path_for, output_line
 
 
 def chat(body_extra=None, **top):

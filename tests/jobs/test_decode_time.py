@@ -50,7 +50,7 @@ def test_a_killed_process_keeps_its_tokens_and_their_decode_time(db_url, tmp_pat
         decode_s = queries.get_job(s, job_id).decode_wall_s
     assert counts["completed"] == KILLED_AFTER and counts["running"] == 6 - KILLED_AFTER  # left by the dead
     assert killed["output_tokens"] == 2 * KILLED_AFTER
-    # the three stored results and the time that produced them (before: 0 s, and an infinite tokens/s)
+    # the three stored results and the time that produced them (not 0 s, which would read as infinite tokens/s)
     assert decode_s == pytest.approx(KILLED_AFTER * STEP_S, rel=0.5)
     assert killed["tokens_per_s"] == pytest.approx(2 / STEP_S, rel=0.5)
 

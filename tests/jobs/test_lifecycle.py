@@ -134,3 +134,60 @@ def test_resume_and_run_rules():
             lifecycle.check_runnable("j", status)
     lifecycle.check_runnable("j", "in_progress")
     assert [s for s in JOB_STATUSES if lifecycle.takes_new_work(s)] == ["validating", "in_progress", "finalizing"]
+
+
+def _status(factory, job_id: str) -> str:
+    with factory() as s:
+        return queries.get_job(s, job_id).status
+
+
+def test_after_run_decides_what_the_job_does(db_url):
+    """Callers report how a run ended; lifecycle settles, completes or fails the job, or leaves it."""
+    factory = make_session_factory(db_url)
+    FINISHED, INTERRUPTED = lifecycle.RunOutcome.FINISHED, lifecycle.RunOutcome.INTERRUPTED
+    done = _job(factory, "in_progress", requests=("completed", "failed"))
+    assert lifecycle.after_run(factory, done, FINISHED, finalize=False) == lifecycle.Settled()
+    assert _status(factory, done) == "in_progress"  # a partial run's caller completes nothing
+    assert lifecycle.after_run(factory, done, INTERRUPTED) == lifecycle.Settled()  # a stop completes nothing
+    assert lifecycle.after_run(factory, done, FINISHED) == lifecycle.Settled(completed=True)
+    assert lifecycle.after_run(factory, done, FINISHED) == lifecycle.Settled()  # once
+    assert _status(factory, done) == "completed"
+
+    still_open = _job(factory, "in_progress", requests=("completed", "pending"))
+    assert not lifecycle.after_run(factory, still_open, FINISHED).ended  # another run has work left
+    assert _status(factory, still_open) == "in_progress"
+
+    # a job cancelled while the run went on settles whatever the run saw, once nothing of it runs
+    cancelling = _job(factory, "cancelling", requests=("completed", "pending"))
+    assert lifecycle.after_run(factory, cancelling, FINISHED) == lifecycle.Settled(cancelled=True)
+    assert _status(factory, cancelling) == "cancelled"
+    busy = _job(factory, "cancelling", requests=("running", "pending"))
+    assert not lifecycle.after_run(factory, busy, INTERRUPTED).ended
+    assert _status(factory, busy) == "cancelling"
+
+    broken = _job(factory, "in_progress", requests=("pending",))
+    settled = lifecycle.after_run(factory, broken, lifecycle.RunOutcome.BROKEN, error="no model")
+    assert settled == lifecycle.Settled(failed=True)
+    with factory() as s:
+        job = queries.get_job(s, broken)
+        assert (job.status, job.error) == ("failed", "no model")
+
+
+def test_wants_baseline_once_while_running(db_url):
+    factory = make_session_factory(db_url)
+    job_id = _job(factory, "in_progress", requests=("pending", "pending"))
+    with factory.begin() as s:
+        job = s.get(Job, job_id)
+        assert not lifecycle.wants_baseline(job)  # no sample asked for
+        job.baseline_sample = 2
+        assert lifecycle.wants_baseline(job)
+        job.n_invalid = 2
+        assert not lifecycle.wants_baseline(job)  # no valid request to sample
+        job.n_invalid = 0
+        job.baseline_wall_s = 1.0
+        assert not lifecycle.wants_baseline(job)  # measured already: the first measurement wins
+    for status in ("validating", "finalizing", "cancelling", "completed"):
+        with factory.begin() as s:
+            job = s.get(Job, _job(factory, status, requests=("pending",)))
+            job.baseline_sample = 1
+            assert not lifecycle.wants_baseline(job), status

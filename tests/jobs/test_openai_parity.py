@@ -1,4 +1,4 @@
-"""OpenAI request parity (issue 24): fields accepted and recorded, penalties/logit_bias/logprobs parsed into
+"""OpenAI request parity: fields accepted and recorded, penalties/logit_bias/logprobs parsed into
 SamplingParams, tools, n > 1 with per-choice seeds, and the output choices rendered in OpenAI's shape."""
 
 from __future__ import annotations

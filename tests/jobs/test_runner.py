@@ -22,9 +22,10 @@ from spec_batch.jobs import (
     write_results,
 )
 from spec_batch.jobs.baseline import WARMUP_TOKENS
-from spec_batch.jobs.batchfile import errors_path_for, iter_jsonl
+from spec_batch.jobs.batch_output import errors_path_for, iter_jsonl
 from spec_batch.jobs.lease import holder_prefix
-from spec_batch.jobs.runner import finalize_job, run_requests
+from spec_batch.jobs.lifecycle import finalize_job
+from spec_batch.jobs.runner import run_requests
 from spec_batch.store import Job, Request, make_session_factory, queries, request_claims, summaries
 from spec_batch.store.models import utcnow
 

@@ -12,16 +12,8 @@ from sqlalchemy import select
 
 from spec_batch.core.params import SamplingParams
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.jobs.batchfile import (
-    CHAT,
-    COMPLETIONS,
-    INVALID_VALUE,
-    BatchLineError,
-    errors_path_for,
-    iter_jsonl,
-    parse_line,
-    parse_lines,
-)
+from spec_batch.jobs.batch_input import CHAT, COMPLETIONS, INVALID_VALUE, BatchLineError, parse_line, parse_lines
+from spec_batch.jobs.batch_output import errors_path_for, iter_jsonl
 from spec_batch.store import Request, make_session_factory, summaries
 
 RECORD = {

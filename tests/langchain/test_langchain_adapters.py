@@ -196,7 +196,7 @@ def test_construction_does_not_load_and_config_shares_one_decoder(cls, fake_deco
             "weights": "full",  # the suffix default
             "draft_weights": "full",
             "tree_width": None,
-        },  # issue 26: the weight storage is part of the configuration
+        },  # the weight storage is part of the configuration
     )
     assert c._get_decoder() is not a._get_decoder()
     assert len(loads) == 2 and loads[1][0][1] == "none"

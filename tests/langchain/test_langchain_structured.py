@@ -284,7 +284,7 @@ def test_real_model_llm_choice(fake_decoder):
     assert llm.invoke("Review: I loved this film, it was wonderful.\nSentiment:") in ("positive", "negative")
 
 
-# ---------------------------------------------------------------- the schema itself (issue 23, item 3)
+# ---------------------------------------------------------------- the schema itself
 
 
 class Node(BaseModel):

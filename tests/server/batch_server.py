@@ -24,12 +24,13 @@ from spec_batch.store import open_store
 
 def build(args: argparse.Namespace) -> ServerContext:
     settings = dataclasses.replace(get_settings(), database_url=args.db, api_runner=args.runner)
-    parts: dict = {"served": ServedModel(args.target, args.target, args.draft)}
+    served = ServedModel(args.target, args.target, args.draft)
+    decoder = None
     if args.runner == "local":
         from spec_batch import load_decoder
 
-        parts["decoder"] = load_decoder(args.target, args.draft)
-    ctx = ServerContext(settings, open_store(args.db, migrate=True), args.target, parts=parts)
+        decoder = load_decoder(args.target, args.draft)
+    ctx = ServerContext(settings, open_store(args.db, migrate=True), served, decoder=decoder)
     ctx.services.append(make_batch_runner(ctx))
     return ctx
 

@@ -25,9 +25,7 @@ def ctx_of(db_url):
 
     def make(decoder, runner: str = "local") -> ServerContext:
         settings = dataclasses.replace(get_settings(), database_url=db_url, api_runner=runner)
-        return ServerContext(
-            settings, factory, "fake", parts={"decoder": decoder, "served": ServedModel("fake", "fake", "ngram")}
-        )
+        return ServerContext(settings, factory, ServedModel("fake", "fake", "ngram"), decoder=decoder)
 
     yield make
     factory.kw["bind"].dispose()
@@ -82,7 +80,7 @@ def test_make_batch_runner_follows_the_setting_and_registers_itself(ctx_of, fake
     for name, cls in (("local", LocalBatchRunner), ("queue", QueueBatchRunner)):
         ctx = ctx_of(fake_decoder_cls(), name)
         runner = make_batch_runner(ctx)
-        assert isinstance(runner, cls) and ctx.parts["batches"] is runner
+        assert isinstance(runner, cls) and ctx.batches is runner
     assert QueueBatchRunner(ctx).job_fields().queue == "spec-batch.fake.ngram"
 
 

@@ -119,7 +119,7 @@ def test_concurrent_requests_share_steps(client, decoder):
 
     prompts = ["1 2 3", "4 5 6 7", "8 9", "10 11 12 13 14"]
     expected = [r.text for r in decoder.generate(prompts, SamplingParams(max_new_tokens=200))]
-    engine = client.app.state.ctx.part("engine")
+    engine = client.app.state.ctx.engine
     engine.most_rows = 0
     with ThreadPoolExecutor(len(prompts)) as pool:
         replies = list(

@@ -1,4 +1,4 @@
-"""A bulk job decoded through the server's engine (`engine.as_decoder()`, what `ctx.parts["decoder"]` holds) while
+"""A bulk job decoded through the server's engine (`engine.as_decoder()`, what `ctx.decoder` holds) while
 an online stream shares its steps: the job's stored outputs equal those of the same job through a plain Decoder
 (the runner's on_result, return_errors, should_stop and the baseline's without_speculation all work on it).
 A batch the server runs drafts with its job's memory (online requests without one), and with a fixed draft length
@@ -102,7 +102,7 @@ def _serve_batch(decoder, db_url, prompts: list[str], max_tokens: int = 16, duri
             max_bytes=1 << 20,
             max_lines=100,
         )
-        runner = ctx.parts["batches"]
+        runner = ctx.batches
         batch_id = create_batch(
             factory,
             input_file_id=file_id,
@@ -116,7 +116,7 @@ def _serve_batch(decoder, db_url, prompts: list[str], max_tokens: int = 16, duri
         )
         runner.submitted(batch_id)
         if during is not None:
-            during(ctx.parts["engine"])
+            during(ctx.engine)
         deadline = time.monotonic() + 120
         while True:
             with factory() as s:

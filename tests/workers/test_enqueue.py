@@ -7,6 +7,7 @@ import pytest
 from batch_lines import completion_line, write_batch
 from sqlalchemy import select
 
+from spec_batch.jobs import lifecycle
 from spec_batch.store import chunks as qstore
 from spec_batch.store import queries
 from spec_batch.store.models import Job
@@ -88,3 +89,48 @@ def test_enqueue_job_adopts_orphans_and_republishes(factory, tmp_path, redis_url
         assert qstore.orphan_request_ids(s, job_id) == []
     rep = enqueue_job(factory, job_id, broker_url=redis_url)  # again: nothing new, queued ones republished
     assert rep.new_chunks == 0 and rep.republished == 3
+
+
+def _validating_queue_job(factory, tmp_path, monkeypatch, n: int) -> str:
+    """A queue job whose submit stored its rows and died before starting it: validating, requests pending."""
+    from spec_batch.jobs import create_job_from_file
+
+    path = write_batch(tmp_path / "v.jsonl", [completion_line(f"r{i}", f"p{i}") for i in range(n)])
+    with monkeypatch.context() as m:
+        m.setattr(lifecycle, "start", lambda *args, **kwargs: False)  # the process died before this
+        job_id, _ = create_job_from_file(
+            factory, path, target="default", drafter="ngram", queue=queue_name("default", "ngram"), chunk_size=2
+        )
+    return job_id
+
+
+def test_enqueue_job_starts_a_job_left_validating(factory, tmp_path, redis_url, monkeypatch):
+    job_id = _validating_queue_job(factory, tmp_path, monkeypatch, 3)
+    with factory() as s:
+        assert queries.get_job(s, job_id).status == "validating"
+    sent = []
+    monkeypatch.setattr(enqueue, "publish_chunk", lambda cid, q, broker_url=None: sent.append(cid))
+    rep = enqueue_job(factory, job_id, broker_url=redis_url)
+    assert (rep.status, rep.new_chunks, len(sent)) == ("in_progress", 2, 2)
+    with factory() as s:
+        assert queries.get_job(s, job_id).status == "in_progress"
+
+
+def test_enqueue_job_reports_the_status_a_racing_change_left(factory, tmp_path, redis_url, monkeypatch):
+    """start() is a conditional UPDATE: when the job left validating meanwhile (here a cancel that won the race),
+    it returns False, and enqueue reports the status the job has and gives it no chunks."""
+    job_id = _validating_queue_job(factory, tmp_path, monkeypatch, 3)
+    start = lifecycle.start
+
+    def cancelled_first(session, job_id, **kwargs):
+        assert lifecycle.request_cancel(session, job_id)
+        return start(session, job_id, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "start", cancelled_first)
+    sent = []
+    monkeypatch.setattr(enqueue, "publish_chunk", lambda cid, q, broker_url=None: sent.append(cid))
+    rep = enqueue_job(factory, job_id, broker_url=redis_url)
+    assert (rep.status, rep.new_chunks, sent) == ("cancelling", 0, [])
+    with factory() as s:
+        assert queries.get_job(s, job_id).status == "cancelling"
+        assert qstore.job_chunks(s, job_id) == []

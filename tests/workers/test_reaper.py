@@ -28,7 +28,7 @@ class Published(list):
 
 def _reap(factory, published, *, lease_seconds=5, max_attempts=3, epoch="e1", monkeypatch=None):
     monkeypatch.setattr(reaper, "broker_epoch", lambda url: epoch)
-    from spec_batch.jobs.runner import finalize_job
+    from spec_batch.jobs.lifecycle import finalize_job
 
     return reaper.reap(
         factory,

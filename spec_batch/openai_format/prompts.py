@@ -1,0 +1,29 @@
+"""A request's prompt as the decoder takes it, and the error code of a prompt that cannot be built: shared by the
+jobs (stored batch lines) and the online server (request bodies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ChatTemplateError, SpecBatchError
+from .body import CHAT
+
+
+def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
+    """The decoder's input for a request's prompt: chat messages through the target's chat template; a completion's
+    text or token ids as they are."""
+    if endpoint == CHAT:
+        return decoder.apply_chat_template(prompt)
+    return prompt
+
+
+def prompt_error_code(exc: BaseException) -> str:
+    """OpenAI's error code for a prompt that could not be built."""
+    if isinstance(exc, ChatTemplateError):
+        return "chat_template_error"
+    if isinstance(exc, SpecBatchError):
+        return "invalid_request"
+    return "internal_error"
+
+
+__all__ = ["build_prompt", "prompt_error_code"]
