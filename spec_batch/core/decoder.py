@@ -28,6 +28,7 @@ from .padding import skips_padding
 from .params import SamplingParams
 from .policy import DraftPolicy
 from .running_batch import RowUpdate, RunningBatch, Sink, end_row
+from .step_costs import WALL_CLOCK, StepClock
 from .text import eos_ids
 
 Request = tuple[int, list[int], SamplingParams, GrammarState | None]  # (index in the prompts, ids, params, matcher)
@@ -64,7 +65,8 @@ class Decoder:
 
     Build it with `load_decoder`. Attributes: tokenizer, target (HF model), target_name, draft_name,
     device, max_context (longest prompt + max_new_tokens the models accept), policy, uses_memory (its drafter drafts
-    from a job memory: only then is one worth keeping).
+    from a job memory: only then is one worth keeping), clock (what a step costs, as the policy learns it: the wall
+    clock unless given chosen costs).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class Decoder:
         chat_template: Callable[[list[dict]], list[int]] | None = None,
         tree_width: int = 1,
         uses_memory: bool = False,
+        clock: StepClock = WALL_CLOCK,
     ):
         why = supports_model(target)
         if why:
@@ -94,6 +97,7 @@ class Decoder:
         self.max_context = max_context
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self.uses_memory = uses_memory
+        self.clock = clock  # what each step is recorded to cost (the policy learns from it; tests choose it)
         self._drafter_factory = drafter_factory
         self._settings = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, "tree_width": tree_width}
         self.policy = DraftPolicy(
@@ -195,6 +199,7 @@ class Decoder:
             max_context=self.max_context,
             chat_template=self.chat_template,
             uses_memory=self.uses_memory,
+            clock=self.clock,
             **self._settings,
         )
 
@@ -210,6 +215,7 @@ class Decoder:
             max_context=self.max_context,
             num_draft_tokens=0,
             chat_template=self.chat_template,
+            clock=self.clock,
         )
 
     @contextlib.contextmanager

@@ -15,7 +15,6 @@ speedups are measured against, decoded in the same steps as everything else).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -171,11 +170,11 @@ class RunningBatch(Generic[S]):
 
     def _step(self) -> list[_Event]:
         decoder, rows, kv, drafter, policy = self.decoder, self.rows, self.kv, self.drafter, self.decoder.policy
-        t0 = time.perf_counter()
+        started = decoder.clock.start()
         # forced tokens for rows that speculate (a plain row, or the `none` drafter, stays plain decoding)
         grammar = GrammarStep(rows, force=[policy.k_max > 0 and not r.plain for r in rows])
         room = [0 if r.plain else n for r, n in zip(rows, grammar.room)]
-        draft, proposed = plan_step(drafter, policy, grammar.views, room)
+        draft, proposed = plan_step(drafter, policy, grammar.views, room, clock=decoder.clock)
         draft = grammar.extend(draft)  # forced chain + draft, cut where the grammar forbids (trees: no grammar)
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, decoder.placeholder_id, decoder.device)
         tree = TreeInput.of(draft.parents, ids.shape[1], decoder.device) if draft.parents is not None else None
@@ -210,7 +209,7 @@ class RunningBatch(Generic[S]):
         kv.maybe_compact()
 
         events = self._append(grammar, draft, proposed, chains, drafted, accepted, next_tokens, logprobs)
-        policy.observe_step(len(rows), drafted, time.perf_counter() - t0)
+        policy.observe_step(len(rows), drafted, decoder.clock.step(started, len(rows), drafted))
         return events
 
     def _append(
