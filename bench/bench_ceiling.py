@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def oracle(factor: float):
         decoder = load_decoder("default", "suffix")  # the loaded target is shared
-        decoder._drafter_factory = lambda: OracleSuffixDrafter(known, max_spec_factor=factor)
-        return decoder
+        return decoder.with_drafter(lambda: OracleSuffixDrafter(known, max_spec_factor=factor))
 
     def hf_prompt_lookup() -> list[list[int]]:
         eos = sorted(none.eos_ids)

@@ -32,10 +32,10 @@ ids); timing noise, caches and the prompt's prefill are not replayed.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spec_batch.core.drafters import Drafter, NgramDrafter
+from spec_batch.core.drafters import Drafter, DraftRow, NgramDrafter
 from spec_batch.core.job_memory import JobMemory
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.planning import observe_proposal, plan_step
@@ -194,12 +194,23 @@ def _oracle(rows: list[_Row], step_cost: Callable[[list[int]], float]) -> Callab
     return choose
 
 
+class _JobSuffixDrafter(SuffixDrafter):
+    """The suffix drafter whose rows all belong to one job: they join with its memory."""
+
+    def __init__(self, memory: JobMemory):
+        super().__init__()
+        self.job_memory = memory
+
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
+        super().admit(rows, memory or self.job_memory)
+
+
 def drafters() -> dict[str, Callable[[], Callable[[], Drafter]]]:
     """name -> a maker of the per-replay drafter factory (a job memory is one per replay)."""
 
     def with_memory() -> Callable[[], Drafter]:
         memory = JobMemory()
-        return lambda: SuffixDrafter(memory)
+        return lambda: _JobSuffixDrafter(memory)
 
     return {
         "ngram": lambda: NgramDrafter,

@@ -275,6 +275,7 @@ class FakeDecoder:
         self.tokenizer = FakeTokenizer()  # for token counting only; the prompts' token ids are characters
         self.step_delay = step_delay
         self.draft_name = draft_name
+        self.uses_memory = draft_name == "suffix"  # like the real suffix drafter, it takes a job memory
         self.interrupt_after = interrupt_after
         self.results_given = 0
         self.generate_calls: list[tuple[list[Any], Any]] = []

@@ -51,8 +51,9 @@ class Drafter(Protocol):
     # (first_hits, first_tries): the prior of a new row's RowAcceptance (its first-token acceptance rate)
     initial_acceptance: tuple[float, float]
 
-    def admit(self, rows: Sequence[DraftRow]) -> None:
-        """New rows join the batch, appended after the current ones."""
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
+        """New rows join the batch, appended after the current ones; memory: the job memory they may draft from
+        (their job's other outputs; None: none, e.g. online requests). Drafters with no use for it ignore it."""
 
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
         """How many tokens each row could be offered now (cheap; the policy uses it)."""
@@ -65,9 +66,6 @@ class Drafter(Protocol):
 
     def keep_rows(self, keep: list[int]) -> None:
         """Only these row indices stay in the batch, in this order (also called with none: the batch drained)."""
-
-    def use_memory(self, memory: JobMemory) -> None:
-        """The job's memory of its requests' outputs, for drafts; drafters with no use for it ignore it."""
 
     # Optional (read with getattr, so drafters written before it need no change): `wants_hidden = True` makes the
     # decoder capture the target's last hidden states in the forwards it runs anyway (prefill, verify) and call
@@ -87,7 +85,7 @@ class NoDrafter:
     free = True
     initial_acceptance = (1.0, 2.0)
 
-    def admit(self, rows: Sequence[DraftRow]) -> None:
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
         pass
 
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
@@ -100,9 +98,6 @@ class NoDrafter:
         pass
 
     def keep_rows(self, keep: list[int]) -> None:
-        pass
-
-    def use_memory(self, memory: JobMemory) -> None:
         pass
 
 
@@ -145,7 +140,7 @@ class NgramDrafter:
         self.indexes: list[_NgramIndex] = []
         self._cached: list[list[int]] = []
 
-    def admit(self, rows: Sequence[DraftRow]) -> None:
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
         self.indexes.extend(_NgramIndex(self.n_min, self.n_max) for _ in rows)
 
     def available(self, rows: Sequence[DraftRow], k_max: int) -> list[int]:
@@ -163,9 +158,6 @@ class NgramDrafter:
     def keep_rows(self, keep: list[int]) -> None:
         self.indexes = [self.indexes[i] for i in keep]
         self._cached = []
-
-    def use_memory(self, memory: JobMemory) -> None:
-        pass
 
 
 class ModelDrafter:
@@ -185,7 +177,7 @@ class ModelDrafter:
         self.kv = KVBatch(model, device, 0)
         self.seen: list[int] = []  # per row: how many of row.tokens the draft cache holds
 
-    def admit(self, rows: Sequence[DraftRow]) -> None:
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
         group = KVBatch(self.model, self.device, len(rows))
         prefill = [row.tokens[:-1] for row in rows]  # the last token is read when drafting, like the target
         ids, valid = left_padded(prefill, self.placeholder_id, self.device)
@@ -235,9 +227,6 @@ class ModelDrafter:
             return
         self.kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
         self.seen = [self.seen[i] for i in keep]
-
-    def use_memory(self, memory: JobMemory) -> None:
-        pass
 
 
 def _to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -1,16 +1,17 @@
 """One decoder shared by many callers: continuous batching across requests that arrive at any time.
 
-`Decoder.generate` decodes the prompts of one call; two callers wait for each other. The engine owns the decoder
-on one background thread and runs a single batch for everybody: between two steps it drops the rows whose caller
-went away (`RowHandle.cancel`), admits waiting requests (their prompts are prefilled and their rows join the batch:
-`KVBatch.extend`, `Drafter.admit`, the same path as a row joining inside one `generate`), runs one step
-(`Decoder._step`) and hands every row its step's tokens. A row's output does not depend on the rows around it,
-so a request decoded here equals the same request through `Decoder.generate` (greedy: plain greedy decoding).
+`Decoder.generate` decodes the prompts of one call; two callers wait for each other. The engine drives one running
+batch (core/running_batch.py) on a background thread for everybody: between two steps it ends the rows whose caller
+went away (`RowHandle.cancel`), admits waiting requests (their prompts are prefilled and their rows join the batch,
+the same calls as a row joining inside one `generate`), runs one step and hands every row its step's tokens. A
+row's output does not depend on the rows around it, so a request decoded here equals the same request through
+`Decoder.generate` (greedy: plain greedy decoding).
 
 Callers get their updates through a sink called on the engine thread (`RowUpdate`: the step's text delta, token
 ids and logprobs; the last one carries the GenerationResult). A sink must be quick (put it on a queue). On top of
 `prepare` + `submit`: `generate` and `stream` (Decoder's, through the shared batch) and `as_decoder()`, the object
-with Decoder's interface that the batch runner decodes through, so batch rows and online requests share steps.
+with Decoder's interface that the batch runner decodes through, so batch rows and online requests share steps (a
+job's rows with the job's memory; its baseline's rows plain, in the same steps).
 """
 
 from __future__ import annotations
@@ -23,17 +24,21 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ..errors import SpecBatchError
 from .decoder import Decoder, Request, Results
-from .engine_batch import Batch, Group, RowUpdate, Sink, Ticket, check_groups, deliver
+from .engine_batch import Group, Ticket, check_groups
 from .inputs import Prompt
 from .job_memory import JobMemory
-from .outputs import GenerationResult, StreamChunk
+from .outputs import INTERNAL_ERROR, GenerationResult, RequestStats, StreamChunk
 from .params import SamplingParams
+from .running_batch import RowUpdate, RunningBatch, Sink, end_row, failed_result
 
 log = logging.getLogger(__name__)
+
+
+# A failed step's error for the rows in it: a request's own failures (a bad prompt, a grammar the engine gave up on)
+# end that request alone, so what is left is the decoder's fault; its text may hold other requests' data.
+STEP_FAILED = "decoding failed: an internal error of the decoder (its details are in the server's log)"
 
 
 class EngineClosed(SpecBatchError):
@@ -74,19 +79,24 @@ class Engine:
     def prepare(self, prompt: Any, params: SamplingParams, index: int = 0) -> Request:
         """Checks a prompt and builds its grammar on the caller's thread: a bad prompt raises here
         (PromptTooLongError, InvalidParameterError), before it waits for a row."""
-        return self.decoder._request(index, prompt, params)
+        return self.decoder.prepare(prompt, params, index)
 
     def submit(self, request: Request, sink: Sink, group: Group | None = None) -> RowHandle:
         """Queues a prepared request; its row joins the batch at the next step with room."""
-        ticket = Ticket(request, sink, group or Group())
+        return self.submit_many([request], [sink], group or Group())[0]
+
+    def submit_many(self, requests: Sequence[Request], sinks: Sequence[Sink], group: Group) -> list[RowHandle]:
+        """Queues prepared requests of one group at once: a step sees all of them or none (so one `generate` call's
+        rows join the batch as they would inside Decoder.generate)."""
+        tickets = [Ticket(request, sink, group) for request, sink in zip(requests, sinks)]
         with self._cv:
             if self._closing:
                 raise EngineClosed("the server is shutting down and takes no new request")
-            self._waiting.append(ticket)
+            self._waiting.extend(tickets)
             self._cv.notify()
         if self._thread is None:
             self.start()
-        return RowHandle(ticket)
+        return [RowHandle(ticket) for ticket in tickets]
 
     def start(self) -> None:
         with self._cv:
@@ -120,18 +130,18 @@ class Engine:
         on_result: Callable[[int, GenerationResult], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         memory: JobMemory | None = None,
+        plain: bool = False,
     ) -> list[GenerationResult]:
         """`Decoder.generate` through the shared batch: the same arguments and results. At most batch_size of
         these prompts decode at once (beside other callers' rows); they are background rows: a waiting `stream` or
-        `submit` (an online request) takes the next free row first. on_result runs on the calling thread.
-        memory is accepted and not used: the engine's one drafter serves every caller (it changes drafts only)."""
-        del memory
+        `submit` (an online request) takes the next free row first. on_result runs on the calling thread. memory:
+        the job memory these rows draft from (other callers' rows draft without it). plain: they draft nothing
+        (`as_decoder().without_speculation()`)."""
         results = Results(len(prompts), on_result)
-        requests = self.decoder._requests(prompts, params, batch_size, return_errors, results.finish)
+        requests = self.decoder.prepare_many(prompts, params, batch_size, return_errors, results.finish)
         done: queue.SimpleQueue[tuple[int, GenerationResult]] = queue.SimpleQueue()
-        group = Group(limit=batch_size, should_stop=should_stop, background=True)
-        for request in requests:
-            self.submit(request, _final_only(request[0], done.put), group)  # request[0]: the prompt's index
+        group = Group(limit=batch_size, should_stop=should_stop, background=True, memory=memory, plain=plain)
+        self.submit_many(requests, [_final_only(request[0], done.put) for request in requests], group)
         for _ in requests:
             results.finish(*done.get())
         if group.error is not None:
@@ -160,23 +170,30 @@ class Engine:
     # ---------------------------------------------------------------- the engine thread
 
     def _loop(self) -> None:
-        batch = Batch(self.decoder)
+        batch: RunningBatch[Ticket] = RunningBatch(self.decoder)
         while True:
             with self._cv:
-                while not self._waiting and not batch.tickets and not self._closing:
+                while not self._waiting and not batch and not self._closing:
                     self._cv.wait()
-                if not self._waiting and not batch.tickets:
+                if not self._waiting and not batch:
                     return  # closing, and nothing left to decode
                 waiting = list(self._waiting)
-            check_groups(batch.tickets + waiting)  # outside the lock: a should_stop may read a database
+            check_groups(batch.sinks + waiting)  # outside the lock: a should_stop may read a database
             with self._cv:
-                admitted = self._admit(len(batch.tickets))
+                admitted = self._admit(len(batch))
             try:
                 self._step(batch, admitted)
-            except Exception as exc:  # a failed step fails the rows in it, never the engine
-                log.exception("engine step failed")
-                batch.fail_all(admitted, f"{type(exc).__name__}: {exc}")
-                batch = Batch(self.decoder)
+            except Exception:  # a failed step fails the rows in it, never the engine
+                log.exception("engine step failed")  # the details go to the log, never to the callers
+                batch.fail(STEP_FAILED, INTERNAL_ERROR)
+                for ticket in admitted:  # those the failure stopped before they joined the batch
+                    if not ticket.done:
+                        ticket(
+                            RowUpdate(
+                                StreamChunk("", [], "error"), failed_result(RequestStats(), STEP_FAILED, INTERNAL_ERROR)
+                            )
+                        )
+                batch = RunningBatch(self.decoder)
 
     def _admit(self, running: int) -> list[Ticket]:
         """Waiting tickets that fit now, foreground before background, each in arrival order; a group at its limit
@@ -198,18 +215,23 @@ class Engine:
         self._waiting = kept
         return admitted
 
-    def _step(self, batch: Batch, admitted: list[Ticket]) -> None:
-        with self.decoder._lock, torch.inference_mode():
-            batch.drop_cancelled()
-            batch.admit(admitted)
-            if not batch.tickets:
+    def _step(self, batch: RunningBatch[Ticket], admitted: list[Ticket]) -> None:
+        with self.decoder.exclusive():
+            batch.end([b for b, ticket in enumerate(batch.sinks) if ticket.cancelled])
+            joining = []
+            for ticket in admitted:
+                row = batch.new_row(ticket.request, ticket.group.memory, ticket.group.plain)
+                if ticket.cancelled:  # its caller left before it got a row
+                    end_row(row, ticket, "cancelled")
+                else:
+                    joining.append((row, ticket))
+            if joining:
+                batch.admit([row for row, _ in joining], [ticket for _, ticket in joining])
+            if not batch:
                 return
-            events = self.decoder._step(batch.kv, batch.drafter, [t.row for t in batch.tickets])
+            rows = batch.step()
             self.steps += 1
-            self.most_rows = max(self.most_rows, len(events))
-            for ticket, event in zip(batch.tickets, events):
-                deliver(ticket, event.new_ids, event.finished)
-            batch.keep([b for b, e in enumerate(events) if not e.finished])
+            self.most_rows = max(self.most_rows, rows)
 
 
 def _final_only(index: int, put: Callable[[tuple[int, GenerationResult]], None]) -> Sink:
@@ -222,17 +244,22 @@ def _final_only(index: int, put: Callable[[tuple[int, GenerationResult]], None])
 
 class EngineDecoder:
     """Decoder's interface over an engine: generate and stream go through the shared batch; every other
-    attribute (tokenizer, target_name, draft_name, max_context, apply_chat_template, without_speculation, ...)
-    is the decoder's own."""
+    attribute (tokenizer, target_name, draft_name, max_context, apply_chat_template, ...) is the decoder's own.
+    plain: its rows draft nothing (the baseline of a job run through the engine)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, plain: bool = False):
         self.engine = engine
+        self.plain = plain
 
     def generate(self, *args: Any, **kwargs: Any) -> list[GenerationResult]:
-        return self.engine.generate(*args, **kwargs)
+        return self.engine.generate(*args, plain=self.plain, **kwargs)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         return self.engine.stream(prompt, params)
+
+    def without_speculation(self) -> EngineDecoder:
+        """The baseline speedups are measured against, decoded in the engine's own steps: its rows draft nothing."""
+        return EngineDecoder(self.engine, plain=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine.decoder, name)

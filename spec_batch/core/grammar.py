@@ -4,6 +4,10 @@ The constrained distribution at an output position is the target's restricted to
 there, renormalized. Under speculation every verify position has its own mask: a row's matcher is advanced
 through the draft (speculatively) to compute them, and rolled back to the accepted prefix after verification.
 
+A matcher that fails while decoding (the engine gives up: a forced run or a parse past its limits, see
+response_format.py) fails its own request only: its GrammarState records `failure`, allows everything from then on
+(its logits stay finite; nothing it computes is kept) and the decoder ends that row with finish_reason "error".
+
 Masks are llguidance bitmasks: int32 words, bit t % 32 of word t // 32 set when token t is allowed
 ([..., words] with words = ceil(tokenizer vocabulary / 32)). Model output rows past the tokenizer's vocabulary
 (padding rows) are never allowed under a grammar.
@@ -14,15 +18,24 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+from llguidance import LLMatcher
 
 from ..errors import InvalidParameterError
-from .response_format import NO_STRING, ResponseFormat, parse_response_format, starts_dead
+from .grammar_tokenizer import llg_tokenizer
+from .response_format import (
+    NO_STRING,
+    TOO_COMPLEX,
+    ResponseFormat,
+    engine_reason,
+    grammar_limits,
+    parse_response_format,
+    starts_dead,
+)
 
 __all__ = [
     "GrammarEngine",
@@ -39,53 +52,6 @@ __all__ = [
 ALL_ALLOWED = -1  # an int32 word with every bit set
 
 
-# ---------------------------------------------------------------- the tokenizer bridge
-
-
-def _llg_tokenizer(tokenizer: Any, eos_ids: Sequence[int]) -> LLTokenizer:
-    """An llguidance tokenizer for a fast Hugging Face tokenizer, or for any tokenizer that exposes its
-    vocabulary as bytes (`token_bytes`: one bytes per token id; the tests' tiny models)."""
-    eos = sorted(eos_ids) or None
-    token_bytes = getattr(tokenizer, "token_bytes", None)
-    if token_bytes is not None:
-        return LLTokenizer(TokenizerWrapper(_ByteVocabulary(list(token_bytes), eos or [])), eos_token=eos)
-    from transformers import PreTrainedTokenizerFast  # transformers is imported by the core anyway
-
-    if isinstance(tokenizer, PreTrainedTokenizerFast):
-        import llguidance.hf
-
-        return llguidance.hf.from_tokenizer(tokenizer, eos_token=eos)
-    raise InvalidParameterError(
-        f"response_format needs a fast (tokenizers-backed) tokenizer; {type(tokenizer).__name__} is not one"
-    )
-
-
-class _ByteVocabulary:
-    """What llguidance's TokenizerWrapper reads: token bytes, EOS, and an encoder (greedy longest match)."""
-
-    def __init__(self, tokens: list[bytes], eos_ids: list[int]):
-        self.tokens = tokens
-        self.eos_token_id = eos_ids[0] if eos_ids else len(tokens)
-        self.bos_token_id = None
-        self.special_token_ids = list(eos_ids)
-        self._ids = {t: i for i, t in enumerate(tokens) if t and i not in eos_ids}
-        self._longest = max((len(t) for t in self._ids), default=1)
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        data = text.encode() if isinstance(text, str) else text
-        out, i = [], 0
-        while i < len(data):
-            for n in range(min(self._longest, len(data) - i), 0, -1):
-                tid = self._ids.get(data[i : i + n])
-                if tid is not None:
-                    out.append(tid)
-                    i += n
-                    break
-            else:
-                i += 1  # a byte no token spells cannot be produced: skip it
-        return out
-
-
 # ---------------------------------------------------------------- compiled grammars, per tokenizer
 
 
@@ -97,7 +63,7 @@ class GrammarEngine:
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         if not self.eos_ids:
             raise InvalidParameterError("response_format needs a model with an EOS token: a grammar ends with it")
-        self.tokenizer = _llg_tokenizer(tokenizer, sorted(self.eos_ids))
+        self.tokenizer = llg_tokenizer(tokenizer, sorted(self.eos_ids))
         self.vocab_size = self.tokenizer.vocab_size
         self.words = (self.vocab_size + 31) // 32
         self.cache_size = cache_size
@@ -112,12 +78,13 @@ class GrammarEngine:
             if template is not None:
                 self._templates.move_to_end(fmt.key)
                 return template.deep_copy()
-        template = LLMatcher(self.tokenizer, fmt.grammar(), log_level=0)  # drops the GIL while it compiles
+        # drops the GIL while it compiles
+        template = LLMatcher(self.tokenizer, fmt.grammar(), log_level=0, limits=grammar_limits())
         if starts_dead(template):  # e.g. a ResponseFormat built without parse_response_format's check
             raise InvalidParameterError(f'response_format matches no string at all (not even ""): {NO_STRING}')
         if template.is_error():
             raise InvalidParameterError(
-                f"response_format: the grammar engine cannot compile it: {template.get_error()}"
+                f"response_format: the grammar engine cannot compile it: {engine_reason(template.get_error())}"
             )
         with self._lock:
             self.compiles += 1
@@ -130,7 +97,15 @@ class GrammarEngine:
         """A request's matcher state for its response_format (SamplingParams.response_format, parsed once
         there); None when unconstrained. A plain dict is parsed here for callers without SamplingParams."""
         fmt = response_format if isinstance(response_format, ResponseFormat) else parse_response_format(response_format)
-        return None if fmt is None else GrammarState(self.matcher(fmt), self.words, self.eos_ids)
+        if fmt is None:
+            return None
+        return GrammarState(self.matcher(fmt), self.words, self.eos_ids, on_fail=lambda: self.forget(fmt.key))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drops a compiled grammar: one whose matcher failed (its copies share the engine's lexer, which the failure
+        may have spent, so the next request compiles it afresh and fails where this one did, not sooner)."""
+        with self._lock:
+            self._templates.pop(key, None)
 
 
 _ENGINES: weakref.WeakKeyDictionary[Any, dict[frozenset[int], GrammarEngine]] = weakref.WeakKeyDictionary()
@@ -159,21 +134,42 @@ class GrammarState:
     `masks()` are the masks of every verify position of that run; `settle(accepted, next_token)` rolls the
     matcher back to the accepted prefix (llguidance's rollback) and consumes the target's token. The matcher
     is never left advanced past tokens that were not accepted. EOS is never consumed: it ends the request.
+
+    Once the engine fails (`failure` is set), the state is inert: every token is allowed in its masks, nothing is
+    pushed, forced or settled, and the decoder ends the request with the failure as its error.
     """
 
-    def __init__(self, matcher: LLMatcher, words: int, eos_ids: frozenset[int]):
+    def __init__(
+        self, matcher: LLMatcher, words: int, eos_ids: frozenset[int], on_fail: Callable[[], None] | None = None
+    ):
         self.matcher = matcher
+        self._on_fail = on_fail  # told once when the engine gives up (GrammarEngine.forget)
         self.words = words
         self.eos_ids = eos_ids
         self.pending: list[int] = []  # speculative tokens consumed since the last settle (no EOS among them)
         self.ended = False  # a speculative EOS: nothing is allowed after it
+        self.settled = 0  # output tokens the matcher has taken (accepted ones and the target's)
+        self.failure: str | None = None  # why the engine gave up mid-decode (no engine dump); None while it works
         self._masks = torch.empty((0, words), dtype=torch.int32)  # mask at depth d = after d pending tokens
         self._computed = 0
+
+    def _fail(self) -> None:
+        """The engine gave up: records why and makes the state inert (see the class docstring)."""
+        if self.failure is None:
+            self.failure = (
+                f"response_format: the grammar engine gave up after {self.settled} output tokens: "
+                f"{engine_reason(self.matcher.get_error())}; {TOO_COMPLEX}"
+            )
+            if self._on_fail is not None:
+                self._on_fail()
+        self.pending, self.ended, self._computed = [], False, 0
 
     # -- masks
 
     def mask(self) -> torch.Tensor:
         """The allowed-token bitmask [words] at the current (speculative) position."""
+        if self.failure is not None:
+            return torch.full((self.words,), ALL_ALLOWED, dtype=torch.int32)
         depth = len(self.pending)
         if self._computed <= depth:
             if self._masks.shape[0] <= depth:
@@ -182,36 +178,45 @@ class GrammarState:
                 self._masks = grown
             row = self._masks[depth]
             self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+            if self.matcher.is_error():
+                self._fail()
+                return self.mask()
             self._computed = depth + 1
         return self._masks[depth]
 
     def masks(self) -> torch.Tensor:
         """Masks [len(pending) + 1, words] of the speculative run's positions, the last after the whole run."""
         self.mask()
+        if self.failure is not None:
+            return torch.full((1, self.words), ALL_ALLOWED, dtype=torch.int32)
         return self._masks[: len(self.pending) + 1]
 
     def allows(self, token: int) -> bool:
-        if self.ended:
+        if self.ended or self.failure is not None:
             return False
-        return _bit(self.mask(), token)
+        return _bit(self.mask(), token) and self.failure is None
 
     # -- speculation
 
     def push(self, token: int) -> bool:
-        """Consumes a draft token speculatively if the grammar allows it here; False (state unchanged) if not."""
+        """Consumes a draft token speculatively if the grammar allows it here; False (state unchanged) if not, or
+        when the engine fails on it (`failure`)."""
         if not self.allows(token):
             return False
         if token in self.eos_ids:
             self.ended = True  # accepted EOS ends the request, so the matcher needs nothing past it
             return True
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"grammar engine rejected an allowed token {token}: {self.matcher.get_error()}")
+            self._fail()
+            return False
         self.pending.append(token)
         return True
 
     def speculate(self, draft: Sequence[int]) -> int:
         """Makes the speculative run the longest prefix of draft the grammar allows, and returns its length.
         What is already pushed and agrees with draft is kept (a draft model pushes while it drafts)."""
+        if self.failure is not None:
+            return 0
         same = 0
         while same < len(draft) and self._in_run(same, draft[same]):
             same += 1
@@ -229,12 +234,15 @@ class GrammarState:
 
     def _truncate(self, n: int) -> None:
         """Keeps the first n tokens of the speculative run."""
+        if self.failure is not None:
+            return
         if n <= len(self.pending):
             self.ended = False
         extra = len(self.pending) - n
         if extra > 0:
             if not self.matcher.rollback(extra):
-                raise RuntimeError(f"grammar engine could not roll back {extra} tokens: {self.matcher.get_error()}")
+                self._fail()
+                return
             del self.pending[n:]
             self._computed = min(self._computed, n + 1)
 
@@ -242,29 +250,31 @@ class GrammarState:
         """The chain of tokens that are each the only one the grammar allows at their position (at most
         limit), pushed speculatively. A forced EOS ends the chain."""
         chain: list[int] = []
-        while len(chain) < limit and not self.ended:
+        while len(chain) < limit and not self.ended and self.failure is None:
             token = _single(self.mask())
-            if token is None:
+            if token is None or not self.push(token):
                 break
-            self.push(token)
             chain.append(token)
-        return chain
+        return [] if self.failure is not None else chain
 
     def settle(self, accepted: int, next_token: int | None) -> None:
         """Keeps the first `accepted` speculative tokens, rolls back the rest, then consumes next_token (the
         target's token after the accepted run; an EOS, or None, consumes nothing)."""
+        if self.failure is not None:
+            return
         eos_accepted = self.ended and accepted > len(self.pending)  # the request ends there: next_token is moot
         self._truncate(min(accepted, len(self.pending)))
+        if self.failure is not None:
+            return
+        self.settled += len(self.pending)
         self.pending = []
         self.ended = False
         self._computed = 0
-        if (
-            next_token is not None
-            and next_token not in self.eos_ids
-            and not eos_accepted
-            and not self.matcher.consume_token(next_token)
-        ):
-            raise RuntimeError(f"grammar engine rejected token {next_token}: {self.matcher.get_error()}")
+        if next_token is not None and next_token not in self.eos_ids and not eos_accepted:
+            if not self.matcher.consume_token(next_token):
+                self._fail()
+                return
+            self.settled += 1
 
     # -- where the grammar is
 

@@ -1,6 +1,6 @@
 """The grammar's part of one decoding step (structured output), for the rows that have a response_format.
 
-1. `GrammarStep(rows, force)`: each constrained row's chain of forced tokens (each the only token its grammar
+1. `GrammarStep(rows, force)`: each constrained (and speculating) row's chain of forced tokens (each the only token its grammar
    allows) is pushed onto its matcher. The drafter sees `views`: rows that already end with their chain, so
    it proposes what comes after it; `room` is how many tokens each row can still take as a draft.
 2. `extend(draft)`: each row's draft becomes chain + the drafter's tokens, cut at the first token the
@@ -10,6 +10,10 @@
 3. `mask(logits)`: every verify position gets the mask of its own prefix.
 4. `settle(accepted, next_tokens)`: matchers roll back to the accepted prefix and take the target's token.
 Rows without a grammar pass through unchanged (their view is the row itself; no masks, no chain).
+
+A row whose grammar engine fails anywhere in the step (`failures`) verifies nothing of its own: its chain and draft
+are dropped, its masks allow everything, and the decoder ends it with the failure instead of appending its tokens.
+The other rows' drafts, masks and tokens are what they would be without it.
 """
 
 from __future__ import annotations
@@ -36,17 +40,17 @@ class ForcedView:
 
 
 class GrammarStep:
-    def __init__(self, rows: Sequence[Any], force: bool):
-        """force=False (the `none` drafter: plain decoding) computes no forced chains."""
+    def __init__(self, rows: Sequence[Any], force: Sequence[bool]):
+        """force[b] False (plain decoding: the `none` drafter, a plain row) computes no forced chain for row b."""
         self.states: list[GrammarState | None] = [getattr(r, "grammar", None) for r in rows]
         self.active = any(s is not None for s in self.states)
         self.forced: list[list[int]] = [[] for _ in rows]
         # a step yields accepted + 1 tokens, so drafting more than the remaining budget - 1 is waste
         room = [max(0, r.params.max_new_tokens - r.n_generated - 1) for r in rows]
-        if force and self.active:
+        if self.active:
             for b, state in enumerate(self.states):
-                if state is not None:
-                    self.forced[b] = state.forced(limit=room[b])
+                if state is not None and force[b]:
+                    self.forced[b] = state.forced(limit=room[b])  # [] once the engine failed
         self.views = [ForcedView(r, f) if f else r for r, f in zip(rows, self.forced)]
         # a chain that ends the output (EOS) leaves nothing to draft after it
         self.room = [
@@ -58,9 +62,11 @@ class GrammarStep:
         if not self.active:
             return draft
         tokens = []
-        for state, chain, proposed in zip(self.states, self.forced, draft.tokens):
+        for b, (state, chain, proposed) in enumerate(zip(self.states, self.forced, draft.tokens)):
             full = chain + list(proposed)
             tokens.append(full if state is None else full[: state.speculate(full)])
+            if state is not None and state.failure is not None:  # this row verifies nothing of its own
+                self.forced[b], tokens[b] = [], []
         probs = draft.probs
         if probs is not None and any(self.forced):
             probs = self._with_forced_rows(probs, [len(t) for t in tokens])
@@ -93,7 +99,10 @@ class GrammarStep:
     def drafter_accepted(self, accepted: Sequence[int]) -> list[int]:
         """Per row, how many of the drafter's own tokens were accepted (forced tokens always are)."""
         out = []
-        for a, f in zip(accepted, self.forced):
+        for state, a, f in zip(self.states, accepted, self.forced):
+            if state is not None and state.failure is not None:  # its masks allowed everything: nothing to check
+                out.append(max(0, a - len(f)))
+                continue
             if a < len(f):
                 raise RuntimeError(f"a forced token was rejected (accepted {a} of a forced chain of {len(f)})")
             out.append(a - len(f))
@@ -103,6 +112,11 @@ class GrammarStep:
         for state, a, nxt in zip(self.states, accepted, next_tokens):
             if state is not None:
                 state.settle(a, nxt)
+
+    @property
+    def failures(self) -> list[str | None]:
+        """Per row, why its grammar engine gave up in this step (None: it did not, or the row has no grammar)."""
+        return [None if s is None else s.failure for s in self.states]
 
 
 def row_grammar(tokenizer: Any, eos_ids: Sequence[int], params: Any) -> GrammarState | None:

@@ -45,7 +45,7 @@ class HeadDrafter:
         self.pending: list[torch.Tensor] = []  # per row: [m, H] target states not yet read
         self.fed: list[int] = []  # per row: predicted entries this step's draft left in the cache
 
-    def admit(self, rows: Sequence[DraftRow]) -> None:
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
         # empty cache rows; the new rows' prompt states come through observe_hidden and are read when drafting
         self.kv.add_empty_rows(len(rows))
         hidden, dtype = self.head.feature_width, self.head.dtype
@@ -114,16 +114,7 @@ class HeadDrafter:
             beams = [b if grow is None or not b or grow([n.reach[i] for i in b]) else [] for n, b in zip(nodes, beams)]
             if not any(beams):
                 break
-            ids = torch.full((batch, width), self.placeholder_id, dtype=torch.long)
-            valid = torch.zeros((batch, width), dtype=torch.bool)
-            feats = out.features.new_zeros((batch, width, out.features.shape[-1]))
-            hidden = torch.ones((batch, width, self.kv.length), dtype=torch.bool)
-            hidden[:, :, :first_column] = False  # the rows' real entries; of the tree's, a node sees its ancestors
-            for b, beam in enumerate(beams):
-                for i, node in enumerate(beam):
-                    ids[b, i], valid[b, i], feats[b, i] = nodes[b].tokens[node], True, nodes[b].feature[node]
-                    for column in nodes[b].ancestor_columns(node):
-                        hidden[b, i, column] = False
+            ids, valid, feats, hidden = self._level_input(nodes, beams, width, first_column, out.features)
             positions = (next_pos + depth - 1).unsqueeze(1).expand(batch, width)
             attend = torch.eye(width, dtype=torch.bool, device=self.device).expand(batch, -1, -1)
             column = self.kv.length
@@ -144,6 +135,10 @@ class HeadDrafter:
                     nodes[b].column[node] = column + i
                     nodes[b].expand(node, probs[b][i], top_ids[b][i], out.features[b, i])
         self.fed = fed
+        return self._tree_draft(nodes, forwards)
+
+    def _tree_draft(self, nodes: list[_Nodes], forwards: int) -> Draft:
+        """The grown nodes as a Draft in the target's token ids."""
         d2t = self.head.d2t.tolist()
         return Draft(
             tokens=[[d2t[t] for t in n.tokens] for n in nodes],
@@ -151,6 +146,24 @@ class HeadDrafter:
             confidence=[list(n.confidence) for n in nodes],
             forwards=forwards,
         )
+
+    def _level_input(
+        self, nodes: list[_Nodes], beams: list[list[int]], width: int, first_column: int, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The nodes a tree level feeds: ids [B, width], valid [B, width], their parents' predicted features
+        [B, width, H], and the cache columns each must not see [B, width, L] (of the tree's, all but its ancestors)."""
+        batch = len(nodes)
+        ids = torch.full((batch, width), self.placeholder_id, dtype=torch.long)
+        valid = torch.zeros((batch, width), dtype=torch.bool)
+        feats = features.new_zeros((batch, width, features.shape[-1]))
+        hidden = torch.ones((batch, width, self.kv.length), dtype=torch.bool)
+        hidden[:, :, :first_column] = False  # the rows' real entries; of the tree's, a node sees its ancestors
+        for b, beam in enumerate(beams):
+            for i, node in enumerate(beam):
+                ids[b, i], valid[b, i], feats[b, i] = nodes[b].tokens[node], True, nodes[b].feature[node]
+                for column in nodes[b].ancestor_columns(node):
+                    hidden[b, i, column] = False
+        return ids, valid, feats, hidden
 
     def _pending_input(self, rows: Sequence[DraftRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row's unread pairs, right-aligned: ids [B, w] (token t+1), valid [B, w], features [B, w, H]."""
@@ -183,9 +196,6 @@ class HeadDrafter:
         self.kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
         self.pending = [self.pending[i] for i in keep]
         self.fed = [self.fed[i] for i in keep]
-
-    def use_memory(self, memory: JobMemory) -> None:
-        pass
 
 
 def _top(logits: torch.Tensor, width: int) -> tuple[list, list]:

@@ -36,9 +36,9 @@ class HybridDrafter:
         self.vocab_size = head.vocab_size
         self.suffix_steps = self.head_steps = 0  # row-steps drafted by each (for benches and tests)
 
-    def admit(self, rows: Sequence[DraftRow]) -> None:
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
         self.head.admit(rows)
-        self.suffix.admit(rows)
+        self.suffix.admit(rows, memory)
 
     def observe_hidden(self, first_row: int, states: Sequence[torch.Tensor]) -> None:
         self.head.observe_hidden(first_row, states)
@@ -108,6 +108,3 @@ class HybridDrafter:
     def keep_rows(self, keep: list[int]) -> None:
         self.head.keep_rows(keep)
         self.suffix.keep_rows(keep)
-
-    def use_memory(self, memory: JobMemory) -> None:
-        self.suffix.use_memory(memory)

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+GRAMMAR_FAILED = "grammar_failed"  # error_code: the request's response_format failed in the grammar engine
+INTERNAL_ERROR = "internal_error"  # error_code: a failure of the decoder itself, not of the request
 
 
 @dataclass
@@ -95,8 +97,10 @@ class TokenLogprob:
 @dataclass
 class GenerationResult:
     """One finished request. finish_reason is "stop" (EOS or a stop string), "length" (max_new_tokens),
-    "cancelled" (generate's should_stop said so: the text and tokens so far), or "error" (only when
-    generate(..., return_errors=True) was asked to report a failing request in place)."""
+    "cancelled" (generate's should_stop said so: the text and tokens so far), or "error": a request that failed
+    alone, with `error` saying why (a bad prompt when generate(..., return_errors=True) reports it in place; a
+    grammar the engine gave up on while decoding, with the text so far, error_code GRAMMAR_FAILED and error_param
+    "response_format"; an engine step that failed, error_code INTERNAL_ERROR)."""
 
     text: str
     token_ids: list[int]
@@ -104,6 +108,8 @@ class GenerationResult:
     stats: RequestStats
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids; None unless params.logprobs
+    error_code: str | None = None  # OpenAI-style code of an error (None: the caller's own, e.g. a bad prompt)
+    error_param: str | None = None  # the request field the error is about; None: not the request's fault
 
     def to_dict(self) -> dict:
         d = {
@@ -115,6 +121,8 @@ class GenerationResult:
         }
         if self.logprobs is not None:  # only when asked: every other output stays as it was
             d["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        if self.error_code is not None:
+            d["error_code"], d["error_param"] = self.error_code, self.error_param
         return d
 
 

@@ -10,7 +10,6 @@ the step, the policy learns from how far each row's proposal matched what the st
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,22 +17,29 @@ from . import tree
 from .drafters import Draft, Drafter
 from .policy import DraftPolicy, RowAcceptance
 from .rows import matched_run
+from .step_costs import WALL_CLOCK, StepClock
 
 # given a free drafter's full proposals (per row), each row's draft length: a replay's oracle instead of the policy
 Chooser = Callable[[list[list[int]]], list[int]]
 
 
 def plan_step(
-    drafter: Drafter, policy: DraftPolicy, rows: Sequence[Any], budget: Sequence[int], choose: Chooser | None = None
+    drafter: Drafter,
+    policy: DraftPolicy,
+    rows: Sequence[Any],
+    budget: Sequence[int],
+    choose: Chooser | None = None,
+    clock: StepClock = WALL_CLOCK,
 ) -> tuple[Draft, Draft]:
     """This step's draft, and what the drafter proposed (for acceptance statistics and calibration).
 
     rows: the drafter's view of the batch (each with `acceptance`, `params`); budget: how many draft tokens each
-    row can still take. choose: lengths from the full proposal instead of the policy (free drafters only)."""
+    row can still take. choose: lengths from the full proposal instead of the policy (free drafters only). clock:
+    what a tree's growth costs (the decoder's)."""
     available = [min(a, b) for a, b in zip(drafter.available(rows, policy.k_max), budget)]
     width = policy.tree_width_for(len(rows))
     if width > 1 and hasattr(drafter, "propose_tree") and choose is None and all(_tree_row(r) for r in rows):
-        return _plan_tree(drafter, policy, rows, available, width)
+        return _plan_tree(drafter, policy, rows, available, width, clock)
     full = drafter.propose(rows, available) if drafter.free and any(available) else None
     if full is not None:
         available = [len(t) for t in full.tokens]
@@ -63,7 +69,7 @@ def plan_step(
 
 
 def _plan_tree(
-    drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int
+    drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int, clock: StepClock
 ) -> tuple[Draft, Draft]:
     """EAGLE-2's order: grow each row's tree first (as deep as the policy allows, pruned where a node is unlikely
     to be reached), then verify the nodes likeliest to be reached, as many as pays (DraftPolicy.tree_nodes). The
@@ -80,7 +86,7 @@ def _plan_tree(
     def worth_growing(beam: list[float]) -> bool:
         return policy.worth_growing(len(rows), beam)
 
-    t0 = time.perf_counter()
+    started = clock.start()
     grown = drafter.propose_tree(
         rows,
         depths,
@@ -90,7 +96,7 @@ def _plan_tree(
         grow=worth_growing,
     )
     if grown.forwards:  # a hybrid whose rows all copy grows nothing
-        policy.observe_growth((time.perf_counter() - t0) / grown.forwards)
+        policy.observe_growth(clock.growth(started, grown.forwards))
     conf, parents = grown.confidence, grown.parents
     reach = [
         tree.reaches(p, [rate(b, d, c) if policy.adaptive else c for d, c in zip(tree.depths(p), cs)])

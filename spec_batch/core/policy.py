@@ -8,7 +8,7 @@ where its chance to get that far falls below `min_reach`, so a low-confidence ro
 draft 16. For each candidate width the step yields the rows' expected tokens at that width and costs what a step
 of that width is measured to cost at this batch size (every row pays the width: short rows waste padding); the
 best tokens per second wins. Width 1 is plain decoding, so speculation switches itself off where it does not pay;
-drafting must beat it by a margin (10%), since a wrong "on" costs a step and the estimates are noisy. Switched off,
+drafting must beat it by a margin (`margin`), since a wrong "on" costs a step and the estimates are noisy. Switched off,
 it keeps probing (a small, shrinking share of steps), and a probe's measured cost replaces the stale one: step costs
 measured in a busy spell must not lock speculation off once the machine is quiet again.
 
@@ -142,7 +142,7 @@ class DraftPolicy:
         self.min_reach = min_reach
         self.ragged = ragged  # a step costs its real tokens (the target skips padding), not its width
         # drafting must beat plain decoding's expected rate by this much: the estimates are noisy, and a wrong
-        # "on" costs a whole step (a CPU's first draft token costs 15-35% of one), a wrong "off" a few tokens
+        # "on" costs part of a step on every row, a wrong "off" a few tokens (docs/core.md, "Adaptive draft length")
         self.margin = margin
         # learned across calls (the workload's): step costs, run lengths, what stated confidence is worth
         self.costs = PaddedCosts(ragged)
@@ -150,18 +150,17 @@ class DraftPolicy:
         self.calibration = ConfidenceCalibration()
         # probes while drafting is off. A costly drafter probes acceptance every probe_every idle steps. A free drafter's
         # acceptance is observed anyway, but the cost of a drafted step is only measured while drafting: a busy spell
-        # that inflated it would lock speculation off for good (issue 23, item 9). So where an offer has a chance
-        # (a plan that drafts exists), its best drafting plan is tried after cost_probe_first idle steps, then after
-        # twice as many each time it did not pay, up to probe_every; the probe's measured cost replaces the stale one.
+        # that inflated it must not lock speculation off for good. So where an offer has a chance (a plan that
+        # drafts exists), its best drafting plan is tried after cost_probe_first idle steps, then after twice as
+        # many each time it did not pay, up to probe_every; the probe's measured cost replaces the stale one.
         self.probe_every = 32
         self.cost_probe_first = 8
         self._cost_probe_every = self.cost_probe_first
         self._idle_steps = 0
         self._probing = False  # the planned step is a probe: its measured cost replaces the stale one
         # while drafting, every explore_every-th step drafts one token more per row than the best plan: a width's
-        # cost is only measured where it is drafted, and step times vary by +-10% run to run, so a width measured
-        # once in a slow moment was never tried again (tests/core/test_policy.py shows the lock-in; on the default
-        # model's head at batch 1 the exploration measured neither a gain nor a cost: docs/benchmarks.md)
+        # cost is only measured where it is drafted, and step times vary from run to run, so without it a width
+        # measured once in a slow moment would never be tried again (tests/core/test_policy.py shows the lock-in)
         self.explore_every = 8
         self._drafting_steps = 0
         # trees: seconds of one head forward growing a level, and decayed counts of an accepted node's grown
@@ -268,8 +267,7 @@ class DraftPolicy:
             return [min(self.k_max, len(q)) for q in offers]
         if self.costs.estimate(batch, [0]) is None:
             # nothing measured yet: a plain step first, the cost every draft length is weighed against (drafting
-            # first left the policy with one drafted width and a guess for plain decoding: a cold start drafted
-            # 4 tokens per row at 25% acceptance, 20% slower than plain on a CPU at batch 8)
+            # first would leave the policy one drafted width and a guess for plain decoding to compare)
             return [0] * len(offers)
         gains = [_gains(q[: self.k_max], self.min_reach) for q in offers]
         ks = self._best_plan(batch, gains, drafting=False)

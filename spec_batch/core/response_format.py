@@ -11,7 +11,11 @@
 A ResponseFormat is tokenizer-independent; spec_batch.core.grammar compiles it for one tokenizer. The grammar
 text is checked here by the engine (without a tokenizer), so a schema or pattern it cannot compile is an
 InvalidParameterError with the engine's reason as soon as SamplingParams is built (a batch line error, not a
-failure in the middle of a job).
+failure in the middle of a job). What the engine refuses is bounded up front: the grammar's text
+(MAX_GRAMMAR_CHARS), and the work its limits allow (GRAMMAR_LIMITS), which a probe over single bytes tries on the
+run of bytes the grammar forces from its start (a repetition such as `a{1000000}`, or a rule that recurses
+forever, exceeds them at its first token). A grammar that exceeds them only later fails its own request while
+decoding (core/grammar.py: GrammarState.failure), never the batch.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
 from ..errors import InvalidParameterError
 
@@ -40,6 +44,23 @@ _FIELDS: dict[str, set[str]] = {
     "lark": {"grammar"},
 }
 _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+# The longest grammar text accepted (a schema as compact JSON, a pattern, choices, a Lark grammar): compiling is
+# done on the caller's thread before decoding, so its cost must be bounded whatever a client sends.
+MAX_GRAMMAR_CHARS = 100_000
+
+
+def grammar_limits() -> LLParserLimits:
+    """The engine's limits for every matcher of the project: its default budgets, and errors without the engine's
+    parser state and grammar text (a client must never see those dumps)."""
+    return LLParserLimits(verbose_errors=False)
+
+
+def engine_reason(message: str) -> str:
+    """The first line of a matcher's error, bounded: the reason, never a dump that follows it (the parser's
+    state and the grammar, even where verbose errors are off)."""
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    return first if len(first) <= 200 else first[:197] + "..."
 
 
 @dataclass(frozen=True)
@@ -124,11 +145,16 @@ def parse_response_format(obj: Any) -> ResponseFormat | None:
         "regex": "response_format.pattern",
         "lark": "response_format.grammar",
     }.get(fmt.type, "response_format")
+    if len(fmt.spec) > MAX_GRAMMAR_CHARS:
+        raise _bad(field, f"is {len(fmt.spec)} characters long; at most {MAX_GRAMMAR_CHARS} are accepted")
     reason = _engine_error(fmt.type, fmt.spec)
     if reason:
         raise _bad(field, f"the grammar engine cannot compile it: {reason}")
-    if _matches_nothing(fmt.type, fmt.spec):
+    probe = _probe(fmt.type, fmt.spec)
+    if probe == _EMPTY:
         raise _bad(field, f'matches no string at all (not even ""): {NO_STRING}')
+    if probe:
+        raise _bad(field, f"exceeds the grammar engine's limits: {probe}; {TOO_COMPLEX}")
     return fmt
 
 
@@ -180,12 +206,13 @@ def _engine_error(kind: str, spec: str) -> str:
     """The engine's reason a grammar does not compile ("" when it does); cached, so a job of many lines with
     one schema checks it once."""
     try:
-        return LLMatcher.validate_grammar(_grammar(kind, spec))
+        return LLMatcher.validate_grammar(_grammar(kind, spec), limits=grammar_limits())
     except ValueError as e:
         return str(e)
 
 
 NO_STRING = "no output can satisfy it; fix the pattern or grammar"
+TOO_COMPLEX = "use shorter repetitions, or rules that can end"
 
 
 class _Bytes:
@@ -215,11 +242,23 @@ def starts_dead(matcher: LLMatcher) -> bool:
     return matcher.stop_reason() == "NoExtensionBias" or (matcher.is_stopped() and not matcher.is_accepting())
 
 
+_EMPTY = "matches nothing"
+
+
 @lru_cache(maxsize=1024)
-def _matches_nothing(kind: str, spec: str) -> bool:
-    """Whether the grammar accepts no string (a regex such as `[a&&b]` or `[^\\s\\S]`); cached like _engine_error.
-    The engine's validate_grammar accepts such grammars: only a matcher sees that its start allows nothing."""
-    return starts_dead(LLMatcher(_byte_tokenizer(), _grammar(kind, spec), log_level=0))
+def _probe(kind: str, spec: str) -> str:
+    """What a matcher over single bytes finds at the grammar's start ("" when nothing is wrong); cached like
+    _engine_error. _EMPTY: it accepts no string (a regex such as `[a&&b]` or `[^\\s\\S]`: validate_grammar accepts
+    those, only a matcher sees that its start allows nothing). Otherwise the engine's reason for giving up on the
+    first token of the run of bytes the grammar forces: consuming a token makes the engine look ahead through the
+    whole forced run, so a forced run beyond its limits fails there, as it would at a request's first token."""
+    matcher = LLMatcher(_byte_tokenizer(), _grammar(kind, spec), log_level=0, limits=grammar_limits())
+    if starts_dead(matcher):
+        return _EMPTY
+    forced = matcher.compute_ff_tokens()
+    if forced and not matcher.is_error():
+        matcher.consume_token(forced[0])
+    return engine_reason(matcher.get_error()) if matcher.is_error() else ""
 
 
 class ResponseFormatError(InvalidParameterError):

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .grammar import GrammarState
-from .outputs import FinishReason, GenerationResult, RequestStats, TokenLogprob
+from .job_memory import JobMemory
+from .outputs import GRAMMAR_FAILED, FinishReason, GenerationResult, RequestStats, TokenLogprob
 from .params import SamplingParams
 from .policy import RowAcceptance
 from .text import OutputText
@@ -30,6 +31,9 @@ class Row:
     out_len: int | None = None  # generated tokens kept in the output once finished (without an EOS)
     grammar: GrammarState | None = None  # the response_format's matcher, at the accepted output (grammar.py)
     logprobs: list[TokenLogprob] | None = None  # one per generated token (an EOS included) when params.logprobs
+    error: str | None = None  # why it ended with finish_reason "error"
+    memory: JobMemory | None = None  # its job's memory, which the drafter may draft from (None: an online request)
+    plain: bool = False  # drafts nothing: the baseline's rows, decoded beside speculating ones
 
     @property
     def n_generated(self) -> int:
@@ -70,6 +74,11 @@ class Row:
         self.text.close()
         self.stats.wall_s = time.perf_counter() - self.started
 
+    def fail_grammar(self, why: str) -> None:
+        """Ends the row with its output so far: its grammar engine gave up (core/grammar.py)."""
+        self.error = why
+        self.finish("error")
+
     def output_logprobs(self, start: int = 0) -> list[TokenLogprob] | None:
         """The logprobs of output_ids[start:] (None unless params.logprobs)."""
         if not self.params.logprobs:
@@ -78,8 +87,16 @@ class Row:
 
     def result(self) -> GenerationResult:
         assert self.finish_reason is not None, f"request {self.index} is still in flight"
+        failed = self.error is not None
         return GenerationResult(
-            self.text.text, self.output_ids, self.finish_reason, self.stats, logprobs=self.output_logprobs()
+            self.text.text,
+            self.output_ids,
+            self.finish_reason,
+            self.stats,
+            error=self.error,
+            logprobs=self.output_logprobs(),
+            error_code=GRAMMAR_FAILED if failed else None,
+            error_param="response_format" if failed else None,
         )
 
 

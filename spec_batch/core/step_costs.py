@@ -1,11 +1,45 @@
-"""What a step costs, measured: seconds of a whole step by batch size and verify width (StepCosts), and the same
+"""What a step costs: the clock that says so (StepClock: the wall clock by default, chosen costs in tests), and
+what the policy remembers of it: seconds of a whole step by batch size and verify width (StepCosts), and the same
 where a padded position may cost less than a real token (PaddedCosts). The draft policy (core/policy.py) weighs
-expected tokens against these."""
+expected tokens against these; it never reads a clock itself, so a test that hands it chosen costs is exact."""
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class StepClock(Protocol):
+    """How a running batch learns what its steps cost: `start()` before a step (or before a drafter grows a tree),
+    then `step(...)` / `growth(...)` with what it did, which return the seconds the policy records."""
+
+    def start(self) -> float: ...
+
+    def step(self, started: float, rows: int, lengths: Sequence[int]) -> float:
+        """The seconds of a step of `rows` rows that verified lengths[b] draft tokens (a tree's nodes) per row."""
+
+    def growth(self, started: float, forwards: int) -> float:
+        """The seconds of one drafter forward of a tree grown with `forwards` of them."""
+
+
+class WallClock:
+    """What a step took on this machine: the decoder's clock unless it is given another."""
+
+    def start(self) -> float:
+        return time.perf_counter()
+
+    def step(self, started: float, rows: int, lengths: Sequence[int]) -> float:
+        return time.perf_counter() - started
+
+    def growth(self, started: float, forwards: int) -> float:
+        return (time.perf_counter() - started) / forwards
+
+
+WALL_CLOCK = WallClock()
+PRIOR_TOKEN_SHARE = 0.05  # what one more token per row costs, as a share of a step, before anything says otherwise
 
 
 @dataclass
@@ -37,8 +71,8 @@ class StepCosts:
         """Measured, else interpolated/extrapolated linearly in width from this batch size's measurements. A batch
         size with fewer than two widths measured (a job's tail, as rows finish) takes its shape from the nearest
         batch size that has two, scaled to its own measurement if it has one: the policy compares widths at one
-        batch size, so it needs their relative costs, and a CPU's first draft token can cost 15-30% of a step
-        (more than a made-up prior would say). None: nothing measured at all."""
+        batch size, so it needs their relative costs, which a measured shape gives better than a made-up prior
+        (docs/core.md). None: nothing measured at all."""
         measured = self.seconds.get((batch, width))
         if measured is not None:
             return measured
@@ -55,8 +89,9 @@ class StepCosts:
             if not known:
                 return None
             w0, s0 = known[0]
-            # nothing to take the shape from: each extra token per row costs 5% of a step; measuring corrects it
-            return s0 * max(0.05, 1.0 + 0.05 * (width - w0))
+            # nothing to take the shape from: a prior of PRIOR_TOKEN_SHARE of a step per extra token per row, which
+            # the next measurement of another width replaces
+            return s0 * max(PRIOR_TOKEN_SHARE, 1.0 + PRIOR_TOKEN_SHARE * (width - w0))
         below = [p for p in known if p[0] < width]
         above = [p for p in known if p[0] > width]
         if below and above:
@@ -74,13 +109,12 @@ class PaddedCosts:
 
     A step of batch b drafting lengths ks computes b * (1 + mean) real tokens and b * (max - mean) padded ones.
     Where the target skips padding in its linear layers (core/padding.py) a padded position still costs
-    something (attention and the elementwise layers run on the padded width): measured on the default model at
-    batch 8 on a CPU, a row drafting 16 beside seven drafting nothing cost as much as every row drafting 4. So a
-    step's cost is read from a StepCosts table at the effective width u = 1 + mean + rho * (max - mean), for
-    candidate weights rho of a padded position (0: free, 1: as dear as a real token, the dense case). Every
-    table is updated on every step; the one whose predictions erred least lately is used. Keying on the mean
-    alone (rho 0) mistook one long row's padding for the price of drafting at all: the policy stopped drafting
-    for the rest of a job."""
+    something (attention and the elementwise layers run on the padded width), how much depends on the machine and
+    the model (docs/core.md). So a step's cost is read from a StepCosts table at the effective width
+    u = 1 + mean + rho * (max - mean), for candidate weights rho of a padded position (0: free, 1: as dear as a real
+    token, the dense case). Every table is updated on every step; the one whose predictions erred least lately is
+    used. A single rho would be wrong somewhere: keyed on the mean alone (rho 0), one long row's padding reads as the
+    price of drafting at all, and the policy stops drafting for the rest of a job."""
 
     RHOS = (0.0, 0.25, 0.5, 1.0)
 

@@ -21,6 +21,7 @@ class _RowState:
     index: SuffixIndex  # this row's prompt + output
     seen: int  # tokens of row.tokens in `index`
     prompt_len: int
+    memory: JobMemory | None  # its job's memory (None: drafts from its own tokens only)
     memory_key: int | None  # this row's output in the job memory
 
 
@@ -45,7 +46,6 @@ class SuffixDrafter:
 
     def __init__(
         self,
-        memory: JobMemory | None = None,
         *,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_spec_factor: float = 2.0,
@@ -56,32 +56,27 @@ class SuffixDrafter:
         if not 0.0 <= min_token_prob <= 1.0:
             raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
         self.max_depth = max_depth
-        self.memory: JobMemory | None = None
-        if memory is not None:
-            self.use_memory(memory)
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
         self._rows: list[_RowState] = []
         self._cached: list[SuffixDraft] = []
 
-    def use_memory(self, memory: JobMemory) -> None:
-        if memory.index.max_depth != self.max_depth:
+    def admit(self, rows: Sequence[DraftRow], memory: JobMemory | None = None) -> None:
+        """memory: the rows' job memory; each row's output goes into it as it grows, and it drafts from it."""
+        if memory is not None and memory.index.max_depth != self.max_depth:
             raise ValueError(f"the job memory's depth {memory.index.max_depth} differs from max_depth={self.max_depth}")
-        self.memory = memory
-
-    def admit(self, rows: Sequence[DraftRow]) -> None:
         for row in rows:
             prompt_len = len(row.tokens) - row.n_generated
-            key = self.memory.open() if self.memory is not None else None
-            self._rows.append(_RowState(row, SuffixIndex(self.max_depth), 0, prompt_len, key))
+            key = memory.open() if memory is not None else None
+            self._rows.append(_RowState(row, SuffixIndex(self.max_depth), 0, prompt_len, memory, key))
         self._cached = []
 
     def _sync(self, state: _RowState) -> None:
         tokens = state.row.tokens
         if state.seen < len(tokens):
             state.index.extend(0, tokens[state.seen :])
-            if state.memory_key is not None:
-                self.memory.extend(state.memory_key, tokens[max(state.seen, state.prompt_len) :])  # type: ignore[union-attr]
+            if state.memory is not None and state.memory_key is not None:
+                state.memory.extend(state.memory_key, tokens[max(state.seen, state.prompt_len) :])
             state.seen = len(tokens)
 
     def _draft(self, state: _RowState, view: DraftRow, max_tokens: int) -> SuffixDraft:
@@ -96,8 +91,8 @@ class SuffixDrafter:
         )
         context = view.tokens[-self.max_depth :]
         best = state.index.draft(context, max_tokens=max_tokens, **options)
-        if self.memory is not None:
-            shared = self.memory.draft(context, max_tokens, **options)
+        if state.memory is not None:
+            shared = state.memory.draft(context, max_tokens, **options)
             if (shared.score, shared.match_len) > (best.score, best.match_len):
                 best = shared
         return best
@@ -120,8 +115,8 @@ class SuffixDrafter:
     def keep_rows(self, keep: list[int]) -> None:
         kept = set(keep)
         for b, state in enumerate(self._rows):
-            if b not in kept and state.memory_key is not None:
+            if b not in kept and state.memory is not None and state.memory_key is not None:
                 self._sync(state)  # the last step's tokens, EOS included, go into the job memory too
-                self.memory.close(state.memory_key)  # type: ignore[union-attr]
+                state.memory.close(state.memory_key)
         self._rows = [self._rows[i] for i in keep]
         self._cached = []

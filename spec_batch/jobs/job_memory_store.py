@@ -18,9 +18,7 @@ from ..store import queries
 
 def uses_job_memory(decoder: Any) -> bool:
     """Whether the decoder's drafter drafts from a job memory (only then is one worth warming)."""
-    from ..core.suffix_drafter import SuffixDrafter  # here: the drafters import torch, the job service must not
-
-    return getattr(decoder, "draft_name", None) == SuffixDrafter.name
+    return bool(getattr(decoder, "uses_memory", False))
 
 
 def warm_memory(session_factory: sessionmaker[Session], job_id: str, tokenizer: Any, max_tokens: int) -> JobMemory:

@@ -54,9 +54,8 @@ def build_decoder(
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
     (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU);
-    tree_width: a head's draft trees at batch 1 (None: its default; other drafters draft chains). num_draft_tokens:
-    the longest draft per step; None: the drafter's default (16 for "suffix", 8 otherwise). drafter_options: keyword
-    arguments of the suffix drafter (`SuffixDrafter.OPTIONS`), checked here, not at the first decode."""
+    tree_width: a head's draft trees at batch 1 (None: its default); num_draft_tokens: the longest draft per step
+    (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now."""
     max_context = context_length(target_model)
     tree_width = _tree_width(isinstance(draft, (EagleHead, HybridHead)), tree_width)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -67,9 +66,9 @@ def build_decoder(
             f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded "
             f"at its weights by load_decoder"
         )
+    factory: Callable[[], Drafter]
     if draft == "none":
-        factory: Callable[[], Drafter] = NoDrafter
-        name = "none"
+        factory, name = NoDrafter, "none"
     elif draft == "suffix":
         factory, name = _suffix_factory(drafter_options), "suffix"
     elif draft == "ngram":
@@ -83,8 +82,6 @@ def build_decoder(
         max_context = min(max_context, context_length(draft_model))
         vocab = target_model.get_output_embeddings().weight.shape[0]
         factory = lambda: ModelDrafter(draft_model, name, device, placeholder, vocab)
-    if num_draft_tokens is None:
-        num_draft_tokens = default_draft_tokens(draft)
     return Decoder(
         target_model,
         tokenizer,
@@ -93,10 +90,11 @@ def build_decoder(
         draft_name=name,
         device=device,
         max_context=max_context,
-        num_draft_tokens=num_draft_tokens,
+        num_draft_tokens=default_draft_tokens(draft) if num_draft_tokens is None else num_draft_tokens,
         adaptive=adaptive,
         chat_template=lambda messages: apply_chat_template(tokenizer, messages, model_name=target_name),
         tree_width=tree_width,
+        uses_memory=draft == "suffix" or isinstance(draft, HybridHead),
     )
 
 

@@ -48,6 +48,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+INTERNAL_MESSAGE = "The server had an error while processing your request."
+
+
+def internal_error() -> APIError:
+    """The one 500 a client sees: a fixed text (what went wrong goes to the server's log only)."""
+    return APIError(500, INTERNAL_MESSAGE, code="internal_error")
+
+
 def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -101,7 +109,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected server error: %s: %s", type(exc).__name__, exc)
-    return error_response(APIError(500, "The server had an error while processing your request."))
+    return error_response(internal_error())
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -9,6 +9,7 @@ server-sent events; a client that goes away frees its rows.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,12 +21,13 @@ from spec_batch.core.outputs import GenerationResult
 from spec_batch.openai_format import CHAT, COMPLETIONS, BodyError, ParsedBody, parse_body
 from spec_batch.server.auth import Owner
 from spec_batch.server.context import Context, ServerContext
-from spec_batch.server.errors import APIError, invalid_request, model_not_found, not_found
+from spec_batch.server.errors import APIError, internal_error, invalid_request, model_not_found, not_found
 from spec_batch.server.online_bodies import DONE, Reply, sse
 from spec_batch.server.online_call import OnlineCall
 from spec_batch.server.online_metrics import RequestMetrics
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 @router.post("/v1/chat/completions")
@@ -108,7 +110,13 @@ async def _complete(request: Request, ctx: ServerContext, endpoint: str) -> Any:
 
 
 def _decoding_failed(result: GenerationResult) -> APIError:
-    return APIError(500, f"decoding failed: {result.error}", code="internal_error")
+    """A request that failed while decoding: a 400 naming the field when it was the request's own (a grammar the
+    engine gave up on; core/grammar.py writes its message without the engine's dumps), else a 500 whose fixed text
+    says nothing of the decoder (the log has the details)."""
+    if result.error_param is not None:
+        return invalid_request(result.error or "decoding failed", param=result.error_param, code=result.error_code)
+    log.error("decoding failed: %s", result.error)
+    return internal_error()
 
 
 def _include_usage(parsed: ParsedBody) -> bool:

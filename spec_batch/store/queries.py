@@ -270,7 +270,9 @@ def save_result(
 ) -> bool:
     """Stores a GenerationResult if the request is still open. True when stored (False: already done).
 
-    finish_reason "error" -> status failed, error_code "decode_error", error = result.error. choices: the output
+    finish_reason "error" -> status failed, error = result.error, error_code and error_param the result's (a grammar
+    the engine gave up on: grammar_failed, response_format; an internal error: internal_error; else decode_error).
+    choices: the output
     choices when `output` is not enough (n > 1, logprobs: spec_batch.jobs.choices), else None.
     """
     status = result_status(result)
@@ -280,7 +282,8 @@ def save_result(
         "status": status,
         "output": None if failed else result.text,
         "finish_reason": result.finish_reason,
-        "error_code": "decode_error" if failed else None,
+        "error_code": (getattr(result, "error_code", None) or "decode_error") if failed else None,
+        "error_param": getattr(result, "error_param", None) if failed else None,
         "error": (result.error or "decoding failed") if failed else None,
         "prompt_tokens": stats.prompt_tokens,
         "output_tokens": stats.output_tokens,

@@ -164,6 +164,35 @@ def test_a_line_whose_grammar_matches_nothing_fails_alone(env, tmp_path, loads):
     assert all(prompts != ["x"] for prompts, _ in loads.decoder.generate_calls)  # never decoded
 
 
+FAILS_MID_DECODE = {"type": "regex", "pattern": "(b|c)a{1000000}"}  # the engine gives up at its second token
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["ab", "abc", "no"]}}}
+
+
+def test_a_grammar_failing_mid_decode_fails_its_line_alone(env, tmp_path, monkeypatch, tiny_decoder, byte_tokenizer):
+    decoder = tiny_decoder("ngram", tokenizer=byte_tokenizer)
+    monkeypatch.setattr(cli_jobs, "_load_decoder", lambda *args: decoder)
+    good = [
+        completion_line("r0", "abc", max_tokens=20, response_format=SCHEMA),
+        completion_line("r1", "name", max_tokens=20),
+        completion_line("r2", "yes no", max_tokens=20, temperature=1.0, seed=7),
+    ]
+    bad = completion_line("bad", "abc", max_tokens=20, response_format=FAILS_MID_DECODE)
+    choices = {}
+    for name, lines in (("alone", good), ("beside", [good[0], bad, *good[1:]])):
+        out = tmp_path / f"{name}.jsonl"
+        path = write_batch(tmp_path / f"{name}.in.jsonl", lines)
+        res = _run(str(path), "-o", str(out), "--baseline-sample", "0", "--batch-size", "4")
+        assert res.exit_code == _common.EXIT_COMPLETED, res.output
+        lines_out = [json.loads(line) for line in out.read_text().splitlines()]
+        choices[name] = {o["custom_id"]: o["response"]["body"]["choices"] for o in lines_out}
+    assert choices["beside"] == choices["alone"]  # the other rows of its steps: unchanged
+    [err] = [json.loads(line) for line in (tmp_path / "beside.errors.jsonl").read_text().splitlines()]
+    error = err["response"]["body"]["error"]
+    assert err["custom_id"] == "bad" and err["response"]["status_code"] == 400 and error["line"] == 2
+    assert error["param"] == "response_format" and error["code"] == "grammar_failed"
+    assert "the grammar engine gave up" in error["message"] and "<state>" not in error["message"]
+
+
 def test_the_baseline_message_counts_the_requests_it_samples(env, tmp_path, loads):
     path = write_batch(tmp_path / "in.jsonl", [completion_line("only", "one request", max_tokens=4), "{bad"])
     res = _run(str(path), "-o", str(tmp_path / "out.jsonl"))  # --baseline-sample 8 by default

@@ -425,7 +425,7 @@ def test_seed_none_differs_between_calls(decoders):
 def test_seed_none_draws_a_fresh_seed_per_request(decoders, monkeypatch):
     """seed=None is a fresh seed for the request, used exactly as a given seed would be."""
     fresh = iter([5, 6])
-    monkeypatch.setattr("spec_batch.core.decoder.fresh_seed", lambda: next(fresh))
+    monkeypatch.setattr("spec_batch.core.running_batch.fresh_seed", lambda: next(fresh))
     p = SamplingParams(max_new_tokens=N_NEW, temperature=1.0)
     out = decoders["none"].generate([PROMPTS[1], PROMPTS[2]], p, batch_size=2)
     assert [r.token_ids for r in out] == [
@@ -667,7 +667,7 @@ class ReplayDrafter:
                 return ref[row.n_generated :]
         raise AssertionError(row.tokens)
 
-    def admit(self, rows) -> None:
+    def admit(self, rows, memory=None) -> None:
         pass
 
     def available(self, rows, k_max: int) -> list[int]:

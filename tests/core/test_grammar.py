@@ -116,6 +116,26 @@ def test_what_the_engine_cannot_compile_is_an_error_with_its_reason(form, reason
     assert reason in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "form, field, reason",
+    [
+        ({"type": "regex", "pattern": "a{1000000}"}, "response_format.pattern", "too many expressions"),
+        ({"type": "lark", "grammar": 'start: a\na: "x" a'}, "response_format.grammar", "Too many items"),
+    ],
+)
+def test_what_exceeds_the_engines_limits_is_refused_before_decoding(form, field, reason):
+    with pytest.raises(InvalidParameterError, match=f"^{field} exceeds the grammar engine's limits") as info:
+        SamplingParams(response_format=form)
+    message = str(info.value)
+    assert reason in message and "\n" not in message and "<state>" not in message and "<grammar>" not in message
+
+
+def test_a_grammar_text_past_the_bound_is_refused():
+    big = {"type": "choice", "choices": ["x" * 60_000, "y" * 60_000]}
+    with pytest.raises(InvalidParameterError, match="response_format .* characters long; at most 100000"):
+        parse_response_format(big)
+
+
 def test_sampling_params_parse_the_format_once_and_store_it_as_plain_json():
     form = FORMS[1]
     params = SamplingParams(max_new_tokens=8, response_format=form)

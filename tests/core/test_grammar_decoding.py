@@ -5,7 +5,9 @@
 - sampled output under a `choice` grammar whose tokenizations overlap follows the exactly computed masked
   distribution (chi-square), with a draft model that is sometimes rejected;
 - every output of a schema-constrained job parses and validates against its schema;
-- forced tokens: drafted with certainty (counted in stats.forced_tokens), never by the `none` drafter.
+- forced tokens: drafted with certainty (counted in stats.forced_tokens), never by the `none` drafter;
+- a grammar the engine gives up on mid-decode ends its own row (finish_reason "error", no engine dump), in
+  Decoder.generate(return_errors=True) and in the engine beside other callers, the other rows unchanged.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec_batch import SamplingParams
+from spec_batch.core.engine import Engine
 from spec_batch.core.grammar import apply_bitmask, grammar_engine
 from spec_batch.loading import build_decoder
 from spec_batch.loading.factory import DRAFTERS_WITHOUT_MODEL
@@ -214,6 +217,57 @@ def test_a_grammar_the_tokenizer_cannot_take_fails_that_request_only(tiny_target
     ok, bad = dec.generate([PROMPTS[0], PROMPTS[1]], params, return_errors=True)
     assert ok.finish_reason == "length"
     assert bad.finish_reason == "error" and why in bad.error
+
+
+# The checks without a tokenizer pass it (nothing is forced at its start); after "b" or "c" the engine looks ahead
+# through a million forced "a"s and gives up: a grammar that fails mid-decode.
+FAILS_MID_DECODE = {"type": "regex", "pattern": "(b|c)a{1000000}"}
+
+
+def _assert_grammar_failure(result) -> None:
+    assert result.finish_reason == "error"
+    assert result.error_param == "response_format" and result.error_code == "grammar_failed"
+    assert result.error.startswith("response_format: the grammar engine gave up after")
+    assert "<state>" not in result.error and "<grammar>" not in result.error and "\n" not in result.error
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_a_grammar_failing_mid_decode_ends_its_row_alone(decoders, drafter, batch_size):
+    dec = decoders[drafter]
+    others = [
+        SamplingParams(max_new_tokens=N_NEW, response_format=FORMATS["schema"]),
+        SamplingParams(max_new_tokens=N_NEW),
+        SamplingParams(max_new_tokens=N_NEW, temperature=1.0, seed=3, response_format=FORMATS["regex"]),
+        SamplingParams(max_new_tokens=N_NEW, temperature=1.0, seed=4),
+    ]
+    alone = dec.generate(PROMPTS[1:], others, batch_size=batch_size)
+    bad = SamplingParams(max_new_tokens=N_NEW, response_format=FAILS_MID_DECODE)
+    results = dec.generate(PROMPTS, [bad, *others], batch_size=batch_size, return_errors=True)
+    _assert_grammar_failure(results[0])
+    assert [r.token_ids for r in results[1:]] == [r.token_ids for r in alone]
+    assert [r.finish_reason for r in results[1:]] == [r.finish_reason for r in alone]
+
+
+def test_a_grammar_failing_mid_decode_in_the_engine_fails_only_its_caller(decoders):
+    dec = decoders["ngram"]
+    good = [
+        SamplingParams(max_new_tokens=N_NEW),
+        SamplingParams(max_new_tokens=N_NEW, response_format=FORMATS["choice"]),
+    ]
+    alone = dec.generate(PROMPTS[1:3], good)
+    engine = Engine(dec, max_batch=4)
+    try:
+        stream = engine.stream(PROMPTS[0], SamplingParams(max_new_tokens=N_NEW, response_format=FAILS_MID_DECODE))
+        first = next(stream)  # the row is in the batch when the others join it
+        got = engine.generate(PROMPTS[1:3], good)
+        last = [first, *stream][-1]
+        assert last.finish_reason == "error"
+        assert [r.token_ids for r in got] == [r.token_ids for r in alone]
+        after = engine.generate(PROMPTS[1:3], good)  # the engine goes on
+        assert [r.token_ids for r in after] == [r.token_ids for r in alone]
+    finally:
+        engine.stop()
 
 
 # ---------------------------------------------------------------- sampling: the exact masked distribution

@@ -294,10 +294,9 @@ def _hybrid(target, tokenizer, threshold: float = 0.5, **kw):
 
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_hybrid_greedy_equals_hf(tiny_target, fake_tokenizer, greedy_refs, batch_size):
-    dec = _hybrid(tiny_target, fake_tokenizer)
     drafters = []
-    real = dec._drafter_factory
-    dec._drafter_factory = lambda: drafters.append(real()) or drafters[-1]
+    real = _hybrid(tiny_target, fake_tokenizer)
+    dec = real.with_drafter(lambda: drafters.append(real.drafter_factory()) or drafters[-1])
     results = dec.generate(PROMPTS * 2, SamplingParams(max_new_tokens=N_NEW), batch_size=batch_size)
     assert [r.token_ids for r in results] == greedy_refs * 2
     assert sum(d.suffix_steps for d in drafters) > 0 and sum(d.head_steps for d in drafters) > 0  # both drafted
@@ -307,11 +306,10 @@ def test_hybrid_greedy_equals_hf(tiny_target, fake_tokenizer, greedy_refs, batch
 def test_hybrid_trees_mix_copied_chains_and_head_trees_and_equal_hf(tiny_target, fake_tokenizer, greedy_refs, width):
     """At batch 2 with trees allowed for 2 rows, one row may copy (its suffix chain as a tree) while the other
     drafts the head's tree, in one verify step; width 1: chains (HybridDrafter.propose), as at larger batches."""
-    dec = _hybrid(tiny_target, fake_tokenizer, tree_width=width)
-    dec.policy.tree_batch = 2
     drafters = []
-    real = dec._drafter_factory
-    dec._drafter_factory = lambda: drafters.append(real()) or drafters[-1]
+    real = _hybrid(tiny_target, fake_tokenizer, tree_width=width)
+    dec = real.with_drafter(lambda: drafters.append(real.drafter_factory()) or drafters[-1])
+    dec.policy.tree_batch = 2
     results = dec.generate(PROMPTS * 2, SamplingParams(max_new_tokens=N_NEW), batch_size=2)
     assert [r.token_ids for r in results] == greedy_refs * 2
     assert sum(d.suffix_steps for d in drafters) > 0 and sum(d.head_steps for d in drafters) > 0  # both drafted

@@ -59,9 +59,9 @@ def test_drafts_follow_the_rows_as_they_grow():
 def test_job_memory_offers_other_requests_outputs_and_never_an_own_trailing_occurrence():
     memory = JobMemory(max_tokens=1000)
     report = [50, 51, 52, 53, 54, 55, 56, 57]
-    first = SuffixDrafter(memory)
+    first = SuffixDrafter()
     a = row([1, 2], [])
-    first.admit([a])
+    first.admit([a], memory)
     first.available([a], 8)
     step(first, [a], [report])
     first.keep_rows([])  # a finished: its whole output, last step included, is in the memory
@@ -71,8 +71,8 @@ def test_job_memory_offers_other_requests_outputs_and_never_an_own_trailing_occu
     without = SuffixDrafter()
     without.admit([b])
     assert without.available([b], 8) == [0]
-    with_memory = SuffixDrafter(memory, max_spec_factor=1.0)
-    with_memory.admit([b])
+    with_memory = SuffixDrafter(max_spec_factor=1.0)
+    with_memory.admit([b], memory)
     assert with_memory.available([b], 8) == [3]  # factor 1 x the match "50 51 52"
     assert with_memory.propose([b], [3]).tokens == [[53, 54, 55]]
 
@@ -80,9 +80,9 @@ def test_job_memory_offers_other_requests_outputs_and_never_an_own_trailing_occu
 def test_the_better_source_wins():
     memory = JobMemory(max_tokens=1000)
     memory.add([8, 9, 1, 2, 40, 41, 42, 43, 44, 45])
-    drafter = SuffixDrafter(memory, max_spec_factor=2.0)
+    drafter = SuffixDrafter(max_spec_factor=2.0)
     r = row([5, 8, 9, 20, 21, 22, 23, 0, 5, 8, 9], [])
-    drafter.admit([r])
+    drafter.admit([r], memory)
     # own: "5 8 9" (3 tokens) -> 6 tokens at confidence 1; memory: "8 9" -> "1 2" only (factor 2)
     assert drafter.propose([r], [8]).tokens == [[20, 21, 22, 23, 0, 5]]
     step(drafter, [r], [[40, 41]])
@@ -102,4 +102,4 @@ def test_memory_drops_the_oldest_outputs_whole():
 
 def test_memory_depth_must_match():
     with pytest.raises(ValueError, match="depth"):
-        SuffixDrafter(JobMemory(max_depth=32), max_depth=48)
+        SuffixDrafter(max_depth=48).admit([row([1])], JobMemory(max_depth=32))

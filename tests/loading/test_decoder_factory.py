@@ -136,7 +136,7 @@ def test_drafter_options_reach_the_suffix_drafter_and_are_checked(tiny_target, f
             drafter_options=options,
         )
 
-    drafter = build("suffix", {"max_spec_factor": 3.0, "min_token_prob": 0.2})._drafter_factory()
+    drafter = build("suffix", {"max_spec_factor": 3.0, "min_token_prob": 0.2}).drafter_factory()
     assert isinstance(drafter, SuffixDrafter)
     assert (drafter.max_spec_factor, drafter.min_token_prob) == (3.0, 0.2)
     with pytest.raises(InvalidParameterError, match=r"unknown drafter_options \['depth'\]"):

@@ -235,3 +235,55 @@ def test_langchain_chat_openai(server):
         base_url=server.base_url, api_key=KEY, model="default", temperature=0, max_tokens=40, max_retries=0
     ).with_structured_output(Answer)
     assert isinstance(structured.invoke("Is fire hot? Answer in JSON."), Answer)
+
+
+# ---------------------------------------------------------------- a grammar the engine gives up on
+
+ENGINE_DUMPS = ("<state>", "<grammar>", "<non-verbose/>", "lark_grammar")
+# passes every check before decoding (nothing is forced at its start); after "b" or "c" the engine looks ahead
+# through a million forced "a"s and gives up: a grammar that fails mid-decode
+FAILS_MID_DECODE = {"type": "regex", "pattern": "(b|c)a{1000000}"}
+
+
+@pytest.mark.parametrize(
+    "form, param",
+    [
+        ({"type": "regex", "pattern": "a{1000000}"}, "response_format.pattern"),
+        ({"type": "lark", "grammar": 'start: a\na: "x" a'}, "response_format.grammar"),
+    ],
+)
+def test_a_grammar_past_the_engines_limits_is_a_400_before_decoding(client, form, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="default", messages=CHAT, max_tokens=8, response_format=form)
+    error = info.value.body
+    assert error["param"] == param and "exceeds the grammar engine's limits" in error["message"]
+    assert not any(dump in json.dumps(error) for dump in ENGINE_DUMPS)
+
+
+def test_a_grammar_failing_mid_decode_fails_its_request_alone(server, client):
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": PROMPTS[3]}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "logit_bias": NO_EOS,
+    }
+    expected = client.chat.completions.create(**body).choices[0].message.content
+    bad = {"model": "default", "messages": CHAT, "max_tokens": 20, "response_format": FAILS_MID_DECODE}
+    other = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)  # another client
+    stream = other.chat.completions.create(**body, stream=True)
+    text = [chunk.choices[0].delta.content or "" for _, chunk in zip(range(3), stream)]
+    with pytest.raises(openai.BadRequestError) as info:  # decoded in the same steps as the stream
+        client.chat.completions.create(**bad)
+    error = info.value.body
+    assert error["param"] == "response_format" and error["code"] == "grammar_failed"
+    assert "the grammar engine gave up" in error["message"]
+    with pytest.raises(openai.APIError) as streamed:  # streamed: an error event, then the stream ends
+        for _chunk in client.chat.completions.create(**bad, stream=True):
+            pass
+    assert "the grammar engine gave up" in streamed.value.message
+    for message in (json.dumps(error), streamed.value.message):
+        assert not any(dump in message for dump in ENGINE_DUMPS)
+    rest = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert rest, "the other request finished before the failing ones ran beside it"
+    assert "".join(text + rest) == expected
