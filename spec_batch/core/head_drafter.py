@@ -99,15 +99,7 @@ class HeadDrafter:
         the greedy chain. Each node is fed with its parent's predicted feature, seeing the row's cache and its own
         ancestors only; like a chain's, the fed entries are dropped at `feedback`."""
         batch = len(rows)
-        ids, valid, features = self._pending_input(rows)
-        out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=True)
-        self.pending = [p[:0] for p in self.pending]
-        first_column, next_pos = self.kv.length, self.kv.next_pos.clone()  # the depth-1 nodes' position
-        nodes = [_Nodes(b, rate) for b in range(batch)]
-        probs, ids = _top(out.logits[:, -1:], width)
-        for b in range(batch):
-            if k[b]:
-                nodes[b].expand(-1, probs[b][0], ids[b][0], out.features[b, -1])
+        out, first_column, next_pos, nodes = self._tree_root(rows, k, width, rate)
         fed, forwards = [0] * batch, 1
         for depth in range(1, max(k, default=0)):
             beams = [n.beam(depth, width, floor) if depth < kb else [] for n, kb in zip(nodes, k)]
@@ -136,6 +128,19 @@ class HeadDrafter:
                     nodes[b].expand(node, probs[b][i], top_ids[b][i], out.features[b, i])
         self.fed = fed
         return self._tree_draft(nodes, forwards)
+
+    def _tree_root(self, rows: Sequence[DraftRow], k: Sequence[int], width: int, rate: NodeRate | None):
+        """The first head forward over the rows' pending pairs: each drafting row's `width` likeliest roots."""
+        ids, valid, features = self._pending_input(rows)
+        out = self.kv.forward_output(ids, valid, logits_to_keep=1, features=features, raw=True)
+        self.pending = [p[:0] for p in self.pending]
+        first_column, next_pos = self.kv.length, self.kv.next_pos.clone()  # the depth-1 nodes' position
+        nodes = [_Nodes(b, rate) for b in range(len(rows))]
+        probs, ids = _top(out.logits[:, -1:], width)
+        for b in range(len(rows)):
+            if k[b]:
+                nodes[b].expand(-1, probs[b][0], ids[b][0], out.features[b, -1])
+        return out, first_column, next_pos, nodes
 
     def _tree_draft(self, nodes: list[_Nodes], forwards: int) -> Draft:
         """The grown nodes as a Draft in the target's token ids."""

@@ -59,13 +59,7 @@ def build_decoder(
     max_context = context_length(target_model)
     tree_width = _tree_width(isinstance(draft, (EagleHead, HybridHead)), tree_width)
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    if drafter_options and draft != "suffix":
-        raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
-    if resolve_weights_name(draft_weights) not in ("auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
-        raise InvalidParameterError(
-            f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded "
-            f"at its weights by load_decoder"
-        )
+    _check_draft_arguments(draft, drafter_options, draft_weights)
     factory: Callable[[], Drafter]
     if draft == "none":
         factory, name = NoDrafter, "none"
@@ -73,8 +67,7 @@ def build_decoder(
         factory, name = _suffix_factory(drafter_options), "suffix"
     elif draft == "ngram":
         NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
-        factory = lambda: NgramDrafter(ngram_min, ngram_max)
-        name = "ngram"
+        factory, name = (lambda: NgramDrafter(ngram_min, ngram_max)), "ngram"
     elif isinstance(draft, (EagleHead, HybridHead)):
         factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder, draft_weights)
     else:
@@ -96,6 +89,15 @@ def build_decoder(
         tree_width=tree_width,
         uses_memory=draft == "suffix" or isinstance(draft, HybridHead),
     )
+
+
+def _check_draft_arguments(draft: Any, drafter_options: Mapping[str, Any] | None, draft_weights: str | None) -> None:
+    """drafter_options belong to the suffix drafter; draft_weights other than auto/full to a head."""
+    if drafter_options and draft != "suffix":
+        raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
+    if resolve_weights_name(draft_weights) not in ("auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
+        msg = f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded at its weights by "
+        raise InvalidParameterError(msg + "load_decoder")
 
 
 def _tree_width(is_head: bool, tree_width: int | None) -> int:
