@@ -125,6 +125,7 @@ class Minute:
     db_connections: int
     db_idle_in_transaction: int
     done: int
+    answers: int
     cancelled: int
     errors: int
     p50_s: float
@@ -146,6 +147,7 @@ def summarize(ledger: Ledger, t0: float, t1: float, start: float, pid: int, db: 
         db_connections=conns["total"],
         db_idle_in_transaction=conns["idle_in_transaction"],
         done=sum(r.outcome == "complete" for r in records),
+        answers=len(online),
         cancelled=sum(r.outcome == "cancelled" for r in records),
         errors=sum(r.outcome == "error" for r in records),
         p50_s=round(quantile([r.latency for r in online], 0.5), 2),
@@ -197,8 +199,8 @@ def minute_dicts(minutes: list[Minute]) -> list[dict]:
 
 
 def latency_drift(minutes: list[Minute]) -> dict[str, float]:
-    """p50/p95 of the first and the last fifth of the windows that had answers (a leak shows as a slow drift)."""
-    rows = [m for m in minutes if m.done]
+    """p50/p95 of the first and the last fifth of the windows with online answers (a leak shows as a slow drift)."""
+    rows = [m for m in minutes if m.answers]
     if not rows:
         return {}
     k = max(1, len(rows) // 5)

@@ -162,7 +162,7 @@ def failures(ledger: Ledger, end: dict, exit_status: int | None, log: str) -> li
 
 def summary(args, ledger: Ledger, sampler: Sampler, end: dict, exit_status, log: str, db_url: str) -> dict:
     minutes = minute_dicts(sampler.minutes)
-    at5 = next((m for m in minutes if m["minute"] >= 5), minutes[0] if minutes else None)
+    at5 = next((m for m in minutes if m["minute"] >= 5), None)
     return {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs, {platform.platform()}",
         "command": " ".join(sys.argv),
@@ -175,6 +175,7 @@ def summary(args, ledger: Ledger, sampler: Sampler, end: dict, exit_status, log:
         "end": end,
         "server_exit_status": exit_status,
         "log_tracebacks": log.count("Traceback (most recent call last)"),
+        "log_errors": [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line][:20],
         "failures": failures(ledger, end, exit_status, log),
         "per_minute": minutes,
     }
