@@ -100,10 +100,15 @@ def client_threads(args, server: ServeProcess, ledger: Ledger, deadline: float, 
     ]
 
 
-def in_progress(server: ServeProcess) -> float:
+def metric(server: ServeProcess, name: str, label: str = "") -> float:
+    """The sum of a /metrics sample over its label sets (those holding `label`, e.g. 'status="completed"')."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    rows = [line for line in text.splitlines() if line.startswith("spec_batch_requests_in_progress")]
+    rows = [line for line in text.splitlines() if line.startswith(name + "{") and label in line]
     return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
+
+
+def in_progress(server: ServeProcess) -> float:
+    return metric(server, "spec_batch_requests_in_progress")
 
 
 def settled_in_progress(server: ServeProcess, within: float = 60) -> float:
@@ -133,6 +138,9 @@ def run_soak(args, server: ServeProcess, db_url: str) -> tuple[Ledger, Sampler, 
     stuck = [t.name for t in threads if t.is_alive()]
     end = {"stuck_clients": stuck, "in_progress_at_end": settled_in_progress(server), "final": table_row(last)}
     end["db_connections_at_end"] = db.count()
+    end["server_counted"] = {
+        status: metric(server, "spec_batch_requests_total", f'status="{status}"') for status in ("completed", "failed")
+    }
     db.close()
     return ledger, sampler, end
 
@@ -142,6 +150,23 @@ def totals(ledger: Ledger) -> dict[str, dict[str, int]]:
     for r in ledger.all():
         by_kind.setdefault(r.kind, Counter())[r.outcome] += 1
     return {kind: dict(c) for kind, c in sorted(by_kind.items())}
+
+
+def counted_problems(ledger: Ledger, counted: dict[str, float] | None) -> list[str]:
+    """The server's count of online requests answered (/metrics; batch rows run locally are not counted there)
+    against the clients': each answer the clients got counted once; a dropped stream counted at most once (the
+    server may finish it before it sees the client go); none failed."""
+    if counted is None:
+        return []
+    online = [r for r in ledger.all() if r.kind in ("stream", "tools", "json_schema", "disconnect")]
+    answered = sum(r.outcome == "complete" for r in online)
+    dropped = sum(r.outcome == "cancelled" for r in online)
+    found = [] if not counted["failed"] else [f"the server counts {counted['failed']:.0f} failed requests"]
+    if not answered <= counted["completed"] <= answered + dropped:
+        found.append(
+            f"the server counts {counted['completed']:.0f} answers; the clients got {answered} ({dropped} dropped)"
+        )
+    return found
 
 
 def failures(ledger: Ledger, end: dict, exit_status: int | None, log: str) -> list[str]:
@@ -155,6 +180,7 @@ def failures(ledger: Ledger, end: dict, exit_status: int | None, log: str) -> li
         found.append(f"clients still running at the end: {end['stuck_clients']}")
     if end["in_progress_at_end"]:
         found.append(f"/metrics still counts {end['in_progress_at_end']} requests in progress")
+    found += counted_problems(ledger, end.get("server_counted"))
     if exit_status not in (0, -15):
         found.append(f"the server exited {exit_status} on SIGTERM")
     return found

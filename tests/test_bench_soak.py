@@ -83,6 +83,17 @@ def test_final_check_refuses_errors_stuck_clients_and_rows_left_in_progress():
     assert soak_server.failures(Ledger(), end, 0, "")  # nothing completed is no soak
 
 
+def test_server_count_of_answers_must_match_the_clients():
+    ledger = Ledger()
+    for outcome in ("complete", "complete", "cancelled"):
+        ledger.add(Record("stream" if outcome == "complete" else "disconnect", 0, 1, outcome))
+    assert soak_server.counted_problems(ledger, {"completed": 2, "failed": 0}) == []
+    assert soak_server.counted_problems(ledger, {"completed": 3, "failed": 0}) == []  # finished as it was dropped
+    assert soak_server.counted_problems(ledger, {"completed": 1, "failed": 0})  # an answer the server never counted
+    assert soak_server.counted_problems(ledger, {"completed": 4, "failed": 0})  # answered twice
+    assert soak_server.counted_problems(ledger, {"completed": 2, "failed": 1})
+
+
 def test_latency_drift_compares_first_and_last_windows_with_answers():
     def minute(p50, answers=10):
         return Minute(1, 1, 1, 1, 1, 0, answers, answers, 0, 0, p50, 2 * p50, 1, 0)
@@ -110,5 +121,6 @@ def test_a_short_soak_on_sqlite_holds(tmp_path):
     assert soak_server.main(args) == 0, out.read_text()
     result = json.loads(out.read_text())
     assert result["failures"] == [] and result["end"]["in_progress_at_end"] == 0
+    assert result["end"]["server_counted"]["completed"] >= result["totals"]["stream"]["complete"]
     assert result["totals"]["stream"]["complete"] >= 1 and result["totals"]["batch"]["complete"] >= 1
     assert all(m["db_connections"] >= 1 and m["rss_mb"] > 0 for m in result["per_minute"])
