@@ -63,7 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-requests", type=int, default=100_000, help="at most this many requests per client")
     p.add_argument("--interval", type=float, default=60.0, help="seconds per row of the table")
     p.add_argument("--drain-minutes", type=float, default=10.0, help="time running batches get after the end")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    return args
 
 
 def start_server(args: argparse.Namespace, workdir: Path) -> tuple[ServeProcess, str]:
@@ -191,7 +193,7 @@ def summary(args, ledger: Ledger, sampler: Sampler, end: dict, exit_status, log:
     at5 = next((m for m in minutes if m["minute"] >= 5), None)
     return {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs, {platform.platform()}",
-        "command": " ".join(sys.argv),
+        "command": " ".join(["python -m bench.soak_server", *args.argv]),
         "database": db_url.split(":", 1)[0],
         "minutes": args.minutes,
         "rss_mb_at_minute_5": at5 and at5["rss_mb"],
