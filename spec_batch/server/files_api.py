@@ -8,7 +8,7 @@ passes a limit (nothing is stored). A batch's output and error files are listed 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -22,11 +22,13 @@ from spec_batch.server.batch_objects import (
     list_object,
     parse_result_file_id,
     result_file_object,
+    result_files,
 )
 from spec_batch.server.context import Context, ServerContext
 from spec_batch.server.errors import APIError, invalid_request, not_found, too_large
 from spec_batch.server.file_io import iter_content, store_upload
 from spec_batch.store import files as file_sql
+from spec_batch.store import queries
 from spec_batch.store.file_tables import PURPOSE_BATCH
 
 router = APIRouter()
@@ -116,19 +118,22 @@ def list_files(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     purpose: str | None = None,
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
 ) -> dict[str, Any]:
     with ctx.session_factory() as s:
-        rows = file_sql.list_files(s, owner, after=after, limit=limit + 1, purpose=purpose)
+        rows = file_sql.list_files(s, owner, after=after, limit=limit + 1, purpose=purpose, ascending=order == "asc")
     return list_object([file_object(r) for r in rows[:limit]], len(rows) > limit)
 
 
 def _result_file(ctx: ServerContext, file_id: str, owner: str | None) -> tuple[Any, Any, str]:
-    """(batch, job, kind) of a batch's result file the caller may see; a 404 otherwise."""
+    """(batch, job, kind) of a batch's result file the caller may see: one its batch names (output_file_id or
+    error_file_id); a 404 otherwise (a batch not finished, a file with no line, another key's batch)."""
     parsed = parse_result_file_id(file_id)
     if parsed is not None:
         with ctx.session_factory() as s:
             found = file_sql.get_batch(s, parsed[0], owner)
-        if found is not None:
+            named = found is not None and file_id in result_files(found[1], queries.job_counts(s, found[1].id))
+        if found is not None and named:
             return found[0], found[1], parsed[1]
     raise not_found("file", file_id, param="file_id")
 

@@ -21,8 +21,11 @@ def _owned(q: Select, column: Any, owner: str | None) -> Select:
     return q if owner is None else q.where(column == owner)
 
 
-def _page(session: Session, q: Select, model: Any, after: str | None, owner: str | None) -> Select:
-    """Newest first; `after` (an id of the same owner's list) continues after that row (OpenAI's cursor)."""
+def _page(
+    session: Session, q: Select, model: Any, after: str | None, owner: str | None, *, ascending: bool = False
+) -> Select:
+    """Newest first (oldest first when `ascending`); `after` (an id of the same owner's list) continues after that
+    row in that order (OpenAI's cursor)."""
     if after is not None:
         cursor = session.execute(
             _owned(select(model.created_at, model.id).where(model.id == after), model.owner, owner)
@@ -30,7 +33,12 @@ def _page(session: Session, q: Select, model: Any, after: str | None, owner: str
         if cursor is None:
             return q.where(False)
         at, ident = cursor
-        q = q.where(or_(model.created_at < at, and_(model.created_at == at, model.id < ident)))
+        if ascending:
+            q = q.where(or_(model.created_at > at, and_(model.created_at == at, model.id > ident)))
+        else:
+            q = q.where(or_(model.created_at < at, and_(model.created_at == at, model.id < ident)))
+    if ascending:
+        return q.order_by(model.created_at.asc(), model.id.asc())
     return q.order_by(model.created_at.desc(), model.id.desc())
 
 
@@ -51,12 +59,18 @@ def get_file(session: Session, file_id: str, owner: str | None) -> StoredFile | 
 
 
 def list_files(
-    session: Session, owner: str | None, *, after: str | None = None, limit: int = 20, purpose: str | None = None
+    session: Session,
+    owner: str | None,
+    *,
+    after: str | None = None,
+    limit: int = 20,
+    purpose: str | None = None,
+    ascending: bool = False,
 ) -> list[StoredFile]:
     q = _owned(select(StoredFile), StoredFile.owner, owner)
     if purpose is not None:
         q = q.where(StoredFile.purpose == purpose)
-    return list(session.scalars(_page(session, q, StoredFile, after, owner).limit(limit)))
+    return list(session.scalars(_page(session, q, StoredFile, after, owner, ascending=ascending).limit(limit)))
 
 
 def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:

