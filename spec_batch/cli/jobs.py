@@ -93,7 +93,7 @@ def _default_output(file: Path) -> Path:
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     default=None,
     help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
     "Invalid lines and failed requests go to OUT.errors.jsonl beside it.",
@@ -274,7 +274,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     required=True,
     help="Output JSONL; failed requests and invalid lines go to OUT.errors.jsonl beside it.",
 )

@@ -136,7 +136,7 @@ def _write_output(session_factory, job_id: str, output: Path) -> None:
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     default=None,
     help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.",
 )
