@@ -114,3 +114,16 @@ def test_files_list_honours_order(client):
     assert newest_first == ids[::-1] and oldest_first == ids
     page = client.files.list(purpose="batch", order="asc", after=ids[0], limit=1)
     assert [f.id for f in page.data] == [ids[1]]
+
+
+# ---------------------------------------------------------------- Low 5
+
+
+def test_docs_and_schema_are_off_unless_asked(http, decoder, tmp_path):
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert http.get(path).status_code == 404, path  # no key, and none would help: they are not served
+        assert http.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 404, path
+    with TestClient(make_app(decoder, tmp_path / "docs.db", api_docs=True)) as asked:
+        assert asked.get("/openapi.json").json()["info"]["title"] == "spec-batch"
+        assert asked.get("/docs").status_code == 200 and asked.get("/redoc").status_code == 200
+        assert asked.get("/v1/models").status_code == 401  # the API itself still needs a key
