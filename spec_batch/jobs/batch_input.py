@@ -18,7 +18,7 @@ from ..core.params import SamplingParams
 from ..errors import SpecBatchError
 from ..openai_format import CHAT, COMPLETIONS, ENDPOINTS, BodyError, parse_body
 from ..openai_format.body import DEFAULT_SAMPLING
-from ..openai_format.fields import INVALID_VALUE, MISSING_FIELD, UNSUPPORTED_FIELD
+from ..openai_format.fields import INVALID_VALUE, MISSING_FIELD, UNSUPPORTED_FIELD, lone_surrogate
 from ..settings import get_settings
 
 MAX_CUSTOM_ID = 512
@@ -180,6 +180,8 @@ def _envelope(obj: dict[str, Any]) -> tuple[str, str | None]:
         raise _bad("custom_id", f"must be a non-empty string, got {cid!r}", None)
     if len(cid) > MAX_CUSTOM_ID:
         raise _bad("custom_id", f"is {len(cid)} characters, at most {MAX_CUSTOM_ID} are allowed", None)
+    if lone_surrogate(cid) is not None:
+        raise _bad("custom_id", "contains a lone surrogate, which is not valid Unicode text", None)
     extra = [k for k in obj if k not in TOP_LEVEL_FIELDS]
     if extra:
         raise BatchLineError(

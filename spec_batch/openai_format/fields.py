@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,43 @@ class BodyError(ValueError):
 
 def bad(param: str, problem: str) -> BodyError:
     return BodyError(INVALID_VALUE, param, problem)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(the field, the character) of the first string (or object key) in `value` that holds a lone UTF-16
+    surrogate (JSON's "\\ud800" without its pair): such text is no Unicode, and no tokenizer, database or UTF-8
+    writer takes it. None when there is none. Walks with a stack of its own: any depth."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        at, item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found is not None:
+                return at, found.group()
+        elif isinstance(item, dict):
+            for key, v in reversed(item.items()):
+                name = f"{at}.{key}" if at else str(key)
+                if _SURROGATE.search(key):
+                    return name, _SURROGATE.search(key).group()  # type: ignore[union-attr]
+                stack.append((name, v))
+        elif isinstance(item, list):
+            stack.extend((f"{at}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def check_unicode(value: Any, where: str = "") -> None:
+    """Raises BodyError naming the field that holds a lone surrogate (see lone_surrogate)."""
+    found = lone_surrogate(value, where)
+    if found is not None:
+        param, char = found
+        raise bad(
+            param,
+            f"contains a lone surrogate (\\u{ord(char):04x}), which is not valid Unicode text: send the character "
+            "itself or its full surrogate pair",
+        )
 
 
 Check = Callable[[Any, dict[str, Any]], dict[str, Any]]

@@ -127,3 +127,38 @@ def test_docs_and_schema_are_off_unless_asked(http, decoder, tmp_path):
         assert asked.get("/openapi.json").json()["info"]["title"] == "spec-batch"
         assert asked.get("/docs").status_code == 200 and asked.get("/redoc").status_code == 200
         assert asked.get("/v1/models").status_code == 401  # the API itself still needs a key
+
+
+# ---------------------------------------------------------------- Low 2
+
+
+def test_a_lone_surrogate_is_a_400_naming_the_field(http):
+    """Sent as JSON escapes ("\\ud800"), as curl or any client that writes ASCII JSON does (the `openai` client
+    itself cannot encode such text)."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    bodies = [
+        ("/v1/completions", {"prompt": "hi \ud800 there", "max_tokens": 2}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a \udfff"}]}], "max_tokens": 2},
+            "messages[0].content[0].text",
+        ),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2, "stop": ["\ud83d"]}, "stop[0]"),
+    ]
+    for url, body, param in bodies:
+        reply = http.post(url, content=json.dumps(body), headers=headers)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == param and "lone surrogate" in error["message"] and error["code"] == "invalid_value"
+
+
+def test_a_batch_line_with_a_lone_surrogate_fails_alone_as_a_client_error(client):
+    batch = run_batch(client, [completion_line("ok", PROMPT), completion_line("bad", "hi \ud800 there")])
+    assert batch.status == "completed" and batch.request_counts.completed == 1
+    (error,) = [e["error"] for e in lines_of(client, batch.error_file_id)]
+    assert (error["line"], error["code"], error["param"]) == (2, "invalid_value", "body.prompt")
+    assert "lone surrogate" in error["message"]
+    # in the envelope, a bad custom_id fails the file at validating (OpenAI's contract), naming the line
+    batch = run_batch(client, [completion_line("ok", PROMPT), completion_line("bad-\udc00", PROMPT)])
+    assert batch.status == "failed"
+    assert [(e.line, e.code, e.param) for e in batch.errors.data] == [(2, "invalid_value", "custom_id")]
