@@ -162,3 +162,42 @@ def test_a_batch_line_with_a_lone_surrogate_fails_alone_as_a_client_error(client
     batch = run_batch(client, [completion_line("ok", PROMPT), completion_line("bad-\udc00", PROMPT)])
     assert batch.status == "failed"
     assert [(e.line, e.code, e.param) for e in batch.errors.data] == [(2, "invalid_value", "custom_id")]
+
+
+# ---------------------------------------------------------------- Low 4
+
+
+class TemplateTokenizer:
+    """The fake tokenizer's ids (space-separated integers) with a Jinja chat template; `reads_name`: the template
+    writes token 7 before the content of a message that has a name (as templates that know names do)."""
+
+    def __init__(self, base, reads_name: bool):
+        self.base = base
+        name = "{% if m.name %}7 {% endif %}" if reads_name else ""
+        self.chat_template = "{% for m in messages %}" + name + "{{ m.content }} {% endfor %}9"
+
+    def __getattr__(self, attr):
+        return getattr(self.base, attr)
+
+    def __call__(self, text, **kwargs):
+        return self.base(text, **kwargs)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        import jinja2
+
+        return jinja2.Template(self.chat_template).render(messages=messages)
+
+
+@pytest.mark.parametrize("reads_name", [True, False])
+def test_a_messages_name_goes_to_the_chat_template(tiny_decoder, fake_tokenizer, tmp_path, reads_name):
+    decoder = tiny_decoder("ngram", tokenizer=TemplateTokenizer(fake_tokenizer, reads_name))
+    with TestClient(make_app(decoder, tmp_path / "chat.db")) as http:
+        chat = client_of(http).chat.completions
+
+        def prompt_tokens(**named) -> int:
+            messages = [{"role": "system", "content": "4 5", **named}, {"role": "user", "content": "1 2 3", **named}]
+            reply = chat.create(model="tiny", messages=messages, max_tokens=2)
+            return reply.usage.prompt_tokens
+
+        plain, named = prompt_tokens(), prompt_tokens(name="ann")
+    assert plain == 6 and named == (8 if reads_name else 6)
