@@ -8,7 +8,7 @@ A message is an OpenAI chat message restricted to what a text model's chat templ
   * ``content``: a string, or a list of text parts ``{"type": "text", "text": ...}``, which are joined;
   * optional ``tool_calls`` on assistant messages and ``tool_call_id`` on tool messages (passed to the template);
   * optional ``name`` (a participant's name) on system, developer, user and assistant messages: passed to the chat
-    template as ``message.name``; a template that reads it renders it, the others (SmolLM2's, Qwen's, Llama's)
+    template as ``message.name``; a template that reads it renders it, the others (the default model's, SmolLM2's)
     ignore it, so it changes nothing there.
 
 Anything else (other part types such as ``image_url`` or ``input_audio``, other roles, other keys) is a
