@@ -19,7 +19,6 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from spec_batch import SamplingParams
 from spec_batch.server.app import create_app
 from spec_batch.server.serve import ServeOptions, build_context
 from spec_batch.settings import get_settings
@@ -201,3 +200,71 @@ def test_a_messages_name_goes_to_the_chat_template(tiny_decoder, fake_tokenizer,
 
         plain, named = prompt_tokens(), prompt_tokens(name="ann")
     assert plain == 6 and named == (8 if reads_name else 6)
+
+
+# ---------------------------------------------------------------- Low 3
+
+PROMPTS = ["1 2 3 4 1 2", "5 6 7 5 6", "8 9 8 9 8"]
+
+
+def test_completions_take_a_list_of_prompts_one_choice_each(client, decoder):
+    alone = [client.completions.create(model="tiny", prompt=p, max_tokens=5) for p in PROMPTS]
+    together = client.completions.create(model="tiny", prompt=PROMPTS, max_tokens=5)
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [c.text for c in together.choices] == [a.choices[0].text for a in alone]
+    assert together.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    ids = [[int(t) for t in p.split()] for p in PROMPTS]
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=5)
+    assert [c.text for c in by_ids.choices] == [c.text for c in together.choices]
+    one = client.completions.create(model="tiny", prompt=[PROMPTS[0]], max_tokens=5)
+    assert [c.text for c in one.choices] == [alone[0].choices[0].text]
+
+
+def test_a_list_of_prompts_with_n_orders_choices_prompt_by_prompt(client):
+    kw = dict(model="tiny", max_tokens=4, n=2, temperature=1.0, seed=3)
+    alone = [client.completions.create(prompt=p, **kw) for p in PROMPTS[:2]]
+    together = client.completions.create(prompt=PROMPTS[:2], **kw)
+    assert [c.index for c in together.choices] == [0, 1, 2, 3]  # prompt k's choice j: k * n + j
+    assert [c.text for c in together.choices] == [c.text for a in alone for c in a.choices]
+    streamed = client.completions.create(prompt=PROMPTS[:2], stream=True, **kw)
+    texts: dict[int, str] = {}
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert [texts[i] for i in range(4)] == [c.text for c in together.choices]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [([], "prompt"), (["a", [1]], "prompt"), (["1 2", ""], "prompt[1]"), ([[1], [-2]], "prompt[1][0]")],
+)
+def test_bad_prompt_lists_name_the_prompt(client, prompt, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert err.value.body["param"] == param
+
+
+def test_langchain_openai_llm_sends_a_list_and_gets_its_answer(http, client):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.OpenAI(
+        base_url="http://testserver/v1", api_key=KEY, model="tiny", max_tokens=5, temperature=0, http_client=http
+    )
+    expected = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0)
+    assert llm.invoke(PROMPTS[0]) == expected.choices[0].text
+    assert [g[0].text for g in llm.generate(PROMPTS[:2]).generations] == [
+        client.completions.create(model="tiny", prompt=p, max_tokens=5, temperature=0).choices[0].text
+        for p in PROMPTS[:2]
+    ]
+
+
+def test_a_batch_line_takes_a_list_of_prompts(client):
+    alone = run_batch(client, [completion_line(f"r{k}", p, max_tokens=5) for k, p in enumerate(PROMPTS)])
+    together = run_batch(client, [completion_line("all", PROMPTS, max_tokens=5)])
+    assert together.status == "completed" and together.request_counts.completed == 1
+    (line,) = lines_of(client, together.output_file_id)
+    body = line["response"]["body"]
+    expected = [x["response"]["body"] for x in lines_of(client, alone.output_file_id)]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in body["choices"]] == [e["choices"][0]["text"] for e in expected]
+    assert body["usage"]["prompt_tokens"] == sum(e["usage"]["prompt_tokens"] for e in expected)
