@@ -80,7 +80,12 @@ def _reply(ctx: ServerContext, parsed: ParsedBody) -> Reply:
     engine = _engine(ctx)
     tools = parsed.tools is not None and parsed.tools.choice != "none"
     return Reply(
-        parsed.endpoint, ctx.model_id, engine.decoder.draft_name, engine.decoder.tokenizer, tools=tools, per_prompt=parsed.n
+        parsed.endpoint,
+        ctx.model_id,
+        engine.decoder.draft_name,
+        engine.decoder.tokenizer,
+        tools=tools,
+        per_prompt=parsed.n,
     )
 
 

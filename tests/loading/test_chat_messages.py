@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_batch.errors import ChatTemplateError, InvalidParameterError
-from spec_batch.jobs.batch_input import CHAT, INVALID_VALUE, UNSUPPORTED_FIELD, BatchLineError, parse_line
+from spec_batch.jobs.batch_input import CHAT, INVALID_VALUE, BatchLineError, parse_line
 from spec_batch.loading import MessageError, build_decoder, validate_messages
 from spec_batch.loading.chat import apply_chat_template
 from spec_batch.loading.load import load_model
