@@ -144,6 +144,19 @@ def speculative(session: Session, job: Job) -> dict[str, Any] | None:
     }
 
 
+def usage(session: Session, job: Job) -> dict[str, Any]:
+    """OpenAI's batch usage: the tokens of the requests decoded so far (prompts once per prompt, every choice's
+    output), as the output lines' usage counts them; the details are OpenAI's (nothing is cached or reasoned)."""
+    prompt_tokens, output_tokens = queries.job_token_totals(session, job.id)
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + output_tokens,
+    }
+
+
 def batch_object(session: Session, batch: Batch, job: Job, model: str | None = None) -> dict[str, Any]:
     """OpenAI's Batch, mapped from the job (its statuses are OpenAI's), plus `speculative`."""
     counts = queries.job_counts(session, job.id)
@@ -175,5 +188,6 @@ def batch_object(session: Session, batch: Batch, job: Job, model: str | None = N
         },
         "metadata": job.user_metadata or None,
         "model": model,
+        "usage": usage(session, job),
         "speculative": speculative(session, job),
     }

@@ -268,3 +268,15 @@ def test_a_batch_line_takes_a_list_of_prompts(client):
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert [c["text"] for c in body["choices"]] == [e["choices"][0]["text"] for e in expected]
     assert body["usage"]["prompt_tokens"] == sum(e["usage"]["prompt_tokens"] for e in expected)
+
+
+# ---------------------------------------------------------------- the batch object's usage
+
+
+def test_a_batch_carries_usage_beside_speculative(client):
+    batch = run_batch(client, [completion_line(f"r{k}", p, max_tokens=5) for k, p in enumerate(PROMPTS)])
+    usages = [x["response"]["body"]["usage"] for x in lines_of(client, batch.output_file_id)]
+    assert batch.usage.input_tokens == sum(u["prompt_tokens"] for u in usages) > 0
+    assert batch.usage.output_tokens == sum(u["completion_tokens"] for u in usages) > 0
+    assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens
+    assert batch.model_extra["speculative"]["output_tokens"] == batch.usage.output_tokens
