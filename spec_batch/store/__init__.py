@@ -15,6 +15,7 @@ from .db import (
 )
 from .models import (
     JOB_CANCELLED,
+    JOB_EXPIRED,
     JOB_CANCELLING,
     JOB_COMPLETED,
     JOB_FAILED,
@@ -41,6 +42,7 @@ from .models import (
 
 __all__ = [
     "JOB_CANCELLED",
+    "JOB_EXPIRED",
     "JOB_CANCELLING",
     "JOB_COMPLETED",
     "JOB_FAILED",
