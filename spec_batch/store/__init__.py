@@ -15,9 +15,9 @@ from .db import (
 )
 from .models import (
     JOB_CANCELLED,
-    JOB_EXPIRED,
     JOB_CANCELLING,
     JOB_COMPLETED,
+    JOB_EXPIRED,
     JOB_FAILED,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
@@ -42,9 +42,9 @@ from .models import (
 
 __all__ = [
     "JOB_CANCELLED",
-    "JOB_EXPIRED",
     "JOB_CANCELLING",
     "JOB_COMPLETED",
+    "JOB_EXPIRED",
     "JOB_FAILED",
     "JOB_FINALIZING",
     "JOB_IN_PROGRESS",
