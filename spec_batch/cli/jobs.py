@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_COMPLETED, JOB_FAILED
+from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_COMPLETED, JOB_EXPIRED, JOB_FAILED
 from ._common import (
     EXIT_CANCELLED,
     EXIT_COMPLETED,
+    EXIT_EXPIRED,
     EXIT_FAILED,
     EXIT_NOT_FINISHED,
     EXIT_OUTPUT_NOT_WRITTEN,
@@ -71,6 +72,8 @@ def _exit_code(session_factory, job_id: str) -> int:
         return EXIT_CANCELLED
     if status == JOB_FAILED:
         return EXIT_FAILED
+    if status == JOB_EXPIRED:
+        return EXIT_EXPIRED
     return EXIT_NOT_FINISHED  # requests still held by another process, or left for the workers
 
 

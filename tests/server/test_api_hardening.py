@@ -280,3 +280,119 @@ def test_a_batch_carries_usage_beside_speculative(client):
     assert batch.usage.output_tokens == sum(u["completion_tokens"] for u in usages) > 0
     assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens
     assert batch.model_extra["speculative"]["output_tokens"] == batch.usage.output_tokens
+
+
+# ---------------------------------------------------------------- result files in the Files API
+
+
+def test_result_files_are_listed_and_deleting_one_makes_it_unresolvable(http):
+    client = client_of(http, key=KEY)
+    batch = run_batch(client, [completion_line("ok", PROMPT), completion_line("bad", PROMPT, max_tokens=0)])
+    out, err = batch.output_file_id, batch.error_file_id
+    assert out and err
+    listed = {f.id: f for f in client.files.list(purpose="batch_output")}
+    assert {out, err} <= set(listed) and listed[out].purpose == "batch_output"
+    assert listed[out].bytes == len(client.files.content(out).content) > 0
+    everything = [f.id for f in client.files.list()]  # uploads and results together, newest first
+    assert out in everything and batch.input_file_id in everything
+    assert everything.index(out) < everything.index(batch.input_file_id)
+    deleted = client.files.delete(out)
+    assert deleted.deleted and deleted.id == out
+    for call in (client.files.retrieve, client.files.content, client.files.delete):
+        with pytest.raises(openai.NotFoundError):
+            call(out)
+    after = client.batches.retrieve(batch.id)
+    assert after.output_file_id is None and after.error_file_id == err  # the other file stays
+    assert after.request_counts.completed == 1  # the rows stay until the batch goes
+    assert out not in {f.id for f in client.files.list(purpose="batch_output")}
+
+
+# ---------------------------------------------------------------- completion_window: expired
+
+
+def housekeeping_of(http):
+    from spec_batch.server.housekeeping import Housekeeping
+
+    return next(s for s in http.app.state.ctx.services if isinstance(s, Housekeeping))
+
+
+def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(decoder, tmp_path):
+    from datetime import timedelta
+
+    from spec_batch.store.models import utcnow
+
+    app = make_app(decoder, tmp_path / "expiry.db")
+    with TestClient(app) as http:
+        keeper, shift = housekeeping_of(http), timedelta(0)
+        keeper.interval_s, keeper.clock = 0.05, lambda: utcnow() + shift
+        client = client_of(http)
+        lines = [completion_line(f"r{i}", f"{i % 9 + 1} 2 3 4 5", max_tokens=60) for i in range(120)]
+        f = client.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+        assert batch.expires_at == batch.created_at + 24 * 3600
+        deadline = time.monotonic() + 120
+        while client.batches.retrieve(batch.id).request_counts.completed < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        shift = timedelta(hours=25)  # a day later: the window has ended
+        while (batch := client.batches.retrieve(batch.id)).status != "expired" or _open(http, batch.id):
+            assert time.monotonic() < deadline, batch.status
+            time.sleep(0.1)
+    assert batch.expired_at and batch.expired_at >= batch.created_at + 24 * 3600
+    done, failed = batch.request_counts.completed, batch.request_counts.failed
+    assert done >= 1 and failed >= 1 and done + failed == 120
+    outputs, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+    assert len(outputs) == done and len(errors) == failed
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert {x["custom_id"] for x in outputs + errors} == {f"r{i}" for i in range(120)}
+
+
+def _open(http, batch_id: str) -> int:
+    from spec_batch.store import queries
+
+    with http.app.state.ctx.session_factory() as s:
+        counts = queries.job_counts(s, batch_id)
+    return counts["pending"] + counts["running"]
+
+
+# ---------------------------------------------------------------- retention
+
+
+def test_retention_deletes_old_files_and_ended_batches(decoder, tmp_path, monkeypatch):
+    from datetime import timedelta
+
+    from click.testing import CliRunner
+
+    from spec_batch.cli import main
+    from spec_batch.store.models import utcnow
+
+    db = tmp_path / "retention.db"
+    with TestClient(make_app(decoder, db)) as http:
+        client = client_of(http)
+        old = run_batch(client, [completion_line("a", PROMPT)])
+        keeper = housekeeping_of(http)
+        keeper.ctx.settings = dataclasses.replace(keeper.ctx.settings, retention_days=2)
+        keeper.clock = lambda: utcnow() + timedelta(days=1)
+        keeper.tick()  # a day later: nothing is older than two days
+        assert client.batches.retrieve(old.id).status == "completed"
+        keeper.clock, keeper._pruned_at = (lambda: utcnow() + timedelta(days=3)), None
+        keeper.tick()  # three days later: the batch, its files and its job are gone
+        for call, ident in ((client.batches.retrieve, old.id), (client.files.retrieve, old.input_file_id)):
+            with pytest.raises(openai.NotFoundError):
+                call(ident)
+        with pytest.raises(openai.NotFoundError):
+            client.files.content(old.output_file_id)
+        new = run_batch(client, [completion_line("b", PROMPT)])
+    monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", f"sqlite:///{db}")
+    monkeypatch.delenv("SPEC_BATCH_RETENTION_DAYS", raising=False)
+    refused = CliRunner().invoke(main, ["db", "prune"])
+    assert refused.exit_code == 1 and "no retention is set" in refused.output
+    kept = CliRunner().invoke(main, ["db", "prune", "--older-than", "1"])  # what is a day old goes, nothing newer
+    assert kept.exit_code == 0 and "deleted 0 files and 0 batches" in kept.output, kept.output
+    monkeypatch.setenv("SPEC_BATCH_RETENTION_DAYS", "0.00001")  # a second: the new batch is older than that
+    time.sleep(1.5)
+    pruned = CliRunner().invoke(main, ["db", "prune"])
+    assert pruned.exit_code == 0 and "deleted 1 files and 1 batches" in pruned.output, pruned.output
+    with TestClient(make_app(decoder, db)) as http:
+        with pytest.raises(openai.NotFoundError):
+            client_of(http).batches.retrieve(new.id)
