@@ -165,7 +165,7 @@ def expires_at(batch: Batch) -> datetime | None:
 def usage(session: Session, job: Job) -> dict[str, Any]:
     """OpenAI's batch usage: the tokens of the requests decoded so far (prompts once per prompt, every choice's
     output), as the output lines' usage counts them; the details are OpenAI's (nothing is cached or reasoned)."""
-    prompt_tokens, output_tokens = queries.job_token_totals(session, job.id)
+    prompt_tokens, output_tokens = summaries.job_token_totals(session, job.id)
     return {
         "input_tokens": prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},

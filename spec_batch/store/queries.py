@@ -372,16 +372,6 @@ def job_counts(session: Session, job_id: str) -> dict[str, int]:
     return counts
 
 
-def job_token_totals(session: Session, job_id: str) -> tuple[int, int]:
-    """(prompt tokens, output tokens) summed over the job's requests that have statistics (every choice counted)."""
-    row = session.execute(
-        select(
-            func.coalesce(func.sum(Request.prompt_tokens), 0), func.coalesce(func.sum(Request.output_tokens), 0)
-        ).where(Request.job_id == job_id)
-    ).one()
-    return int(row[0]), int(row[1])
-
-
 __all__ = [
     "JobNotFoundError",
     "RequestInput",
@@ -395,7 +385,6 @@ __all__ = [
     "insert_requests",
     "iter_requests",
     "job_counts",
-    "job_token_totals",
     "open_request_ids",
     "record_baseline",
     "request_attempts",

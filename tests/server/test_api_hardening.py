@@ -316,7 +316,7 @@ def housekeeping_of(http):
     return next(s for s in http.app.state.ctx.services if isinstance(s, Housekeeping))
 
 
-def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(decoder, tmp_path):
+def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(decoder, tmp_path, monkeypatch):
     from datetime import timedelta
 
     from spec_batch.store.models import utcnow
@@ -345,6 +345,16 @@ def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(
     assert len(outputs) == done and len(errors) == failed
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     assert {x["custom_id"] for x in outputs + errors} == {f"r{i}" for i in range(120)}
+    # the CLI's exit code of an expired job (docs/jobs.md): 6, for wait and resume alike
+    from click.testing import CliRunner
+
+    from spec_batch.cli import main
+
+    monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", f"sqlite:///{tmp_path / 'expiry.db'}")
+    waited = CliRunner().invoke(main, ["wait", batch.id, "-q"])
+    assert waited.exit_code == 6 and waited.stdout.strip() == "expired", waited.output
+    resumed = CliRunner().invoke(main, ["resume", batch.id])
+    assert resumed.exit_code != 0 and "expired" in resumed.output, resumed.output
 
 
 def _open(http, batch_id: str) -> int:
