@@ -75,6 +75,10 @@ class Settings:
     api_keys: tuple[str, ...] = ()  # bearer keys; empty: no auth (only sensible on 127.0.0.1)
     api_max_file_bytes: int = DEFAULT_API_MAX_FILE_BYTES  # a larger upload is refused with a 413
     api_max_file_lines: int = DEFAULT_API_MAX_FILE_LINES  # a file with more lines is refused with a 413
+    api_docs: bool = False  # /docs, /redoc and /openapi.json: off unless asked (SPEC_BATCH_API_DOCS=1)
+    # Files and batches (jobs) older than this many days are deleted by `spec-batch db prune` and, in a server,
+    # once an hour (docs/batch-api.md). None: kept for ever (the default).
+    retention_days: float | None = None
 
 
 def _int_env(name: str, default: int) -> int:
@@ -134,7 +138,22 @@ def get_settings() -> Settings:
         api_keys=_api_keys(),
         api_max_file_bytes=_int_env("SPEC_BATCH_API_MAX_FILE_BYTES", DEFAULT_API_MAX_FILE_BYTES),
         api_max_file_lines=_int_env("SPEC_BATCH_API_MAX_FILE_LINES", DEFAULT_API_MAX_FILE_LINES),
+        api_docs=_bool_env("SPEC_BATCH_API_DOCS", False),
+        retention_days=_retention_days(),
     )
+
+
+def _retention_days() -> float | None:
+    raw = (os.environ.get("SPEC_BATCH_RETENTION_DAYS") or "").strip().lower()
+    if raw in ("", "0", "off", "none"):
+        return None
+    try:
+        days = float(raw)
+    except ValueError:
+        raise SettingsError(f"SPEC_BATCH_RETENTION_DAYS={raw!r} is not a number of days (0 or unset: off)") from None
+    if not days > 0 or days == float("inf"):
+        raise SettingsError(f"SPEC_BATCH_RETENTION_DAYS={raw!r} must be a positive number of days (0 or unset: off)")
+    return days
 
 
 def _api_runner() -> str:

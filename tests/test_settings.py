@@ -106,3 +106,20 @@ def test_an_unreadable_keys_file_or_unknown_runner_is_named(monkeypatch, tmp_pat
     monkeypatch.setenv("SPEC_BATCH_API_RUNNER", "cluster")
     with pytest.raises(ValueError, match="SPEC_BATCH_API_RUNNER='cluster'"):
         get_settings()
+
+
+def test_retention_and_docs_settings(monkeypatch):
+    from spec_batch.settings import SettingsError
+
+    monkeypatch.delenv("SPEC_BATCH_RETENTION_DAYS", raising=False)
+    monkeypatch.delenv("SPEC_BATCH_API_DOCS", raising=False)
+    assert get_settings().retention_days is None and get_settings().api_docs is False  # both off by default
+    monkeypatch.setenv("SPEC_BATCH_RETENTION_DAYS", "30")
+    monkeypatch.setenv("SPEC_BATCH_API_DOCS", "1")
+    assert get_settings().retention_days == 30.0 and get_settings().api_docs is True
+    monkeypatch.setenv("SPEC_BATCH_RETENTION_DAYS", "0")
+    assert get_settings().retention_days is None
+    for bad in ("-1", "soon", "inf"):
+        monkeypatch.setenv("SPEC_BATCH_RETENTION_DAYS", bad)
+        with pytest.raises(SettingsError, match="SPEC_BATCH_RETENTION_DAYS"):
+            get_settings()

@@ -19,6 +19,7 @@ EXIT_CANCELLED = 2
 EXIT_TIMEOUT = 3  # `spec-batch wait --timeout`
 EXIT_OUTPUT_NOT_WRITTEN = 4  # the job completed but its output file could not be written
 EXIT_NOT_FINISHED = 5  # another live process holds some of the job's requests (resume: it says which)
+EXIT_EXPIRED = 6  # a batch of the API not finished within its completion_window: what was done is in its output
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: `spec-batch resume JOB` continues
 
 

@@ -8,6 +8,7 @@ from ..store.models import (
     JOB_CANCELLED,
     JOB_CANCELLING,
     JOB_COMPLETED,
+    JOB_EXPIRED,
     JOB_FAILED,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
@@ -22,6 +23,7 @@ STATUS_STYLE = {
     JOB_FAILED: "red",
     JOB_CANCELLING: "magenta",
     JOB_CANCELLED: "magenta",
+    JOB_EXPIRED: "magenta",
 }
 
 

@@ -1,4 +1,4 @@
-"""`spec-batch db upgrade | current | downgrade`: the job database's schema (Alembic migrations)."""
+"""`spec-batch db upgrade | current | downgrade`: the job database's schema (Alembic migrations); `db prune`: retention."""
 
 from __future__ import annotations
 
@@ -62,3 +62,32 @@ def db_downgrade(revision: str, url: str | None) -> None:
 
     downgrade(_engine(url, create=False), revision)
     click.echo(f"downgraded to {revision}")
+
+
+@db_group.command("prune")
+@click.option(
+    "--older-than",
+    "days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="DAYS",
+    help="Delete what is older than DAYS days (default: $SPEC_BATCH_RETENTION_DAYS).",
+)
+def db_prune(days: float | None) -> None:
+    """Retention: delete the API's uploaded files and ended batches (with their jobs and results) created more than
+    DAYS days ago. Jobs of `run` and `submit` are kept. `spec-batch serve` does the same once an hour when
+    SPEC_BATCH_RETENTION_DAYS is set."""
+    from datetime import timedelta
+
+    from ..settings import get_settings
+    from ..store import files
+    from ..store.models import utcnow
+    from ._common import open_store_or_exit
+
+    days = days if days is not None else get_settings().retention_days
+    if days is None:
+        raise click.ClickException("no retention is set: pass --older-than DAYS or set SPEC_BATCH_RETENTION_DAYS")
+    session_factory = open_store_or_exit(must_exist=True)
+    with session_factory.begin() as s:
+        pruned = files.prune_before(s, utcnow() - timedelta(days=days))
+    click.echo(f"deleted {pruned.files} files and {pruned.batches} batches older than {days:g} days")

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_COMPLETED, JOB_FAILED
+from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_COMPLETED, JOB_EXPIRED, JOB_FAILED
 from ._common import (
     EXIT_CANCELLED,
     EXIT_COMPLETED,
+    EXIT_EXPIRED,
     EXIT_FAILED,
     EXIT_NOT_FINISHED,
     EXIT_OUTPUT_NOT_WRITTEN,
@@ -71,6 +72,8 @@ def _exit_code(session_factory, job_id: str) -> int:
         return EXIT_CANCELLED
     if status == JOB_FAILED:
         return EXIT_FAILED
+    if status == JOB_EXPIRED:
+        return EXIT_EXPIRED
     return EXIT_NOT_FINISHED  # requests still held by another process, or left for the workers
 
 
@@ -93,7 +96,7 @@ def _default_output(file: Path) -> Path:
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     default=None,
     help="Output JSONL (default: FILE's name with .results.jsonl, in the current directory). "
     "Invalid lines and failed requests go to OUT.errors.jsonl beside it.",
@@ -274,7 +277,7 @@ def resume_command(job: str, device: str | None, dtype: str | None, wait_busy: b
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     required=True,
     help="Output JSONL; failed requests and invalid lines go to OUT.errors.jsonl beside it.",
 )

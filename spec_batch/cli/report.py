@@ -37,7 +37,7 @@ def parse_since(value: str) -> datetime:
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     required=True,
     help="The HTML file to write (self-contained: open it anywhere, offline).",
 )

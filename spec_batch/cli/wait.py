@@ -11,6 +11,7 @@ import click
 from ..store.models import (
     JOB_CANCELLED,
     JOB_COMPLETED,
+    JOB_EXPIRED,
     JOB_FAILED,
     JOB_TERMINAL,
     REQ_CANCELLED,
@@ -20,10 +21,23 @@ from ..store.models import (
     REQ_RUNNING,
     REQUEST_DONE,
 )
-from ._common import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_TIMEOUT, open_store_or_exit, resolve_job
+from ._common import (
+    EXIT_CANCELLED,
+    EXIT_COMPLETED,
+    EXIT_EXPIRED,
+    EXIT_FAILED,
+    EXIT_TIMEOUT,
+    open_store_or_exit,
+    resolve_job,
+)
 from ._group import main
 
-JOB_EXIT_CODES = {JOB_COMPLETED: EXIT_COMPLETED, JOB_FAILED: EXIT_FAILED, JOB_CANCELLED: EXIT_CANCELLED}
+JOB_EXIT_CODES = {
+    JOB_COMPLETED: EXIT_COMPLETED,
+    JOB_FAILED: EXIT_FAILED,
+    JOB_CANCELLED: EXIT_CANCELLED,
+    JOB_EXPIRED: EXIT_EXPIRED,
+}
 
 
 def err(msg: str) -> None:
@@ -136,7 +150,7 @@ def _write_output(session_factory, job_id: str, output: Path) -> None:
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # a folder is the output guard's refusal (exit 1), not a usage error
     default=None,
     help="When the job ends, write its results here (and OUT.errors.jsonl), as `spec-batch results`.",
 )

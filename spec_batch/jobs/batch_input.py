@@ -18,7 +18,8 @@ from ..core.params import SamplingParams
 from ..errors import SpecBatchError
 from ..openai_format import CHAT, COMPLETIONS, ENDPOINTS, BodyError, parse_body
 from ..openai_format.body import DEFAULT_SAMPLING
-from ..openai_format.fields import INVALID_VALUE, MISSING_FIELD, UNSUPPORTED_FIELD
+from ..openai_format.fields import INVALID_VALUE, MISSING_FIELD, UNSUPPORTED_FIELD, lone_surrogate
+from ..openai_format.prompts import prompt_list
 from ..settings import get_settings
 
 MAX_CUSTOM_ID = 512
@@ -77,7 +78,7 @@ class BatchRequest:
     line_number: int
     custom_id: str
     endpoint: str
-    prompt: Any  # chat: list of {"role", "content"} (content a string); completions: str or list[int]
+    prompt: Any  # chat: list of {"role", "content"} (content a string); completions: str or list[int], or several
     params: SamplingParams
     raw: str
     model: str | None = None
@@ -152,12 +153,21 @@ def _model_limit_problem(req: BatchRequest, max_context: int | None, vocab_size:
             return f"body.logit_bias.{bad_bias}", (
                 f"token id {bad_bias} is not in the model's vocabulary (ids 0..{vocab_size - 1})"
             )
-    if vocab_size is not None and req.endpoint == COMPLETIONS and isinstance(req.prompt, list):
-        bad = next((j for j, t in enumerate(req.prompt) if t >= vocab_size), None)
+    if vocab_size is not None and req.endpoint == COMPLETIONS:
+        return _token_ids_problem(req.prompt, vocab_size)
+    return None
+
+
+def _token_ids_problem(prompt: Any, vocab_size: int) -> tuple[str, str] | None:
+    """A token id outside the vocabulary in a completion's prompt (token ids, or several prompts)."""
+    several = len(prompt_list(COMPLETIONS, prompt)) > 1
+    for k, one in enumerate(prompt_list(COMPLETIONS, prompt)):
+        if not isinstance(one, list):
+            continue
+        bad = next((j for j, t in enumerate(one) if t >= vocab_size), None)
         if bad is not None:
-            return f"body.prompt[{bad}]", (
-                f"token id {req.prompt[bad]} is not in the model's vocabulary (ids 0..{vocab_size - 1})"
-            )
+            where = f"body.prompt[{k}][{bad}]" if several else f"body.prompt[{bad}]"
+            return where, f"token id {one[bad]} is not in the model's vocabulary (ids 0..{vocab_size - 1})"
     return None
 
 
@@ -180,6 +190,8 @@ def _envelope(obj: dict[str, Any]) -> tuple[str, str | None]:
         raise _bad("custom_id", f"must be a non-empty string, got {cid!r}", None)
     if len(cid) > MAX_CUSTOM_ID:
         raise _bad("custom_id", f"is {len(cid)} characters, at most {MAX_CUSTOM_ID} are allowed", None)
+    if lone_surrogate(cid) is not None:
+        raise _bad("custom_id", "contains a lone surrogate, which is not valid Unicode text", None)
     extra = [k for k in obj if k not in TOP_LEVEL_FIELDS]
     if extra:
         raise BatchLineError(

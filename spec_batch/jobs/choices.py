@@ -41,17 +41,26 @@ def expand(params: SamplingParams, n: int) -> list[SamplingParams]:
     return [params] + [dataclasses.replace(params, seed=choice_seed(params.seed, i)) for i in range(1, n)]
 
 
+def choices_of(prompts: list[Any], params: SamplingParams, n: int) -> list[tuple[Any, SamplingParams]]:
+    """(prompt, params) of each choice of a request with several prompts: choice k * n + j is prompt k's choice j
+    (OpenAI's order). Prompt k's choices are seeded as those of a request with prompt k alone."""
+    return [(prompt, p) for prompt in prompts for p in expand(params, n)]
+
+
 def n_of(options: dict[str, Any] | None) -> int:
     return int((options or {}).get("n", 1))
 
 
-def _merged(results: list[GenerationResult]) -> GenerationResult:
-    """One row's result: choice 0's text and finish reason, the statistics of all choices (the prompt once)."""
+def _merged(results: list[GenerationResult], per_prompt: int) -> GenerationResult:
+    """One row's result: choice 0's text and finish reason, the statistics of all choices (each prompt once: the
+    choices of prompt k are results[k * per_prompt : (k + 1) * per_prompt])."""
     first = results[0]
     stats = RequestStats(**{f.name: getattr(first.stats, f.name) for f in dataclasses.fields(RequestStats)})
-    for r in results[1:]:
+    for i, r in enumerate(results[1:], 1):
         for name in _SUMMED:
             setattr(stats, name, getattr(stats, name) + getattr(r.stats, name))
+        if i % per_prompt == 0:
+            stats.prompt_tokens += r.stats.prompt_tokens
     return dataclasses.replace(first, stats=stats)
 
 
@@ -61,10 +70,14 @@ class Choices:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.n: dict[int, int] = {}
+        self.per_prompt: dict[int, int] = {}
         self.done: dict[int, dict[int, GenerationResult]] = {}
 
-    def expect(self, rid: int, n: int) -> None:
+    def expect(self, rid: int, n: int, per_prompt: int | None = None) -> None:
+        """Row `rid` has n choices in all; per_prompt: choices of each of its prompts (several prompts: a
+        completion's list of prompts, choice index = prompt index * per_prompt + j); None: one prompt."""
         self.n[rid] = n
+        self.per_prompt[rid] = per_prompt or n
         self.done[rid] = {}
 
     def add(self, rid: int, index: int, result: GenerationResult) -> tuple[GenerationResult, list | None] | None:
@@ -92,4 +105,4 @@ class Choices:
                 }
                 for r in results
             ]
-        return _merged(results), records
+        return _merged(results, self.per_prompt.pop(rid, len(results))), records

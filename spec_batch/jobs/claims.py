@@ -18,9 +18,9 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.params import SamplingParams
-from ..openai_format.prompts import build_prompt, prompt_error_code
+from ..openai_format.prompts import build_prompt, prompt_error_code, prompt_list
 from ..store import queries, request_claims
-from .choices import Choices, expand, n_of
+from .choices import Choices, choices_of, n_of
 from .lease import Lease
 
 # Interruptions that are not failures: the claims go back without counting an attempt.
@@ -79,16 +79,18 @@ def _build_inputs(batch: ClaimedRequests, decoder: Any, plain_only: bool) -> Non
     for rid in batch.claimed:
         row = batch.inputs[rid]
         n = n_of(row.options)
-        if plain_only and (n > 1 or (row.params or {}).get("logprobs")):
+        prompts = prompt_list(row.endpoint, row.prompt)
+        if plain_only and (n > 1 or len(prompts) > 1 or (row.params or {}).get("logprobs")):
             continue  # its choices are the runner's to store (jobs/choices.py); given back unclaimed at the end
         try:
-            prompt = build_prompt(decoder, row.endpoint, row.prompt)
+            built = [build_prompt(decoder, row.endpoint, p) for p in prompts]
             params = SamplingParams.from_dict(row.params)
         except Exception as e:  # this request alone: the others go on
             batch.bad.append((rid, e))
             continue
-        batch.choices.expect(rid, n)
-        for index, choice_params in enumerate(expand(params, n)):  # n > 1: the same prompt once per choice
+        batch.choices.expect(rid, len(built) * n, n)
+        # n > 1: the same prompt once per choice; several prompts: each prompt's n choices in turn
+        for index, (prompt, choice_params) in enumerate(choices_of(built, params, n)):
             batch.ids.append(rid)
             batch.choice_index.append(index)
             batch.prompts.append(prompt)

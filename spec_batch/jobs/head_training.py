@@ -23,7 +23,7 @@ from ..core.head import EagleHead, head_for_target, stored_tensors
 from ..core.head_train import TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
-from ..openai_format.prompts import build_prompt
+from ..openai_format.prompts import build_prompt, prompt_list
 from ..store.drafters import DraftHead, StoredOutput
 
 HELDOUT = 0.1
@@ -61,7 +61,7 @@ def sequences(decoder: Any, outputs: Sequence[StoredOutput]) -> list[tuple[list[
     eos = sorted(decoder.eos_ids)[:1]
     out = []
     for o in outputs:
-        prompt = build_prompt(decoder, o.endpoint, o.prompt)
+        prompt = build_prompt(decoder, o.endpoint, prompt_list(o.endpoint, o.prompt)[0])  # the output is choice 0's
         ids = list(prompt) if isinstance(prompt, list) else tok.encode(prompt)
         out.append((ids, tok.encode(o.output, add_special_tokens=False) + (eos if o.finish_reason == "stop" else [])))
     return out

@@ -7,6 +7,11 @@ The statuses are OpenAI's Batch API's (docs/architecture.md has the diagram)::
          +-------------+-------------+--> failed          (the job as a whole: no valid line, ...)
          |             |
          +-------------+--> cancelling -> cancelled       (once none of its requests runs)
+                       |
+                       +--> expired                       (a batch of the API not finished within its window)
+
+An expired job keeps what was done: its pending requests are cancelled with the code `batch_expired` at once, and
+those running when it expired once their runner stops (it stops at its next step, as for a cancel).
 
 Each change is one conditional UPDATE whose allowed source statuses come from TRANSITIONS, so processes racing
 on a job change it once (the one that did gets True). No job status is assigned anywhere else (store/ writes the
@@ -36,6 +41,7 @@ from ..store.models import (
     JOB_CANCELLED,
     JOB_CANCELLING,
     JOB_COMPLETED,
+    JOB_EXPIRED,
     JOB_FAILED,
     JOB_FINALIZING,
     JOB_IN_PROGRESS,
@@ -52,12 +58,13 @@ INITIAL = JOB_VALIDATING  # store.queries.insert_job stores a job with this stat
 # status -> the statuses it may change to
 TRANSITIONS: dict[str, frozenset[str]] = {
     JOB_VALIDATING: frozenset({JOB_IN_PROGRESS, JOB_FAILED, JOB_CANCELLING}),
-    JOB_IN_PROGRESS: frozenset({JOB_FINALIZING, JOB_FAILED, JOB_CANCELLING}),
+    JOB_IN_PROGRESS: frozenset({JOB_FINALIZING, JOB_FAILED, JOB_CANCELLING, JOB_EXPIRED}),
     JOB_FINALIZING: frozenset({JOB_COMPLETED, JOB_FAILED}),
     JOB_CANCELLING: frozenset({JOB_CANCELLED}),
     JOB_COMPLETED: frozenset(),
     JOB_FAILED: frozenset(),
     JOB_CANCELLED: frozenset(),
+    JOB_EXPIRED: frozenset(),
 }
 
 # the timestamp column set when a job enters a status
@@ -67,7 +74,10 @@ ENTERED_AT = {
     JOB_COMPLETED: "completed_at",
     JOB_FAILED: "failed_at",
     JOB_CANCELLED: "cancelled_at",
+    JOB_EXPIRED: "expired_at",
 }
+EXPIRED_CODE = "batch_expired"  # the error code of the requests an expired batch did not run (OpenAI's)
+EXPIRED_MESSAGE = "the batch expired (its completion_window ended) before this request ran"
 
 # What continuing a job does, by status (resume_action).
 RESUME_RUN = "run"  # decode its open requests (local), or hand them back to the workers (queue)
@@ -145,6 +155,25 @@ def settle_cancel(session: Session, job_id: str, *, now: datetime | None = None)
     return _change(session, job_id, JOB_CANCELLED, now=now, unless_running_requests=True)
 
 
+def expire(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
+    """in_progress -> expired: the batch's completion_window ended. Its pending requests are cancelled
+    (batch_expired) in the same transaction; running ones once their runner stops (settle_expired). True for the
+    one call that expired it."""
+    now = now or utcnow()
+    if not _change(session, job_id, JOB_EXPIRED, now=now):
+        return False
+    settle_expired(session, job_id, now=now)
+    return True
+
+
+def settle_expired(session: Session, job_id: str, *, now: datetime | None = None) -> int:
+    """For an expired job: its pending requests (those handed back by a runner that stopped) -> cancelled with
+    batch_expired. Returns how many."""
+    return queries.cancel_pending_requests(
+        session, job_id, job_status=JOB_EXPIRED, now=now, code=EXPIRED_CODE, message=EXPIRED_MESSAGE
+    )
+
+
 # ---------------------------------------------------------------- finalization (writes the output file)
 
 
@@ -181,13 +210,14 @@ def check_runnable(job_id: str, status: str) -> None:
     """Raises JobStateError unless the job's requests may be decoded now (in_progress or finalizing)."""
     if status == JOB_VALIDATING:
         raise JobStateError(f"job {job_id} was interrupted while its file was being validated: run the file again")
-    if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED):
+    if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED, JOB_EXPIRED):
         raise JobStateError(f"job {job_id} is {status}; nothing to run")
 
 
 def is_stopping(status: str) -> bool:
-    """A runner holding the job's requests stops at its next step: the job is being (or was) cancelled."""
-    return status in (JOB_CANCELLING, JOB_CANCELLED)
+    """A runner holding the job's requests stops at its next step: the job is being (or was) cancelled, or it
+    expired."""
+    return status in (JOB_CANCELLING, JOB_CANCELLED, JOB_EXPIRED)
 
 
 def takes_new_work(status: str) -> bool:
@@ -264,6 +294,9 @@ def after_run(
             return Settled(failed=fail(s, job_id, error or "the job could not run"))
     with session_factory.begin() as s:
         status = queries.get_job(s, job_id).status
+        if status == JOB_EXPIRED:  # what its runner handed back is cancelled as expired
+            settle_expired(s, job_id)
+            return Settled()
         if is_stopping(status):
             return Settled(cancelled=settle_cancel(s, job_id))
     if outcome is RunOutcome.FINISHED and finalize and is_running(status):
@@ -275,7 +308,7 @@ def resume_action(job_id: str, status: str) -> str:
     """What resuming the job means (RESUME_*), or JobStateError for a failed, cancelled or cancelling job."""
     if status == JOB_COMPLETED:
         return RESUME_REWRITE_OUTPUT
-    if status in (JOB_FAILED, JOB_CANCELLED, JOB_CANCELLING):
+    if status in (JOB_FAILED, JOB_CANCELLED, JOB_CANCELLING, JOB_EXPIRED):
         raise JobStateError(f"job {job_id} is {status}; there is nothing to resume")
     if status == JOB_FINALIZING:
         return RESUME_FINISH_FINALIZING
@@ -284,6 +317,7 @@ def resume_action(job_id: str, status: str) -> str:
 
 __all__ = [
     "ENTERED_AT",
+    "EXPIRED_CODE",
     "INITIAL",
     "RESUME_FINISH_FINALIZING",
     "RESUME_REWRITE_OUTPUT",
@@ -297,6 +331,7 @@ __all__ = [
     "can_change",
     "check_runnable",
     "complete",
+    "expire",
     "fail",
     "finalize_job",
     "finish_finalizing",
@@ -307,6 +342,7 @@ __all__ = [
     "request_cancel",
     "resume_action",
     "settle_cancel",
+    "settle_expired",
     "sources_of",
     "start",
     "takes_new_work",

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -347,6 +348,18 @@ class CancelOutcome:
     job_id: str
     status: str  # the job's status afterwards: cancelling (requests still running) or cancelled
     running: int  # requests still running (they stop at their next decoding step)
+
+
+def expire_job(session_factory: sessionmaker[Session], job_id: str, *, now: datetime | None = None) -> bool:
+    """A batch whose completion_window ended while it ran: in_progress -> expired with what was done (lifecycle.expire:
+    its pending requests cancelled as batch_expired); its queued chunks are dropped, and a runner holding some of
+    its requests stops at its next step and hands them back, which after_run cancels as expired too. True for the
+    call that expired it."""
+    with session_factory.begin() as s:
+        expired = lifecycle.expire(s, job_id, now=now)
+        if expired:
+            chunks.cancel_queued_chunks(s, job_id)
+    return expired
 
 
 def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> CancelOutcome:

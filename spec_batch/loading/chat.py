@@ -6,7 +6,10 @@ A message is an OpenAI chat message restricted to what a text model's chat templ
   * ``role``: ``system``, ``developer`` (OpenAI's newer name for the system turn; rendered as ``system``),
     ``user``, ``assistant`` or ``tool``;
   * ``content``: a string, or a list of text parts ``{"type": "text", "text": ...}``, which are joined;
-  * optional ``tool_calls`` on assistant messages and ``tool_call_id`` on tool messages (passed to the template).
+  * optional ``tool_calls`` on assistant messages and ``tool_call_id`` on tool messages (passed to the template);
+  * optional ``name`` (a participant's name) on system, developer, user and assistant messages: passed to the chat
+    template as ``message.name``; a template that reads it renders it, the others (the default model's, SmolLM2's)
+    ignore it, so it changes nothing there.
 
 Anything else (other part types such as ``image_url`` or ``input_audio``, other roles, other keys) is a
 MessageError that names where it is (``messages[2].content[0]``) and what is accepted.
@@ -25,7 +28,13 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # Chat templates know "system", and not all of them know "developer".
 _RENDERED_ROLE = {"developer": "system"}
 # Keys a message may carry besides role and content, by role.
-_OPTIONAL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id",)}
+_OPTIONAL_KEYS = {
+    "system": ("name",),
+    "developer": ("name",),
+    "user": ("name",),
+    "assistant": ("name", "tool_calls"),
+    "tool": ("tool_call_id",),
+}
 _TEXT_PART = '{"type": "text", "text": ...}'
 
 
@@ -70,6 +79,10 @@ def _message(where: str, msg: Any) -> dict[str, Any]:
                 unsupported_field=True,
             )
     out: dict[str, Any] = {"role": _RENDERED_ROLE.get(role, role)}
+    if "name" in msg:
+        if not isinstance(msg["name"], str) or not msg["name"]:
+            raise MessageError(f"{where}.name", f"must be a non-empty string, got {msg['name']!r}")
+        out["name"] = msg["name"]
     if "tool_calls" in msg:
         out["tool_calls"] = _tool_calls(f"{where}.tool_calls", msg["tool_calls"])
     if "tool_call_id" in msg:

@@ -20,6 +20,7 @@ from .fields import (
     RECORDED,
     UNSUPPORTED_FIELD,
     BodyError,
+    check_unicode,
     checking_order,
     fields_of,
 )
@@ -83,6 +84,7 @@ def parse_body(url: str, body: Any, *, defaults: dict[str, Any] | None = None, o
     extra = [k for k in body if k not in names]
     if extra:
         raise BodyError(UNSUPPORTED_FIELD, extra[0], f"unsupported field for {url} (supported: {', '.join(names)})")
+    check_unicode(body)
     values: dict[str, Any] = {}
     for f in checking_order(url, online):
         value = body.get(f.name)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,43 @@ class BodyError(ValueError):
 
 def bad(param: str, problem: str) -> BodyError:
     return BodyError(INVALID_VALUE, param, problem)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(the field, the character) of the first string (or object key) in `value` that holds a lone UTF-16
+    surrogate (JSON's "\\ud800" without its pair): such text is no Unicode, and no tokenizer, database or UTF-8
+    writer takes it. None when there is none. Walks with a stack of its own: any depth."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        at, item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found is not None:
+                return at, found.group()
+        elif isinstance(item, dict):
+            for key, v in reversed(item.items()):
+                name = f"{at}.{key}" if at else str(key)
+                if _SURROGATE.search(key):
+                    return name, _SURROGATE.search(key).group()  # type: ignore[union-attr]
+                stack.append((name, v))
+        elif isinstance(item, list):
+            stack.extend((f"{at}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def check_unicode(value: Any, where: str = "") -> None:
+    """Raises BodyError naming the field that holds a lone surrogate (see lone_surrogate)."""
+    found = lone_surrogate(value, where)
+    if found is not None:
+        param, char = found
+        raise bad(
+            param,
+            f"contains a lone surrogate (\\u{ord(char):04x}), which is not valid Unicode text: send the character "
+            "itself or its full surrogate pair",
+        )
 
 
 Check = Callable[[Any, dict[str, Any]], dict[str, Any]]
@@ -78,20 +116,37 @@ def _messages(value: Any, body: dict[str, Any]) -> dict[str, Any]:
         raise BodyError(code, e.param, e.problem) from None
 
 
+_PROMPT_FORMS = "a string, a list of token ids, a list of strings or a list of lists of token ids"
+
+
+def _one_prompt(value: Any, where: str) -> str | list[int]:
+    """One prompt: a non-empty string or a non-empty list of token ids (>= 0)."""
+    if isinstance(value, str):
+        if not value:
+            raise bad(where, "must be a non-empty string")
+        return value
+    if not isinstance(value, list) or not value or not all(limits.is_int(t) for t in value):
+        raise bad(where, f"must be {_PROMPT_FORMS} (each non-empty)")
+    negative = next((j for j, t in enumerate(value) if t < 0), None)
+    if negative is not None:
+        raise bad(f"{where}[{negative}]", f"token id {value[negative]} is negative; token ids are >= 0")
+    return value
+
+
 def _prompt(value: Any, body: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, list):
-        if not value or not all(limits.is_int(t) for t in value):
-            raise bad(
-                "prompt",
-                "must be a string or a non-empty list of token ids (one prompt per line: put "
-                "several prompts on several lines)",
-            )
-        negative = next((j for j, t in enumerate(value) if t < 0), None)
-        if negative is not None:
-            raise bad(f"prompt[{negative}]", f"token id {value[negative]} is negative; token ids are >= 0")
-    elif not isinstance(value, str) or not value:
-        raise bad("prompt", "must be a non-empty string")
-    return {"prompt": value}
+    """OpenAI's four forms. One prompt (a string, token ids, or a list of one of either) is kept as that prompt;
+    several are a list of strings or a list of token-id lists (prompt_list reads both): one choice per prompt and
+    n, at most MAX_N choices in all."""
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        kinds = {type(p) for p in value}
+        if len(kinds) > 1:
+            raise bad("prompt", f"must be {_PROMPT_FORMS}, not a mix of strings and token-id lists")
+        prompts = [_one_prompt(p, f"prompt[{k}]") for k, p in enumerate(value)]
+        n = body.get("n") if limits.is_int(body.get("n")) else 1
+        if len(prompts) * max(n, 1) > limits.MAX_N:
+            raise bad("prompt", f"{len(prompts)} prompts x n={n} choices: at most {limits.MAX_N} choices a request")
+        return {"prompt": prompts[0] if len(prompts) == 1 else prompts}
+    return {"prompt": _one_prompt(value, "prompt")}
 
 
 def _max_tokens(name: str) -> Check:

@@ -17,6 +17,16 @@ def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
     return prompt
 
 
+def prompt_list(endpoint: str, prompt: Any) -> list[Any]:
+    """The prompts of a request, in order: chat messages are one prompt; a completion's prompt is one string or one
+    list of token ids, or several (a list of strings, a list of token-id lists: openai_format.fields._prompt)."""
+    if endpoint == CHAT or isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return list(prompt)
+    return [prompt]
+
+
 def prompt_error_code(exc: BaseException) -> str:
     """OpenAI's error code for a prompt that could not be built."""
     if isinstance(exc, ChatTemplateError):
@@ -26,4 +36,4 @@ def prompt_error_code(exc: BaseException) -> str:
     return "internal_error"
 
 
-__all__ = ["build_prompt", "prompt_error_code"]
+__all__ = ["build_prompt", "prompt_error_code", "prompt_list"]

@@ -48,7 +48,17 @@ def create_app(ctx: ServerContext, routers: Sequence[APIRouter] | None = None) -
             for service in reversed(started):
                 await asyncio.to_thread(service.stop)
 
-    app = FastAPI(title="spec-batch", lifespan=lifespan)
+    # The interactive docs and the schema are off unless asked (SPEC_BATCH_API_DOCS=1): with keys on, every endpoint
+    # but /health and /metrics needs a key, and these three would be the exception. Asked for, they are served
+    # without a key (the schema of the API, no user data), as docs/server.md says.
+    docs = ctx.settings.api_docs
+    app = FastAPI(
+        title="spec-batch",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.ctx = ctx
     app.state.keys = KeyRing(ctx.settings.api_keys)
     install_error_handlers(app)

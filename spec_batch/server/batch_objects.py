@@ -9,7 +9,7 @@ row of their own and always show the job's rows as they are now.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +25,11 @@ from spec_batch.store.models import (
     Job,
 )
 
+# The completion windows a batch may ask for (OpenAI's one) and their lengths: a batch not finished within its
+# window ends expired (server/housekeeping.py).
+COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 OUTPUT_SUFFIX, ERRORS_SUFFIX = "-output", "-errors"
+PURPOSE_BATCH_OUTPUT = "batch_output"
 _KIND_OF_SUFFIX = {OUTPUT_SUFFIX: OUTPUT, ERRORS_SUFFIX: ERROR}
 _SUMMARY_FIELDS = (
     "output_tokens",
@@ -103,6 +107,11 @@ def iter_result_bytes(session_factory: sessionmaker[Session], batch_id: str, kin
         yield b"".join(piece)
 
 
+def result_created_at(job: Job) -> datetime:
+    """A result file's created_at: when its job ended."""
+    return job.completed_at or job.expired_at or job.cancelled_at or job.failed_at or job.created_at
+
+
 def result_file_object(session_factory: sessionmaker[Session], batch: Batch, job: Job, kind: str) -> dict[str, Any]:
     size = sum(len(p) for p in iter_result_bytes(session_factory, batch.id, kind))
     suffix = OUTPUT_SUFFIX if kind == OUTPUT else ERRORS_SUFFIX
@@ -110,21 +119,25 @@ def result_file_object(session_factory: sessionmaker[Session], batch: Batch, job
         "id": result_file_id(batch.id, kind),
         "object": "file",
         "bytes": size,
-        "created_at": ts(job.completed_at or job.cancelled_at or job.failed_at or job.created_at),
+        "created_at": ts(result_created_at(job)),
         "filename": f"{batch.id}{suffix}.jsonl",
-        "purpose": "batch_output",
+        "purpose": PURPOSE_BATCH_OUTPUT,
         "status": "processed",
         "expires_at": None,
         "status_details": None,
     }
 
 
-def result_files(job: Job, counts: dict[str, int]) -> tuple[str | None, str | None]:
-    """(output_file_id, error_file_id) of a finished job: each only when it has a line."""
+def result_files(job: Job, counts: dict[str, int], batch: Batch | None = None) -> tuple[str | None, str | None]:
+    """(output_file_id, error_file_id) of a finished job: each only when it has a line and (for a batch) was not
+    deleted through the Files API."""
     if job.status not in JOB_TERMINAL:
         return None, None
     out = result_file_id(job.id, OUTPUT) if counts[REQ_COMPLETED] else None
     err = result_file_id(job.id, ERROR) if counts[REQ_FAILED] + counts[REQ_CANCELLED] else None
+    if batch is not None:
+        out = None if batch.output_deleted_at is not None else out
+        err = None if batch.errors_deleted_at is not None else err
     return out, err
 
 
@@ -144,10 +157,28 @@ def speculative(session: Session, job: Job) -> dict[str, Any] | None:
     }
 
 
+def expires_at(batch: Batch) -> datetime | None:
+    window = COMPLETION_WINDOWS.get(batch.completion_window)
+    return batch.created_at + window if window is not None and batch.created_at is not None else None
+
+
+def usage(session: Session, job: Job) -> dict[str, Any]:
+    """OpenAI's batch usage: the tokens of the requests decoded so far (prompts once per prompt, every choice's
+    output), as the output lines' usage counts them; the details are OpenAI's (nothing is cached or reasoned)."""
+    prompt_tokens, output_tokens = summaries.job_token_totals(session, job.id)
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + output_tokens,
+    }
+
+
 def batch_object(session: Session, batch: Batch, job: Job, model: str | None = None) -> dict[str, Any]:
     """OpenAI's Batch, mapped from the job (its statuses are OpenAI's), plus `speculative`."""
     counts = queries.job_counts(session, job.id)
-    output_file_id, error_file_id = result_files(job, counts)
+    output_file_id, error_file_id = result_files(job, counts, batch)
     errors = {"object": "list", "data": batch.errors} if batch.errors else None
     return {
         "id": batch.id,
@@ -161,11 +192,11 @@ def batch_object(session: Session, batch: Batch, job: Job, model: str | None = N
         "error_file_id": error_file_id,
         "created_at": ts(batch.created_at),
         "in_progress_at": ts(job.started_at),
-        "expires_at": None,
+        "expires_at": ts(expires_at(batch)),
         "finalizing_at": ts(job.finalizing_at),
         "completed_at": ts(job.completed_at),
         "failed_at": ts(job.failed_at),
-        "expired_at": None,
+        "expired_at": ts(job.expired_at),
         "cancelling_at": ts(batch.cancelling_at),
         "cancelled_at": ts(job.cancelled_at),
         "request_counts": {
@@ -175,5 +206,6 @@ def batch_object(session: Session, batch: Batch, job: Job, model: str | None = N
         },
         "metadata": job.user_metadata or None,
         "model": model,
+        "usage": usage(session, job),
         "speculative": speculative(session, job),
     }

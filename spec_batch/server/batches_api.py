@@ -16,7 +16,7 @@ from spec_batch.openai_format import ENDPOINTS
 from spec_batch.reports import job_report_html
 from spec_batch.server.auth import Owner
 from spec_batch.server.batch_create import JobFields, create_batch
-from spec_batch.server.batch_objects import batch_object, list_object
+from spec_batch.server.batch_objects import COMPLETION_WINDOWS, batch_object, list_object
 from spec_batch.server.context import BatchRunnerLike, Context, ServerContext
 from spec_batch.server.errors import APIError, invalid_request, not_found
 from spec_batch.store import files as file_sql
@@ -24,7 +24,6 @@ from spec_batch.store.file_tables import PURPOSE_BATCH
 from spec_batch.store.models import utcnow
 
 router = APIRouter()
-COMPLETION_WINDOWS = ("24h",)
 
 
 class CreateBatch(BaseModel):
@@ -46,7 +45,7 @@ def _check_create(body: CreateBatch) -> None:
         )
     if body.completion_window not in COMPLETION_WINDOWS:
         raise invalid_request(
-            f"completion_window {body.completion_window!r} is not supported: use '24h' (batches here do not expire)",
+            f"completion_window {body.completion_window!r} is not supported: use '24h' (OpenAI's only window)",
             param="completion_window",
             code="invalid_value",
         )

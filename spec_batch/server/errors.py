@@ -66,9 +66,10 @@ def not_found(kind: str, ident: str, *, param: str | None = None, code: str | No
 
 
 def model_not_found(model: str, served: str) -> APIError:
+    also = "" if served == "default" else " (also called 'default')"
     return APIError(
         404,
-        f"The model '{model}' does not exist; this server serves '{served}' (or 'default').",
+        f"The model '{model}' does not exist; this server serves '{served}'{also}.",
         param="model",
         code="model_not_found",
     )

@@ -3,31 +3,38 @@
 Uploads go to the database (files + file_chunks), so every API replica and worker sees them. The multipart body is
 refused at once when its Content-Length is over the limit; otherwise Starlette spools it (at most 1 MB in memory)
 and it is copied into the database chunk by chunk, counting bytes and lines, and refused with a 413 the moment it
-passes a limit (nothing is stored). A batch's output and error files are listed under their batch, not here.
+passes a limit (nothing is stored). A batch's output and error files (purpose batch_output) are listed here too once
+its batch names them; deleting one makes it unresolvable (the job's rows stay until the batch goes).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
 
+from spec_batch.jobs.export import OUTPUT
 from spec_batch.server.auth import Owner
 from spec_batch.server.batch_objects import (
+    PURPOSE_BATCH_OUTPUT,
     file_object,
     iter_result_bytes,
     list_object,
     parse_result_file_id,
+    result_created_at,
     result_file_object,
+    result_files,
 )
 from spec_batch.server.context import Context, ServerContext
-from spec_batch.server.errors import APIError, invalid_request, not_found, too_large
+from spec_batch.server.errors import invalid_request, not_found, too_large
 from spec_batch.server.file_io import iter_content, store_upload
 from spec_batch.store import files as file_sql
+from spec_batch.store import queries
 from spec_batch.store.file_tables import PURPOSE_BATCH
+from spec_batch.store.models import utcnow
 
 router = APIRouter()
 _MULTIPART_SLACK = 1 << 20  # room for the multipart envelope and the purpose field around the file itself
@@ -116,19 +123,53 @@ def list_files(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     purpose: str | None = None,
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
 ) -> dict[str, Any]:
+    ascending = order == "asc"
+    if purpose == PURPOSE_BATCH:  # uploads only: paged in SQL
+        with ctx.session_factory() as s:
+            rows = file_sql.list_files(s, owner, after=after, limit=limit + 1, purpose=purpose, ascending=ascending)
+        return list_object([file_object(r) for r in rows[:limit]], len(rows) > limit)
+    return _list_with_results(ctx, owner, after, limit, purpose, ascending)
+
+
+def _list_with_results(
+    ctx: ServerContext, owner: str | None, after: str | None, limit: int, purpose: str | None, ascending: bool
+) -> dict[str, Any]:
+    """Uploads and the result files of the caller's ended batches (purpose batch_output) in one list, ordered by
+    (created_at, id) and paged by `after` in memory; only the page's result files are rendered (for their size)."""
+    entries: list[tuple[Any, str, Any]] = []  # (created_at, id, an upload's row or (batch, job, kind))
     with ctx.session_factory() as s:
-        rows = file_sql.list_files(s, owner, after=after, limit=limit + 1, purpose=purpose)
-    return list_object([file_object(r) for r in rows[:limit]], len(rows) > limit)
+        if purpose is None:
+            entries += [(r.created_at, r.id, r) for r in file_sql.list_files(s, owner, limit=None)]
+        if purpose in (None, PURPOSE_BATCH_OUTPUT):
+            for batch, job in file_sql.ended_batches(s, owner):
+                named = result_files(job, queries.job_counts(s, job.id), batch)
+                for file_id in filter(None, named):
+                    kind = parse_result_file_id(file_id)[1]  # type: ignore[index]
+                    entries.append((result_created_at(job), file_id, (batch, job, kind)))
+    entries.sort(key=lambda e: (e[0], e[1]), reverse=not ascending)
+    ids = [e[1] for e in entries]
+    start = ids.index(after) + 1 if after in ids else (len(ids) if after is not None else 0)
+    page = entries[start : start + limit]
+    data = [
+        result_file_object(ctx.session_factory, *item) if isinstance(item, tuple) else file_object(item)
+        for _, _, item in page
+    ]
+    return list_object(data, start + limit < len(entries))
 
 
 def _result_file(ctx: ServerContext, file_id: str, owner: str | None) -> tuple[Any, Any, str]:
-    """(batch, job, kind) of a batch's result file the caller may see; a 404 otherwise."""
+    """(batch, job, kind) of a batch's result file the caller may see: one its batch names (output_file_id or
+    error_file_id); a 404 otherwise (a batch not finished, a file with no line, another key's batch)."""
     parsed = parse_result_file_id(file_id)
     if parsed is not None:
         with ctx.session_factory() as s:
             found = file_sql.get_batch(s, parsed[0], owner)
-        if found is not None:
+            named = found is not None and file_id in result_files(
+                found[1], queries.job_counts(s, found[1].id), found[0]
+            )
+        if found is not None and named:
             return found[0], found[1], parsed[1]
     raise not_found("file", file_id, param="file_id")
 
@@ -157,16 +198,12 @@ def file_content(file_id: str, ctx: Context, owner: Owner) -> StreamingResponse:
 
 @router.delete("/v1/files/{file_id}")
 def delete_file(file_id: str, ctx: Context, owner: Owner) -> dict[str, Any]:
+    """An upload: the file and its content go (batches made from it keep their requests). A batch's result file:
+    it no longer resolves and its batch no longer names it; the job's rows stay until the batch goes (retention)."""
     with ctx.session_factory.begin() as s:
         deleted = file_sql.delete_file(s, file_id, owner)
     if not deleted:
-        if parse_result_file_id(file_id) is not None:
-            _result_file(ctx, file_id, owner)  # another key's, or none: a 404 like any unknown file
-            raise APIError(
-                400,
-                "a batch's output and error files are part of the batch and are not deleted alone",
-                param="file_id",
-                code="invalid_value",
-            )
-        raise not_found("file", file_id, param="file_id")
+        batch, _, kind = _result_file(ctx, file_id, owner)  # a 404 unless the batch names it
+        with ctx.session_factory.begin() as s:
+            file_sql.mark_result_deleted(s, batch.id, output=kind == OUTPUT, now=utcnow())
     return {"id": file_id, "object": "file", "deleted": True}

@@ -79,7 +79,14 @@ def _engine(ctx: ServerContext) -> Engine:
 def _reply(ctx: ServerContext, parsed: ParsedBody) -> Reply:
     engine = _engine(ctx)
     tools = parsed.tools is not None and parsed.tools.choice != "none"
-    return Reply(parsed.endpoint, ctx.model_id, engine.decoder.draft_name, engine.decoder.tokenizer, tools=tools)
+    return Reply(
+        parsed.endpoint,
+        ctx.model_id,
+        engine.decoder.draft_name,
+        engine.decoder.tokenizer,
+        tools=tools,
+        per_prompt=parsed.n,
+    )
 
 
 async def _complete(request: Request, ctx: ServerContext, endpoint: str) -> Any:

@@ -28,6 +28,7 @@ class Reply:
     drafter: str
     tokenizer: Any
     tools: bool = False  # chat with tools: an answer that is a call becomes message.tool_calls
+    per_prompt: int | None = None  # choices of each prompt (the body's n) when a completion has several prompts
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -70,7 +71,7 @@ class Reply:
     def usage(self, results: list[GenerationResult]) -> dict[str, Any]:
         """The request's usage: every choice's tokens and statistics (the prompt once), as a batch line's."""
         gathered = Choices(self.tokenizer)
-        gathered.expect(0, len(results))
+        gathered.expect(0, len(results), self.per_prompt)
         merged: GenerationResult | None = None
         for i, r in enumerate(results):
             out = gathered.add(0, i, r)

@@ -16,9 +16,9 @@ from spec_batch.core.engine import Engine, EngineClosed, RowHandle
 from spec_batch.core.engine_batch import RowUpdate
 from spec_batch.core.outputs import GenerationResult
 from spec_batch.errors import SpecBatchError
-from spec_batch.jobs.choices import expand
+from spec_batch.jobs.choices import choices_of
 from spec_batch.openai_format import ParsedBody
-from spec_batch.openai_format.prompts import build_prompt, prompt_error_code
+from spec_batch.openai_format.prompts import build_prompt, prompt_error_code, prompt_list
 from spec_batch.server.errors import APIError, invalid_request
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client having gone
@@ -31,7 +31,9 @@ class OnlineCall:
     def __init__(self, engine: Engine, parsed: ParsedBody) -> None:
         self.engine = engine
         self.parsed = parsed
-        self.n = parsed.n
+        self.prompts = prompt_list(parsed.endpoint, parsed.prompt)
+        self.per_prompt = parsed.n
+        self.n = parsed.n * len(self.prompts)  # choices in all: prompt k's choice j is choice k * n + j
         self._queue: asyncio.Queue[tuple[int, RowUpdate]] = asyncio.Queue()
         self._handles: list[RowHandle] = []
         self.results: list[GenerationResult | None] = [None] * self.n
@@ -52,8 +54,9 @@ class OnlineCall:
             raise APIError(503, str(exc), code="server_shutting_down") from None
 
     def _prepare(self) -> list[Any]:
-        prompt = build_prompt(self.engine.decoder, self.parsed.endpoint, self.parsed.prompt)
-        return [self.engine.prepare(prompt, p, i) for i, p in enumerate(expand(self.parsed.params, self.n))]
+        built = [build_prompt(self.engine.decoder, self.parsed.endpoint, p) for p in self.prompts]
+        choices = choices_of(built, self.parsed.params, self.per_prompt)
+        return [self.engine.prepare(prompt, p, i) for i, (prompt, p) in enumerate(choices)]
 
     def _sink(self, loop: asyncio.AbstractEventLoop, index: int):  # type: ignore[no-untyped-def]
         def sink(update: RowUpdate) -> None:

@@ -66,3 +66,7 @@ class Batch(Base):
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    # Its result files deleted (DELETE /v1/files/file-<id>-output / -errors; migration 0010): they no longer
+    # resolve, the job's rows stay until the batch itself goes (retention).
+    output_deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    errors_deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

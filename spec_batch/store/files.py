@@ -6,23 +6,27 @@ otherwise a row is seen only by its owner, so another key's file or batch reads 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import datetime
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from .file_tables import Batch, FileChunk, StoredFile
-from .models import JOB_FINALIZING, JOB_IN_PROGRESS, Job
+from .models import JOB_FINALIZING, JOB_IN_PROGRESS, JOB_TERMINAL, Job
 
 
 def _owned(q: Select, column: Any, owner: str | None) -> Select:
     return q if owner is None else q.where(column == owner)
 
 
-def _page(session: Session, q: Select, model: Any, after: str | None, owner: str | None) -> Select:
-    """Newest first; `after` (an id of the same owner's list) continues after that row (OpenAI's cursor)."""
+def _page(
+    session: Session, q: Select, model: Any, after: str | None, owner: str | None, *, ascending: bool = False
+) -> Select:
+    """Newest first (oldest first when `ascending`); `after` (an id of the same owner's list) continues after that
+    row in that order (OpenAI's cursor)."""
     if after is not None:
         cursor = session.execute(
             _owned(select(model.created_at, model.id).where(model.id == after), model.owner, owner)
@@ -30,7 +34,12 @@ def _page(session: Session, q: Select, model: Any, after: str | None, owner: str
         if cursor is None:
             return q.where(False)
         at, ident = cursor
-        q = q.where(or_(model.created_at < at, and_(model.created_at == at, model.id < ident)))
+        if ascending:
+            q = q.where(or_(model.created_at > at, and_(model.created_at == at, model.id > ident)))
+        else:
+            q = q.where(or_(model.created_at < at, and_(model.created_at == at, model.id < ident)))
+    if ascending:
+        return q.order_by(model.created_at.asc(), model.id.asc())
     return q.order_by(model.created_at.desc(), model.id.desc())
 
 
@@ -51,12 +60,18 @@ def get_file(session: Session, file_id: str, owner: str | None) -> StoredFile | 
 
 
 def list_files(
-    session: Session, owner: str | None, *, after: str | None = None, limit: int = 20, purpose: str | None = None
+    session: Session,
+    owner: str | None,
+    *,
+    after: str | None = None,
+    limit: int | None = 20,
+    purpose: str | None = None,
+    ascending: bool = False,
 ) -> list[StoredFile]:
     q = _owned(select(StoredFile), StoredFile.owner, owner)
     if purpose is not None:
         q = q.where(StoredFile.purpose == purpose)
-    return list(session.scalars(_page(session, q, StoredFile, after, owner).limit(limit)))
+    return list(session.scalars(_page(session, q, StoredFile, after, owner, ascending=ascending).limit(limit)))
 
 
 def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:
@@ -100,6 +115,12 @@ def list_batches(
     return [(b, j) for b, j in session.execute(_page(session, q, Batch, after, owner).limit(limit))]
 
 
+def ended_batches(session: Session, owner: str | None) -> list[tuple[Batch, Job]]:
+    """The owner's batches whose job ended (their result files exist)."""
+    q = _owned(select(Batch, Job).join(Job, Job.id == Batch.id), Batch.owner, owner).where(Job.status.in_(JOB_TERMINAL))
+    return [(b, j) for b, j in session.execute(q)]
+
+
 def mark_cancelling(session: Session, batch_id: str, now: datetime) -> None:
     session.execute(update(Batch).where(Batch.id == batch_id, Batch.cancelling_at.is_(None)).values(cancelling_at=now))
 
@@ -126,9 +147,64 @@ def queued_batches_open(session: Session) -> list[str]:
     return list(session.scalars(q))
 
 
+def overdue_batches(session: Session, windows: Mapping[str, timedelta], now: datetime) -> list[str]:
+    """Batches still in progress whose completion_window (one of `windows`: its name -> its length) ended by
+    `now`: oldest first."""
+    ended = [
+        and_(Batch.completion_window == name, Batch.created_at <= now - length) for name, length in windows.items()
+    ]
+    if not ended:
+        return []
+    q = (
+        select(Batch.id)
+        .join(Job, Job.id == Batch.id)
+        .where(Job.status == JOB_IN_PROGRESS, or_(*ended))
+        .order_by(Batch.created_at, Batch.id)
+    )
+    return list(session.scalars(q))
+
+
+def mark_result_deleted(session: Session, batch_id: str, *, output: bool, now: datetime) -> bool:
+    """Records that the batch's output (or errors) file was deleted; True the first time."""
+    column = Batch.output_deleted_at if output else Batch.errors_deleted_at
+    done = session.execute(
+        update(Batch).where(Batch.id == batch_id, column.is_(None)).values({column.key: now})
+    ).rowcount
+    return bool(done)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    files: int
+    batches: int
+
+
+def prune_before(session: Session, cutoff: datetime) -> Pruned:
+    """Retention: deletes the uploaded files created before `cutoff` (with their chunks) and the batches created
+    before it whose job ended, with their jobs (requests, chunks and samples go by cascade). Jobs of `spec-batch
+    run` and `submit` (no batch) are not touched."""
+    old_files = list(session.scalars(select(StoredFile.id).where(StoredFile.created_at < cutoff)))
+    if old_files:
+        session.execute(delete(FileChunk).where(FileChunk.file_id.in_(old_files)))
+        session.execute(delete(StoredFile).where(StoredFile.id.in_(old_files)))
+    old_batches = list(
+        session.scalars(
+            select(Batch.id)
+            .join(Job, Job.id == Batch.id)
+            .where(Batch.created_at < cutoff, Job.status.in_(JOB_TERMINAL))
+        )
+    )
+    if old_batches:
+        session.execute(delete(Batch).where(Batch.id.in_(old_batches)))
+        session.execute(delete(Job).where(Job.id.in_(old_batches)))
+    return Pruned(len(old_files), len(old_batches))
+
+
 __all__ = [
+    "Pruned",
     "add_chunk",
     "delete_file",
+    "ended_batches",
     "get_batch",
     "get_file",
     "insert_batch",
@@ -138,5 +214,8 @@ __all__ = [
     "list_files",
     "local_batches_to_run",
     "mark_cancelling",
+    "mark_result_deleted",
+    "overdue_batches",
+    "prune_before",
     "queued_batches_open",
 ]

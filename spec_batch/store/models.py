@@ -43,7 +43,8 @@ NAMING_CONVENTION = {
 }
 
 # Job lifecycle, as OpenAI's Batch API: validating -> in_progress -> finalizing -> completed;
-# failed (the job as a whole: e.g. no valid line); cancelling -> cancelled.
+# failed (the job as a whole: e.g. no valid line); cancelling -> cancelled; expired (a batch of the API not
+# finished within its completion_window, migration 0010).
 JOB_VALIDATING = "validating"
 JOB_IN_PROGRESS = "in_progress"
 JOB_FINALIZING = "finalizing"
@@ -51,6 +52,7 @@ JOB_COMPLETED = "completed"
 JOB_FAILED = "failed"
 JOB_CANCELLING = "cancelling"
 JOB_CANCELLED = "cancelled"
+JOB_EXPIRED = "expired"
 JOB_STATUSES = (
     JOB_VALIDATING,
     JOB_IN_PROGRESS,
@@ -59,8 +61,9 @@ JOB_STATUSES = (
     JOB_FAILED,
     JOB_CANCELLING,
     JOB_CANCELLED,
+    JOB_EXPIRED,
 )
-JOB_TERMINAL = (JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED)
+JOB_TERMINAL = (JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED, JOB_EXPIRED)
 
 REQ_PENDING = "pending"
 REQ_RUNNING = "running"
@@ -157,6 +160,7 @@ class Job(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # 0010
 
     requests: Mapped[list[Request]] = relationship(
         back_populates="job", cascade="all, delete-orphan", passive_deletes=True, order_by="Request.line_number"

@@ -107,8 +107,17 @@ def change_job_status(
     return res.rowcount == 1
 
 
-def cancel_pending_requests(session: Session, job_id: str, *, job_status: str, now: datetime | None = None) -> int:
-    """The job's pending requests -> cancelled, only while the job's status is `job_status` (cancelling)."""
+def cancel_pending_requests(
+    session: Session,
+    job_id: str,
+    *,
+    job_status: str,
+    now: datetime | None = None,
+    code: str = "batch_cancelled",
+    message: str = "the job was cancelled",
+) -> int:
+    """The job's pending requests -> cancelled, only while the job's status is `job_status` (cancelling, or
+    expired with code batch_expired)."""
     return session.execute(
         update(Request)
         .where(
@@ -118,8 +127,8 @@ def cancel_pending_requests(session: Session, job_id: str, *, job_status: str, n
         )
         .values(
             status=REQ_CANCELLED,
-            error_code="batch_cancelled",
-            error="the job was cancelled",
+            error_code=code,
+            error=message,
             completed_at=now or utcnow(),
         )
         .execution_options(synchronize_session=False)

@@ -99,9 +99,20 @@ def job_request_totals(session: Session, job_id: str) -> dict[str, int]:
     return {k: int(v) for k, v in row.items()}
 
 
+def job_token_totals(session: Session, job_id: str) -> tuple[int, int]:
+    """(prompt tokens, output tokens) summed over the job's requests that have statistics (every choice counted)."""
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(Request.prompt_tokens), 0), func.coalesce(func.sum(Request.output_tokens), 0)
+        ).where(Request.job_id == job_id)
+    ).one()
+    return int(row[0]), int(row[1])
+
+
 __all__ = [
     "job_request_totals",
     "job_summary_row",
+    "job_token_totals",
     "list_job_summaries",
     "model_totals",
 ]

@@ -143,6 +143,19 @@ def test_wait_and_report_refuse_a_fifo_before_anything_else(finished_job, tmp_pa
         assert stat.S_ISFIFO(os.stat(pipe).st_mode)
 
 
+def test_a_folder_as_o_is_refused_with_exit_1(finished_job, tmp_path):
+    """docs/jobs.md: an output refused exits 1 (not click's usage error, 2), for every command that writes."""
+    job_id, src = finished_job[0], finished_job[1]
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    commands = [("run", str(src)), ("results", job_id), ("wait", job_id, "-q"), ("report", job_id)]
+    for command in commands:
+        res = _cli(*command, "-o", str(folder), "--force")
+        assert res.exit_code == 1, (command, res.output)
+        assert f"{folder} is a folder" in res.output, res.output
+    assert folder.is_dir()
+
+
 def test_the_writer_itself_refuses_a_device(finished_job, tmp_path):
     """A worker finalizing a job writes through the same writer: it refuses too (the job records why)."""
     from spec_batch.jobs import write_results

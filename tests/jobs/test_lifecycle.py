@@ -22,6 +22,7 @@ ALLOWED = {
     ("finalizing", "completed"),
     ("finalizing", "failed"),
     ("cancelling", "cancelled"),
+    ("in_progress", "expired"),
 }
 
 
@@ -29,7 +30,7 @@ def test_the_table_is_the_documented_diagram():
     pairs = {(a, b) for a, targets in lifecycle.TRANSITIONS.items() for b in targets}
     assert pairs == ALLOWED
     assert set(lifecycle.TRANSITIONS) == set(JOB_STATUSES)
-    assert {s for s in JOB_STATUSES if lifecycle.is_terminal(s)} == {"completed", "failed", "cancelled"}
+    assert {s for s in JOB_STATUSES if lifecycle.is_terminal(s)} == {"completed", "failed", "cancelled", "expired"}
     for a, b in itertools.product(JOB_STATUSES, repeat=2):
         assert lifecycle.can_change(a, b) == ((a, b) in ALLOWED)
     assert lifecycle.sources_of("failed") == ("validating", "in_progress", "finalizing")
@@ -171,6 +172,38 @@ def test_after_run_decides_what_the_job_does(db_url):
     with factory() as s:
         job = queries.get_job(s, broken)
         assert (job.status, job.error) == ("failed", "no model")
+
+
+def test_an_expired_job_keeps_what_was_done_and_settles_what_its_runner_hands_back(db_url):
+    factory = make_session_factory(db_url)
+    job_id = _job(factory, "in_progress", requests=("completed", "running", "pending"))
+    with factory.begin() as s:
+        assert lifecycle.expire(s, job_id)
+        assert not lifecycle.expire(s, job_id)  # once
+    with factory() as s:
+        job = queries.get_job(s, job_id)
+        assert (job.status, job.expired_at is not None) == ("expired", True)
+        assert queries.job_counts(s, job_id) == {
+            "pending": 0,
+            "running": 1,
+            "completed": 1,
+            "failed": 0,
+            "cancelled": 1,
+        }
+    assert lifecycle.is_stopping("expired") and not lifecycle.takes_new_work("expired")
+    with factory.begin() as s:  # its runner stops and hands the running request back
+        s.execute(
+            Request.__table__.update()
+            .where(Request.job_id == job_id, Request.status == "running")
+            .values(status="pending")
+        )
+    assert lifecycle.after_run(factory, job_id, lifecycle.RunOutcome.CANCELLED) == lifecycle.Settled()
+    with factory() as s:
+        assert queries.job_counts(s, job_id)["cancelled"] == 2
+        codes = {r.error_code for r in queries.get_job(s, job_id).requests if r.status == "cancelled"}
+        assert codes == {"batch_expired"} and _status(factory, job_id) == "expired"
+    with pytest.raises(JobStateError):
+        lifecycle.resume_action(job_id, "expired")
 
 
 def test_wants_baseline_once_while_running(db_url):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_batch.errors import ChatTemplateError, InvalidParameterError
-from spec_batch.jobs.batch_input import CHAT, INVALID_VALUE, UNSUPPORTED_FIELD, BatchLineError, parse_line
+from spec_batch.jobs.batch_input import CHAT, INVALID_VALUE, BatchLineError, parse_line
 from spec_batch.loading import MessageError, build_decoder, validate_messages
 from spec_batch.loading.chat import apply_chat_template
 from spec_batch.loading.load import load_model
@@ -53,7 +53,8 @@ def test_roles_content_parts_and_tool_fields_are_normalized():
             "unsupported message field",
             True,
         ),
-        ([{"role": "user", "content": "hi", "name": "ann"}], "messages[0].name", "supported: role, content)", True),
+        ([{"role": "tool", "content": "1", "name": "ann"}], "messages[0].name", "supported: role, content, tool", True),
+        ([{"role": "user", "content": "hi", "name": ""}], "messages[0].name", "non-empty string", False),
         ([{"role": "user", "content": "hi", "tool_calls": []}], "messages[0].tool_calls", "unsupported", True),
         (
             [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}],
@@ -213,7 +214,7 @@ def test_batch_line_with_tool_turns_is_accepted():
             "body.messages[1].role",
             "'critic'",
         ),
-        ([{"role": "user", "content": "a", "name": "ann"}], UNSUPPORTED_FIELD, "body.messages[0].name", "unsupported"),
+        ([{"role": "user", "content": "a", "name": 3}], INVALID_VALUE, "body.messages[0].name", "non-empty string"),
     ],
 )
 def test_batch_line_message_errors_name_the_part_and_message(messages, code, param, words):

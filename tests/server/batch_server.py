@@ -17,6 +17,7 @@ import uvicorn
 from spec_batch.server.app import create_app
 from spec_batch.server.batch_runner import make_batch_runner
 from spec_batch.server.context import ServerContext
+from spec_batch.server.housekeeping import Housekeeping
 from spec_batch.server.served import ServedModel
 from spec_batch.settings import get_settings
 from spec_batch.store import open_store
@@ -32,6 +33,7 @@ def build(args: argparse.Namespace) -> ServerContext:
         decoder = load_decoder(args.target, args.draft)
     ctx = ServerContext(settings, open_store(args.db, migrate=True), served, decoder=decoder)
     ctx.services.append(make_batch_runner(ctx))
+    ctx.services.append(Housekeeping(ctx))
     return ctx
 
 
