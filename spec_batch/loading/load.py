@@ -18,6 +18,7 @@ from ..errors import IncompatibleModelsError, InvalidParameterError, UnknownMode
 from ..settings import get_settings
 from . import gguf_cache
 from .cpu_attention import use_gqa_attention
+from .kernels import native_ops
 from .cpu_linear import pack_linear_weights
 from .fused_projections import fuse_projections
 from .gguf_cache import CacheEntry
@@ -219,7 +220,7 @@ def _load_dir(
     elif get_settings().pack_weights:  # CPU only: a verify step of several tokens then costs little more than one
         pack_linear_weights(model)
     fuse_projections(model)  # q/k/v and gate/up in one call each: fewer small kernel calls, the same bits
-    use_gqa_attention(model)
+    use_gqa_attention(model, native=device.type == "cpu" and native_ops(get_settings().compile))
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)
 
 
