@@ -115,7 +115,9 @@ def _visible(mask: torch.Tensor | None, n: int, length: int, device: torch.devic
     none = torch.empty(0)
     if mask is None:  # causal over the whole cache: query i sees columns up to L - n + i
         cols = torch.arange(length, device=device)
-        return (cols.unsqueeze(0) <= torch.arange(length - n, length, device=device).unsqueeze(1)).view(1, 1, n, length), none
+        return (cols.unsqueeze(0) <= torch.arange(length - n, length, device=device).unsqueeze(1)).view(
+            1, 1, n, length
+        ), none
     mask = mask[..., -n:, :length]
     if mask.dtype == torch.bool:
         return mask, none

@@ -18,10 +18,10 @@ from ..errors import IncompatibleModelsError, InvalidParameterError, UnknownMode
 from ..settings import get_settings
 from . import gguf_cache
 from .cpu_attention import use_gqa_attention
-from .kernels import native_ops
 from .cpu_linear import pack_linear_weights
 from .fused_projections import fuse_projections
 from .gguf_cache import CacheEntry
+from .kernels import native_ops
 from .resolve import resolve_spec
 from .weights import QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
 

@@ -10,9 +10,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from spec_batch.core.kv_batch import KVBatch, left_padded
 from spec_batch.loading.cpu_attention import attention_kind, use_gqa_attention
-from spec_batch.loading.kernels import native_ops
 from spec_batch.loading.cpu_linear import pack_linear_weights
 from spec_batch.loading.fused_projections import fuse_projections
+from spec_batch.loading.kernels import native_ops
 from spec_batch.loading.weights import quantize_model
 
 CPU = torch.device("cpu")
