@@ -3,7 +3,7 @@
 The library is compiled once per source, torch, compiler and CPU (``-march=native``) and cached as
 ``<cache_dir>/kernels/spec_batch_ops-<hash>.so``; processes that start together wait on a file lock, and a
 finished library is moved into place whole, so no process loads a half-written file. Floating-point contraction
-is off (``-ffp-contract=off``): the kernels' summation order is their exactness contract, and a fused
+is off (``-ffp-contract=off``); ``-fopenmp`` lets `at::parallel_for` use torch's OpenMP threads: the kernels' summation order is their exactness contract, and a fused
 multiply-add the compiler chose would change it between builds.
 """
 
@@ -24,7 +24,7 @@ import torch
 
 COMPILE_CHOICES = ("auto", "on", "off")
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 
 
 class KernelBuildError(RuntimeError):
