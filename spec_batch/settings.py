@@ -67,6 +67,8 @@ class Settings:
     suffix_memory_tokens: int = 50_000
     suffix_memory_jobs: int = 4
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread
+    # CPU: compile the native kernels (loading/kernels/) on first use: auto (where a C++ compiler is found) | on | off
+    compile: str = "auto"
     pack_weights: bool = True  # CPU: prepack full-precision linears for oneDNN at load (loading/cpu_linear.py)
     # The OpenAI-compatible server (spec-batch serve, docs/server.md).
     api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)
@@ -132,6 +134,7 @@ def get_settings() -> Settings:
         suffix_memory_jobs=_int_env("SPEC_BATCH_SUFFIX_MEMORY_JOBS", 4),
         max_line_bytes=_int_env("SPEC_BATCH_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES),
         pack_weights=_bool_env("SPEC_BATCH_PACK_WEIGHTS", True),
+        compile=_compile_choice(),
         api_host=(os.environ.get("SPEC_BATCH_API_HOST") or "").strip() or "127.0.0.1",
         api_port=_int_env("SPEC_BATCH_API_PORT", DEFAULT_API_PORT),
         api_runner=_api_runner(),
@@ -154,6 +157,13 @@ def _retention_days() -> float | None:
     if not days > 0 or days == float("inf"):
         raise SettingsError(f"SPEC_BATCH_RETENTION_DAYS={raw!r} must be a positive number of days (0 or unset: off)")
     return days
+
+
+def _compile_choice() -> str:
+    raw = (os.environ.get("SPEC_BATCH_COMPILE") or "auto").strip().lower()
+    if raw not in ("auto", "on", "off"):
+        raise SettingsError(f"SPEC_BATCH_COMPILE={raw!r} is not one of auto, on, off")
+    return raw
 
 
 def _api_runner() -> str:

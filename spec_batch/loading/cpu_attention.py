@@ -1,6 +1,13 @@
 """Attention for models that run on the CPU: exact across step widths and batches, and grouped-query attention
 without copying the KV cache.
 
+**Native (the default where a C++ compiler is found).** `spec_batch_native` runs kernels/cpu_attention.cpp: each
+query reads only its visible key columns, in column order, with fixed reduction splits, so its numbers are the same
+bits at every step width, key length and batch by construction, in the compute dtype (fp32 or bf16, fp32
+accumulation). The KV cache stays in the model's dtype. `SPEC_BATCH_COMPILE=off` (or no compiler) selects the
+float64 path below, which buys the same guarantee at a higher price. The two paths are each exact, but their bits
+differ from each other (docs/weights.md).
+
 **Exact.** Speculation equals plain decoding token for token only if a token's numbers do not depend on how many
 tokens its forward computes or which rows share it. The linear layers here guarantee that per row (cpu_linear.py,
 quant_linear.py), but attention sums over the key columns, and torch's kernels block and vectorize those sums by the
@@ -32,6 +39,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "spec_batch_sdpa"
+NATIVE = "spec_batch_native"
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def sdpa_gqa_forward(
@@ -81,20 +90,67 @@ def _folded(
     return out.view(rows, heads, n, dim).transpose(1, 2).contiguous()
 
 
+def native_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """query [B, H, n, D] on key/value [B, Hkv, L, D] -> [B, n, H, D] through the native kernel."""
+    special = any(kwargs.get(k) is not None for k in ("position_bias", "cache", "softcap", "sinks", "s_aux"))
+    if special or dropout or query.device.type != "cpu" or query.dtype not in NATIVE_DTYPES:
+        raise NotImplementedError("spec_batch_native attention: plain CPU attention in fp32/bf16 only")
+    visible, bias = _visible(attention_mask, query.shape[2], key.shape[2], query.device)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return torch.ops.spec_batch.attend(query, key, value, visible, bias, scale), None
+
+
+def _visible(mask: torch.Tensor | None, n: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bool visibility [B|1, 1, n, L] and an additive float bias (empty when there is none)."""
+    none = torch.empty(0)
+    if mask is None:  # causal over the whole cache: query i sees columns up to L - n + i
+        cols = torch.arange(length, device=device)
+        return (cols.unsqueeze(0) <= torch.arange(length - n, length, device=device).unsqueeze(1)).view(
+            1, 1, n, length
+        ), none
+    mask = mask[..., -n:, :length]
+    if mask.dtype == torch.bool:
+        return mask, none
+    visible = mask > torch.finfo(mask.dtype).min / 2
+    bias = mask.masked_fill(~visible, 0)
+    return visible, (bias.float() if bool(bias.any()) else none)
+
+
 AttentionInterface.register(NAME, sdpa_gqa_forward)
 AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionInterface.register(NATIVE, native_forward)
+AttentionMaskInterface.register(NATIVE, sdpa_mask)
 
 
-def use_gqa_attention(model: Any) -> bool:
-    """Switches a CPU model from `sdpa` to `spec_batch_sdpa` (True), or leaves it as it is (False)."""
+def use_gqa_attention(model: Any, native: bool = False) -> bool:
+    """Switches a CPU model from `sdpa` to `spec_batch_native` (native: the kernels are loaded and the model
+    computes in fp32 or bf16) or `spec_batch_sdpa` (True), or leaves it as it is (False)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
         return False
+    name = NATIVE if native and model.dtype in NATIVE_DTYPES else NAME
     try:
-        model.set_attn_implementation(NAME)
+        model.set_attn_implementation(name)
     except (ValueError, NotImplementedError, AttributeError):  # a model class without attention backends: as it is
         return False
-    if model.config._attn_implementation != NAME:
+    if model.config._attn_implementation != name:
         return False
-    model.spec_batch_kv_dtype = torch.float64  # core/kv_batch.py keeps the cache in it: no cast per step
+    # core/kv_batch.py keeps the cache in this dtype: float64 for the float64 path (no cast per step)
+    model.spec_batch_kv_dtype = None if name == NATIVE else torch.float64
     return True
+
+
+def attention_kind(model: Any) -> str:
+    """What a loaded model's attention is: native | float64 | the Hugging Face implementation's name."""
+    name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return {NATIVE: "native", NAME: "float64"}.get(name, str(name))

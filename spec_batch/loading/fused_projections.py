@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .block_linear import BlockLinear
 from .cpu_linear import PackedLinear
 from .quant_linear import Int4Linear, Int8Linear, require_concatenable
 
@@ -59,6 +60,7 @@ _CONCAT: dict[type, Callable[[list], nn.Module]] = {
     PackedLinear: _concat_packed,
     Int4Linear: Int4Linear.concat,
     Int8Linear: Int8Linear.concat,
+    BlockLinear: BlockLinear.concat,
 }
 
 
@@ -109,6 +111,8 @@ class FusedPart(nn.Module):
 
 def _probe_input(layer: nn.Module) -> tuple[torch.dtype, torch.device]:
     """The dtype and device of inputs the layer takes: its weight's (quantized layers: their activations')."""
+    if isinstance(layer, BlockLinear):
+        return layer.act_dtype, layer.scales.device
     if isinstance(layer, (Int4Linear, Int8Linear)):
         return layer.act_dtype, layer.scales_and_zeros.device if isinstance(layer, Int4Linear) else layer.scales.device
     weight = layer.packed if isinstance(layer, PackedLinear) else layer.weight

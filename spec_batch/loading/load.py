@@ -21,8 +21,9 @@ from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
 from .fused_projections import fuse_projections
 from .gguf_cache import CacheEntry
+from .kernels import KernelBuildError, native_ops
 from .resolve import resolve_spec
-from .weights import QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
+from .weights import BLOCKS, QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -214,13 +215,27 @@ def _load_dir(
         model = model.to(device)
     model.eval()
     model.requires_grad_(False)
+    native = device.type == "cpu" and _native_ops(precision)
     if precision.weights in QUANTIZED:
         quantize_model(model, precision.weights, gguf_path=gguf_path, entry_dir=path if gguf_path is not None else None)
     elif get_settings().pack_weights:  # CPU only: a verify step of several tokens then costs little more than one
         pack_linear_weights(model)
     fuse_projections(model)  # q/k/v and gate/up in one call each: fewer small kernel calls, the same bits
-    use_gqa_attention(model)
+    use_gqa_attention(model, native=native)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)
+
+
+def _native_ops(precision: Precision) -> bool:
+    """Loads the native CPU kernels as settings' SPEC_BATCH_COMPILE says; weights that need them fail clearly."""
+    choice = get_settings().compile
+    try:
+        ready = native_ops(choice)
+    except KernelBuildError as exc:
+        raise InvalidParameterError(f"SPEC_BATCH_COMPILE=on, but {exc}") from exc
+    if precision.weights in BLOCKS and not ready:
+        why = "SPEC_BATCH_COMPILE=off" if choice == "off" else "no C++ compiler was found (or it failed; see the log)"
+        raise InvalidParameterError(f"weights={precision.weights!r} needs the native CPU kernels, but {why}")
+    return ready
 
 
 # ---------------------------------------------------------------- compatibility

@@ -1,4 +1,4 @@
-"""The weight storage choice of a target or draft: full | int8 | int4 | auto, and putting it into a loaded model.
+"""The weight storage choice of a target or draft: full | int8 | int4 | w4a8 | auto, and putting it into a loaded model.
 
 - full: the weights in the model's dtype (GGUF files dequantized), packed for oneDNN on the CPU (cpu_linear.py).
 - int4: every linear layer group-wise int4 (quant_linear.Int4Linear). A GGUF file's Q4_0/Q4_1 tensors are used as
@@ -6,6 +6,9 @@
   their float weights, with a notice. The LM head is int8 (as gpt-fast and llama.cpp keep it wider).
 - int8: every linear layer per-channel int8 (quant_linear.Int8Linear); Q8_0 tensors are re-expressed with one
   scale per row (the kernel takes no group scales); everything else is quantized at load.
+- w4a8: as int4, but the Q4 blocks run in the native W4A8 kernel (block_linear.BlockLinear: activations rounded
+  to int8 per block of 32, integer dot products), CPU only, where the native kernels build (kernels/); fastest on
+  the CPUs measured (docs/weights.md). The LM head is int8 as for int4.
 - auto: what measured fastest here for the file (docs/weights.md): see `resolve_weights`.
 
 `dtype` stays the compute dtype (residual stream, norms, attention, KV cache). torch's int4 and int8 CPU kernels are
@@ -25,14 +28,16 @@ import torch
 from torch import nn
 
 from ..errors import InvalidParameterError
+from .block_linear import BlockLinear
 from .quant_linear import Int4Linear, Int8Linear, QuantEmbedding
 
 __all__ = ["WEIGHT_CHOICES", "Precision", "quantize_model", "resolve_precision", "resolve_weights_name"]
 
 log = logging.getLogger(__name__)
 
-WEIGHT_CHOICES = ("full", "int8", "int4", "auto")
-QUANTIZED = ("int8", "int4")
+WEIGHT_CHOICES = ("full", "int8", "int4", "w4a8", "auto")
+QUANTIZED = ("int8", "int4", "w4a8")
+BLOCKS = ("w4a8",)  # run by the native kernels (loading/kernels/): CPU only
 KERNEL_DTYPE = torch.bfloat16  # the activations of the int4/int8 kernels, whatever the model's dtype
 QUANTIZED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -80,6 +85,8 @@ def resolve_precision(
             f"weights={name!r} computes in float32 or bfloat16 (its kernels take bfloat16 activations), not "
             f"{str(resolved_dtype).removeprefix('torch.')}; pass dtype='float32' (the default) or 'bfloat16'"
         )
+    if name in BLOCKS and device.type != "cpu":
+        raise InvalidParameterError(f"weights={name!r} runs on the CPU only (its kernels are native CPU code)")
     return Precision(name, resolved_dtype)
 
 
@@ -116,14 +123,20 @@ def _from_file(name: str, linear: nn.Linear, tensor, weights: str, act_dtype, de
     bias = linear.bias
     if tensor.kind == "Q8_0":
         return Int8Linear.from_q8_0(tensor.q, tensor.d, bias, act_dtype, device=device)
-    if weights != "int4" or name == "lm_head":
+    if weights == "int8" or name == "lm_head":
         return None  # int8 asked for, or a Q4 LM head: quantized per channel from the weight
+    if weights == "w4a8":
+        if tensor.kind == "Q4_1":
+            return BlockLinear.from_q4_1(tensor.q, tensor.d, tensor.m, bias, act_dtype)
+        return BlockLinear.from_q4_0(tensor.q, tensor.d, bias, act_dtype)
     if tensor.kind == "Q4_1":
         return Int4Linear.from_q4_1(tensor.q, tensor.d, tensor.m, bias, act_dtype, device=device)
     return Int4Linear.from_q4_0(tensor.q, tensor.d, bias, act_dtype, device=device)
 
 
 def _from_weight(name: str, linear: nn.Linear, weights: str, act_dtype, device) -> tuple[nn.Module, str]:
+    if weights == "w4a8" and name != "lm_head" and linear.in_features % 32 == 0:
+        return BlockLinear.quantize(linear.weight, linear.bias, act_dtype), "w4a8"
     if weights == "int4" and name != "lm_head" and linear.in_features % 32 == 0:
         return Int4Linear.quantize(linear.weight, linear.bias, act_dtype, device=device), "int4"
     return Int8Linear.quantize(linear.weight, linear.bias, act_dtype, device=device), "int8"
@@ -136,7 +149,8 @@ def quantize_model(
     gguf_path: Path | None = None,
     entry_dir: Path | None = None,
 ) -> QuantReport:
-    """Replaces every nn.Linear of a loaded model by its weight-only quantized form, in place (weights: int4 | int8).
+    """Replaces every nn.Linear of a loaded model by its weight-only quantized form, in place (weights: int4 | int8 |
+    w4a8; w4a8 needs the native kernels loaded).
     A tied input embedding reads the int8 LM head's rows instead of keeping its own copy."""
     report = QuantReport()
     linears = plain_linears(model)

@@ -9,16 +9,17 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spec_batch.core.kv_batch import KVBatch, left_padded
-from spec_batch.loading.cpu_attention import use_gqa_attention
+from spec_batch.loading.cpu_attention import attention_kind, use_gqa_attention
 from spec_batch.loading.cpu_linear import pack_linear_weights
 from spec_batch.loading.fused_projections import fuse_projections
+from spec_batch.loading.kernels import native_ops
 from spec_batch.loading.weights import quantize_model
 
 CPU = torch.device("cpu")
 PROMPT, OTHER, TOKENS = [5, 9, 11, 3, 7, 1, 30, 2, 17], [8, 2, 6], [4, 12, 13, 14, 40]
 
 
-def _model(weights: str, dtype: torch.dtype) -> LlamaForCausalLM:
+def _model(weights: str, dtype: torch.dtype, native: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(7)
     config = LlamaConfig(
         hidden_size=64,
@@ -37,7 +38,8 @@ def _model(weights: str, dtype: torch.dtype) -> LlamaForCausalLM:
     else:
         quantize_model(model, weights, torch.bfloat16)
     fuse_projections(model)
-    assert use_gqa_attention(model)
+    assert use_gqa_attention(model, native=native)
+    assert attention_kind(model) == ("native" if native else "float64")
     return model
 
 
@@ -74,8 +76,11 @@ def _in_a_verify_step(model) -> torch.Tensor:
         ("int4", torch.bfloat16),
     ],
 )
-def test_a_tokens_logits_are_the_same_bits_in_any_step(weights, dtype):
-    model = _model(weights, dtype)
+@pytest.mark.parametrize("native", [False, True], ids=["float64", "native"])
+def test_a_tokens_logits_are_the_same_bits_in_any_step(weights, dtype, native):
+    if native and not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    model = _model(weights, dtype, native)
     alone, verified = _one_at_a_time(model), _in_a_verify_step(model)
     assert torch.equal(alone, verified), (alone - verified).abs().max()
 
@@ -87,3 +92,42 @@ def test_the_cache_is_kept_in_float64_and_attention_returns_the_models_dtype():
         logits = kv.forward(torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.bool))
     assert kv.cache.layers[0].keys.dtype == torch.float64
     assert logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_attention_keeps_the_cache_in_the_models_dtype_and_agrees_with_float64(dtype):
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    native, reference = _model("full", dtype, native=True), _model("full", dtype)
+    kv, ref = KVBatch(native, CPU, 1), KVBatch(reference, CPU, 1)
+    ids, valid = left_padded([PROMPT], 0, CPU)
+    with torch.inference_mode():
+        got, want = kv.forward(ids, valid), ref.forward(ids, valid)
+    assert kv.cache.layers[0].keys.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    assert (got.float() - want.float()).abs().max() < tolerance * want.float().abs().max()
+
+
+def test_the_native_kernel_matches_a_reference_and_reads_only_visible_columns():
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 6, 4, 32), torch.randn(2, 3, 20, 32), torch.randn(2, 3, 20, 32)
+    visible = torch.rand(2, 1, 4, 20) > 0.4
+    visible[..., 0] = True
+    out = torch.ops.spec_batch.attend(q, k, v, visible, torch.empty(0), 0.2)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=visible, scale=0.2
+    ).transpose(1, 2)
+    assert (out - want).abs().max() < 1e-5
+    k2, v2 = k.clone(), v.clone()
+    k2[~visible[:, 0, 0].unsqueeze(1).unsqueeze(-1).expand_as(k)] = float("nan")  # hidden from query 0 only
+    v2[~visible[:, 0, 0].unsqueeze(1).unsqueeze(-1).expand_as(v)] = float("nan")
+    alone = torch.ops.spec_batch.attend(q[:, :, :1], k2, v2, visible[:, :, :1], torch.empty(0), 0.2)
+    assert torch.equal(alone[:, 0], out[:, 0])
+
+
+def test_compile_off_selects_the_float64_path_and_a_bad_choice_is_refused():
+    assert native_ops("off") is False
+    with pytest.raises(ValueError, match="compile='sometimes'"):
+        native_ops("sometimes")

@@ -1,0 +1,105 @@
+"""W4A8 linear layers (weights: w4a8): 4-bit weight blocks as GGUF Q4_0/Q4_1 ship them, activations quantized to
+int8 per block of 32, integer dot products in the native kernel (kernels/block_linear.cpp).
+
+Nothing of the file is re-quantized: a block's q, d and m are the file's. A row's outputs are the same bits at
+every row count, because the block sums are integers and the float steps per row are fixed (the kernel's header
+says how), so speculation stays exact. The activations' int8 rounding makes outputs differ from int4's and full's
+(docs/weights.md: agreement with full fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..core import padding
+from .quant_linear import _RowsLinear, require_concatenable
+
+BLOCK, TILE = 32, 8
+
+
+def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [out, K] in 0..15, d and m [out, K / 32] -> the kernel's tiles (its header describes the layout)."""
+    out, k = q.shape
+    pad = -out % TILE
+    q, d, m = F.pad(q, (0, 0, 0, pad)), F.pad(d.float(), (0, 0, 0, pad)), F.pad(m.float(), (0, 0, 0, pad))
+    tiles, blocks = q.shape[0] // TILE, k // BLOCK
+    grouped = q.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [t, b, p, o, j]
+    packed = grouped[:, :, :4] | (grouped[:, :, 4:] << 4)
+    scales = d.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
+    minimums = m.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
+    return packed.contiguous(), scales, minimums
+
+
+class BlockLinear(_RowsLinear):
+    """A linear layer of Q4 weight blocks (w = d q + m per block of 32 inputs) run by the W4A8 kernel."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None, act_dtype):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        if self.in_features % BLOCK:
+            raise ValueError(f"w4a8: {self.in_features} input features are not a multiple of {BLOCK}")
+        self.act_dtype, self.min_rows = act_dtype, 1
+        packed, scales, minimums = _pack(q, d, m)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+        self.register_buffer("minimums", minimums)
+        self.bias = None if bias is None else bias.detach().float()
+
+    @classmethod
+    def from_q4_1(cls, q, d, m, bias, act_dtype) -> BlockLinear:
+        return cls(q, d, m, bias, act_dtype)
+
+    @classmethod
+    def from_q4_0(cls, q, d, bias, act_dtype) -> BlockLinear:
+        """GGUF Q4_0 (w = d (q - 8)): m = -8 d, exact in fp32."""
+        return cls(q, d, -8 * d.float(), bias, act_dtype)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bias, act_dtype) -> BlockLinear:
+        """Q4_1's scheme on a float weight [out, in]: per block, min/max onto 0..15."""
+        w = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
+        low, high = w.amin(-1), w.amax(-1)
+        scale = ((high - low) / 15).clamp_min(1e-10)
+        q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
+        return cls(q, scale, low, bias, act_dtype)
+
+    @classmethod
+    def concat(cls, layers: list[BlockLinear]) -> BlockLinear:
+        """One layer computing `layers` side by side: tiles concatenate where every layer but the last fills
+        its tiles."""
+        require_concatenable(layers, ("in_features", "act_dtype"), "w4a8")
+        if any(layer.out_features % TILE for layer in layers[:-1]):
+            raise ValueError(f"w4a8 layers concatenate only at multiples of {TILE} outputs")
+        fused = cls.__new__(cls)
+        torch.nn.Module.__init__(fused)
+        fused.in_features, fused.act_dtype, fused.min_rows = layers[0].in_features, layers[0].act_dtype, 1
+        fused.out_features = sum(layer.out_features for layer in layers)
+        for name in ("packed", "scales", "minimums"):
+            fused.register_buffer(name, torch.cat([getattr(layer, name) for layer in layers]))
+        fused.bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+        return fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if padding.current() is not None:  # a padded verify step: real positions only (_RowsLinear)
+            return super().forward(x)
+        return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.spec_batch.w4a8_linear(rows, self.packed, self.scales, self.minimums)
+        if out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(rows.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [out, in] in fp32 (the activations' rounding aside, what the kernel multiplies by)."""
+        low = self.packed & 0x0F
+        high = self.packed >> 4
+        q = torch.cat([low, high], dim=2).permute(0, 3, 1, 2, 4).float()  # [t, o, b, p, j]
+        w = q * self.scales.permute(0, 2, 1)[..., None, None] + self.minimums.permute(0, 2, 1)[..., None, None]
+        return w.reshape(-1, self.in_features)[: self.out_features]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w4a8 blocks of {BLOCK}"
