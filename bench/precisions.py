@@ -8,4 +8,6 @@ PRECISIONS = {
     "int8-bf16": ("int8", "bfloat16"),
     "int4-bf16": ("int4", "bfloat16"),
     "int4": ("int4", "float32"),
+    "w4a8": ("w4a8", "float32"),
+    "w4a8-bf16": ("w4a8", "bfloat16"),
 }

@@ -72,6 +72,7 @@ WEIGHT_CHOICES = (
     "full",
     "int8",
     "int4",
+    "w4a8",
     "auto",
 )  # spec_batch.loading.weights.WEIGHT_CHOICES (not imported: fast --help)
 

@@ -74,11 +74,13 @@ def _in_a_verify_step(model) -> torch.Tensor:
         ("int4", torch.float32),
         ("int8", torch.float32),
         ("int4", torch.bfloat16),
+        ("w4a8", torch.float32),
+        ("w4a8", torch.bfloat16),
     ],
 )
 @pytest.mark.parametrize("native", [False, True], ids=["float64", "native"])
 def test_a_tokens_logits_are_the_same_bits_in_any_step(weights, dtype, native):
-    if native and not native_ops():
+    if (native or weights == "w4a8") and not native_ops():
         pytest.skip("no C++ compiler: the native kernels cannot be built here")
     model = _model(weights, dtype, native)
     alone, verified = _one_at_a_time(model), _in_a_verify_step(model)

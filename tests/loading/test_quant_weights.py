@@ -17,6 +17,8 @@ from spec_batch import SamplingParams
 from spec_batch.core import padding
 from spec_batch.errors import InvalidParameterError
 from spec_batch.loading import build_decoder, gguf_quant, load_decoder
+from spec_batch.loading.block_linear import BlockLinear
+from spec_batch.loading.kernels import native_ops
 from spec_batch.loading.load import load_model
 from spec_batch.loading.quant_linear import Int4Linear, Int8Linear, QuantEmbedding
 from spec_batch.loading.weights import quantize_model
@@ -165,7 +167,8 @@ def test_int4_computes_in_float32_or_bfloat16_and_other_dtypes_are_an_error_that
 
 @pytest.mark.parametrize(
     "weights,drafter",
-    [(w, d) for w in ("int4", "int8") for d in ("suffix", "ngram", "self:int4") if (w, d) != ("int4", "self:int4")],
+    [(w, d) for w in ("int4", "int8") for d in ("suffix", "ngram", "self:int4") if (w, d) != ("int4", "self:int4")]
+    + [("w4a8", "suffix"), ("w4a8", "ngram")],
 )
 def test_speculation_is_greedy_exact_against_plain_decoding_with_the_same_weights(q_gguf, q_cache, weights, drafter):
     prompts = [
@@ -205,7 +208,7 @@ def test_self_draft_is_the_targets_own_file_at_int4(q_gguf, q_cache):
 # ---------------------------------------------------------------- Hugging Face models, quantized at load
 
 
-@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("weights", ["int4", "int8", "w4a8"])
 def test_a_hugging_face_directory_is_quantized_at_load(tiny_dir, weights):
     loaded = load_model(tiny_dir, weights=weights)
     counts = loaded.model.spec_batch_quant_report.counts
@@ -228,7 +231,7 @@ def _sequence_probs(model, prompt: list[int], vocab: int, temperature: float) ->
     return {s: float(p) for s, p in zip(seqs, logp.exp())}
 
 
-@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("weights", ["int4", "int8", "w4a8"])
 def test_sampled_speculation_follows_the_quantized_targets_distribution(tiny_llama, fake_tokenizer, weights):
     """2000 seeded requests of 2 tokens, n-gram drafts, chi-square against the quantized target's own exact
     distribution over the 64 x 64 continuations (p > 1e-3; fixed seeds: deterministic)."""
@@ -293,3 +296,19 @@ def _speculation_equals_plain_decoding(dec, plain) -> None:
     for batch_size in (1, 4):
         assert [r.token_ids for r in dec.generate(prompts, params, batch_size=batch_size)] == want
     assert [r.token_ids for r in plain.generate(prompts, params, batch_size=4)] == want  # batch 1 is `want` itself
+
+
+def test_w4a8_runs_the_files_q4_blocks_as_they_ship_and_needs_the_native_kernels(q_gguf, q_cache, monkeypatch):
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    loaded = load_model(q_gguf, weights="w4a8", cache_dir=q_cache)
+    assert loaded.model.spec_batch_quant_report.counts == {"Q4_1 as shipped": 14, "Q8_0 as shipped": 1}
+    assert any(isinstance(m, BlockLinear) for m in loaded.model.modules())
+    full = load_model(q_gguf, weights="full", cache_dir=q_cache).model
+    ids = torch.tensor([[1, 5, 9, 200, 7]])
+    with torch.inference_mode():
+        got, want = loaded.model(ids).logits.float(), full(ids).logits
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    monkeypatch.setenv("SPEC_BATCH_COMPILE", "off")
+    with pytest.raises(InvalidParameterError, match="w4a8.*native CPU kernels.*SPEC_BATCH_COMPILE=off"):
+        load_model(q_gguf, weights="w4a8", cache_dir=q_cache)
