@@ -58,12 +58,7 @@ def main() -> None:
     with torch.inference_mode():
         for rows in (1, 8, 32):
             xs = [torch.randn(rows, k) for _, k in SHAPES]
-            ms = {
-                name: _median_ms(
-                    lambda ls=ls: [layer(x) for _ in range(LAYERS) for layer, x in zip(ls, xs)], args.repeats
-                )
-                for name, ls in kinds.items()
-            }
+            ms = {name: _median_ms(lambda ls=ls, xs=xs: _forward(ls, xs), args.repeats) for name, ls in kinds.items()}
             x = torch.randn(rows, 576)
             lm = _median_ms(lambda x=x: head(x), args.repeats)
             ratio = ms["int4"] / ms["w4a8"]
