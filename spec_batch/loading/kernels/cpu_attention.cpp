@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -50,7 +51,10 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const auto qs = query.strides(), ks = key.strides(), vs = value.strides(), ms = visible.strides();
   const auto os = out.strides();
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, rows * heads * n, 1, [&](int64_t begin, int64_t end) {
+  // a small step (one row of one token) runs on the calling thread: a parallel region costs more than its work,
+  // and far more on a busy machine, where it waits for a descheduled thread
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, length * dim));
+  at::parallel_for(0, rows * heads * n, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q(dim), acc(dim), scores(length);
     std::vector<int64_t> cols(length);
     for (int64_t task = begin; task < end; ++task) {
