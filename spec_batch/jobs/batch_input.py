@@ -228,6 +228,8 @@ def parse_line(text: str, line_number: int, *, defaults: dict[str, Any] | None =
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise BatchLineError(INVALID_JSON, f"not valid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:  # Python's parser recurses per level: the line fails alone, the file goes on
+        raise BatchLineError(INVALID_JSON, "not valid JSON here: nested too deeply") from None
     if not isinstance(obj, dict):
         raise BatchLineError(INVALID_LINE, f"a line must be a JSON object, got {type(obj).__name__}")
     cid, cid_ok = _envelope(obj)

@@ -55,7 +55,7 @@ def _error(code: str, message: str, param: str | None, line: int | None) -> dict
 def _line_url(raw: str) -> Any:
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj.get("url") if isinstance(obj, dict) else None
 

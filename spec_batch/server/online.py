@@ -61,6 +61,8 @@ async def _parsed(request: Request, ctx: ServerContext, endpoint: str) -> Parsed
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise invalid_request("the request body is nested too deeply", code="invalid_json") from None
     try:
         parsed = parse_body(endpoint, body, online=True)
     except BodyError as exc:

@@ -396,3 +396,11 @@ def test_the_line_limit_comes_from_the_environment(tmp_path, monkeypatch):
     assert [r.custom_id for r in report.requests] == ["short"]
     assert report.errors[0].custom_id == "long"  # read from the start of the line
     assert "limit of 100 bytes" in report.errors[0].message
+
+
+def test_a_line_nested_100000_deep_fails_alone_as_invalid_json():
+    deep = '{"custom_id": "x", "body": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    report = parse_lines([chat(custom_id="a"), deep, comp(custom_id="c")])
+    assert [r.custom_id for r in report.requests] == ["a", "c"]
+    assert [(e.line_number, e.code) for e in report.errors] == [(2, INVALID_JSON)]
+    assert "nested too deeply" in report.errors[0].message

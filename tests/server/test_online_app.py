@@ -97,6 +97,8 @@ def test_chat_without_a_template_is_400(client):
 
 def test_invalid_json_and_chunked_body_over_the_limit(client):
     assert client.post("/v1/completions", content=b"{nope").json()["error"]["code"] == "invalid_json"
+    deep = client.post("/v1/completions", content=b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert deep.status_code == 400 and deep.json()["error"]["code"] == "invalid_json"
 
     def chunks():
         for _ in range(DEFAULT_MAX_BODY_BYTES // (1 << 20) + 1):
