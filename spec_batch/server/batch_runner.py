@@ -108,8 +108,9 @@ class LocalBatchRunner:
         while not self._stopping.is_set():
             self._wake.clear()
             try:
+                own = self.job_fields()  # only batches made for this server's models and precision
                 with self.ctx.session_factory() as s:
-                    batch_ids = file_sql.local_batches_to_run(s)
+                    batch_ids = file_sql.local_batches_to_run(s, own.target, own.drafter, own.weights, own.dtype)
             except Exception as exc:
                 log.warning("cannot list the batches to run: %s", exc)
                 batch_ids = []

@@ -125,14 +125,30 @@ def mark_cancelling(session: Session, batch_id: str, now: datetime) -> None:
     session.execute(update(Batch).where(Batch.id == batch_id, Batch.cancelling_at.is_(None)).values(cancelling_at=now))
 
 
-def local_batches_to_run(session: Session) -> list[str]:
-    """Batches the server runs itself (their job has no queue) that are not finished: oldest first."""
+def local_batches_to_run(
+    session: Session,
+    target: str | None = None,
+    drafter: str | None = None,
+    weights: str | None = None,
+    dtype: str | None = None,
+) -> list[str]:
+    """Batches a server runs itself (their job has no queue) that are not finished, oldest first; given a server's
+    target, drafter, weights and dtype, only the batches whose job was made for them (several servers may share
+    one database: each runs its own kind). A job's NULL weights mean full; a NULL dtype matches any."""
     q = (
         select(Batch.id)
         .join(Job, Job.id == Batch.id)
         .where(Job.queue.is_(None), Job.status.in_((JOB_IN_PROGRESS, JOB_FINALIZING)))
         .order_by(Batch.created_at, Batch.id)
     )
+    if target is not None:
+        q = q.where(Job.target == target)
+    if drafter is not None:
+        q = q.where(Job.drafter == drafter)
+    if weights is not None:
+        q = q.where(or_(Job.weights == weights, Job.weights.is_(None)) if weights == "full" else Job.weights == weights)
+    if dtype is not None:
+        q = q.where(or_(Job.dtype == dtype, Job.dtype.is_(None)))
     return list(session.scalars(q))
 
 

@@ -129,3 +129,37 @@ def test_migration_0008_downgrades_and_upgrades_again(db_url):
     migrate_to_head(engine)
     assert {"files", "file_chunks", "batches"} <= set(inspect(engine).get_table_names())
     engine.dispose()
+
+
+def test_a_server_runs_only_the_batches_made_for_its_models_and_precision(factory):
+    """Two servers on one database: each runner lists only its own kind of batch (issue 38, defect 1)."""
+    made = {}
+    for name, fields in {
+        "ngram": FIELDS,
+        "none": JobFields(target="fake", drafter="none"),
+        "int4": JobFields(target="fake", drafter="ngram", weights="int4", dtype="float32"),
+        "other": JobFields(target="other-model", drafter="ngram"),
+    }.items():
+        file_id = _upload(factory, _line("a").encode())
+        made[name] = create_batch(
+            factory,
+            input_file_id=file_id,
+            endpoint="/v1/completions",
+            completion_window="24h",
+            metadata=None,
+            owner="o1",
+            fields=fields,
+            max_line_bytes=1 << 20,
+            max_lines=10,
+        )
+    with factory() as s:
+
+        def runs(*fields: str | None) -> set[str]:
+            return set(file_sql.local_batches_to_run(s, *fields)) & set(made.values())
+
+        assert runs("fake", "ngram", "full", "float32") == {made["ngram"]}
+        assert runs("fake", "none", "full", "float32") == {made["none"]}
+        assert runs("fake", "ngram", "int4", "float32") == {made["int4"]}
+        assert runs("fake", "ngram", "int4", "bfloat16") == set()
+        assert runs("other-model", "ngram", "full", "float32") == {made["other"]}
+        assert runs() == set(made.values())  # no server's fields: every local batch (the CLI's view)
