@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
-from functools import cache
+import threading
 from pathlib import Path
 
 import torch
@@ -79,8 +79,21 @@ def _key(cxx: str) -> str:
     return h.hexdigest()[:16]
 
 
-@cache
+_LOCK = threading.Lock()
+_loaded: Path | None = None
+
+
 def _load(root: str) -> Path:
+    """Builds (or finds) and loads the library once per process: a second library registering the same operators
+    would abort the process, so later calls, whatever their cache dir, get the first one."""
+    global _loaded
+    with _LOCK:
+        if _loaded is None:
+            _loaded = _build_and_load(root)
+        return _loaded
+
+
+def _build_and_load(root: str) -> Path:
     cxx = _compiler()
     if cxx is None:
         raise KernelBuildError("no C++ compiler found (set CXX, or install g++)")
