@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import padding
-from .quant_linear import _RowsLinear, require_concatenable
+from .quant_linear import _RowsLinear, q4_1_groups, require_concatenable
 
 BLOCK, TILE = 32, 8
 
@@ -58,10 +58,7 @@ class BlockLinear(_RowsLinear):
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias, act_dtype) -> BlockLinear:
         """Q4_1's scheme on a float weight [out, in]: per block, min/max onto 0..15."""
-        w = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
-        low, high = w.amin(-1), w.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-10)
-        q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
+        q, scale, low = q4_1_groups(weight, BLOCK)
         return cls(q, scale, low, bias, act_dtype)
 
     @classmethod

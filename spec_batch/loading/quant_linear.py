@@ -23,7 +23,15 @@ from torch import nn
 
 from ..core import padding
 
-__all__ = ["INT4_GROUP_SIZE", "MIN_ROWS", "Int4Linear", "Int8Linear", "QuantEmbedding", "require_concatenable"]
+__all__ = [
+    "INT4_GROUP_SIZE",
+    "MIN_ROWS",
+    "Int4Linear",
+    "Int8Linear",
+    "QuantEmbedding",
+    "q4_1_groups",
+    "require_concatenable",
+]
 
 INT4_GROUP_SIZE = 32
 # Fewer rows than this are computed with zero rows added (as cpu_linear.MIN_ROWS does for oneDNN). Both kernels here
@@ -34,6 +42,16 @@ MIN_ROWS = 1
 _CUDA_INNER_K_TILES = 8
 # the packed layouts hold the outputs in blocks of this many rows (measured: CPU; tinygemm's layout: CUDA)
 _CPU_OUT_BLOCK, _CUDA_OUT_BLOCK = 64, 8
+
+
+def q4_1_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_1's scheme on a float weight [out, in]: per group of `group_size` inputs, min/max onto 0..15.
+    Returns q [out, in] uint8, scale d and minimum m [out, in / group_size] (weight ~ d * q + m)."""
+    w = weight.detach().float().reshape(weight.shape[0], -1, group_size)
+    low, high = w.amin(-1), w.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-10)
+    q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
+    return q, scale, low
 
 
 def require_concatenable(layers: list[nn.Module], keys: tuple[str, ...], what: str) -> None:
@@ -134,10 +152,7 @@ class Int4Linear(_RowsLinear):
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias, act_dtype, *, group_size: int = INT4_GROUP_SIZE, **kw):
         """Weight-only int4 of a float weight [out, in]: per group, min/max onto 0..15 (Q4_1's scheme)."""
-        w = weight.detach().float().reshape(weight.shape[0], -1, group_size)
-        low, high = w.amin(-1), w.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-10)
-        q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
+        q, scale, low = q4_1_groups(weight, group_size)
         return cls.from_q4_1(q, scale, low, bias, act_dtype, group_size=group_size, **kw)
 
     @classmethod
