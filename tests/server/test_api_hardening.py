@@ -317,11 +317,25 @@ def housekeeping_of(http):
 
 
 def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(decoder, tmp_path, monkeypatch):
+    import threading
     from datetime import timedelta
 
+    from spec_batch.server import batch_runner
     from spec_batch.store.models import utcnow
 
     app = make_app(decoder, tmp_path / "expiry.db")
+    window_ended = threading.Event()
+    original = batch_runner._Stoppable.generate
+
+    def held(self, *args, **kwargs):
+        # Once a request is done the runner waits until the test has seen the window end: otherwise a fast machine
+        # finishes all 120 before the keeper's next tick and the batch completes instead of expiring.
+        if batch_id is not None and _done(http, batch_id) >= 1:
+            window_ended.wait(120)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(batch_runner._Stoppable, "generate", held)
+    batch_id = None
     with TestClient(app) as http:
         keeper, shift = housekeeping_of(http), timedelta(0)
         keeper.interval_s, keeper.clock = 0.05, lambda: utcnow() + shift
@@ -329,15 +343,21 @@ def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(
         lines = [completion_line(f"r{i}", f"{i % 9 + 1} 2 3 4 5", max_tokens=60) for i in range(120)]
         f = client.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+        batch_id = batch.id
         assert batch.expires_at == batch.created_at + 24 * 3600
         deadline = time.monotonic() + 120
         while client.batches.retrieve(batch.id).request_counts.completed < 1:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         shift = timedelta(hours=25)  # a day later: the window has ended
-        while (batch := client.batches.retrieve(batch.id)).status != "expired" or _open(http, batch.id):
+        while (batch := client.batches.retrieve(batch.id)).status != "expired":
             assert time.monotonic() < deadline, batch.status
-            time.sleep(0.1)
+            time.sleep(0.05)
+        window_ended.set()
+        while _open(http, batch.id):  # the rows the runner held settle as expired too
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        batch = client.batches.retrieve(batch.id)
     assert batch.expired_at and batch.expired_at >= batch.created_at + 24 * 3600
     done, failed = batch.request_counts.completed, batch.request_counts.failed
     assert done >= 1 and failed >= 1 and done + failed == 120
@@ -355,6 +375,13 @@ def test_a_batch_not_finished_within_its_window_ends_expired_with_what_was_done(
     assert waited.exit_code == 6 and waited.stdout.strip() == "expired", waited.output
     resumed = CliRunner().invoke(main, ["resume", batch.id])
     assert resumed.exit_code != 0 and "expired" in resumed.output, resumed.output
+
+
+def _done(http, batch_id: str) -> int:
+    from spec_batch.store import queries
+
+    with http.app.state.ctx.session_factory() as s:
+        return queries.job_counts(s, batch_id)["completed"]
 
 
 def _open(http, batch_id: str) -> int:
