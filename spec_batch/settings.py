@@ -69,6 +69,8 @@ class Settings:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # batch lines longer than this fail alone, unread
     # CPU: compile the native kernels (loading/kernels/) on first use: auto (where a C++ compiler is found) | on | off
     compile: str = "auto"
+    # CPU: the forward of Llama-family models: auto (ours where it applies, loading/llama_forward.py) | own | hf
+    forward: str = "auto"
     pack_weights: bool = True  # CPU: prepack full-precision linears for oneDNN at load (loading/cpu_linear.py)
     # The OpenAI-compatible server (spec-batch serve, docs/server.md).
     api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)
@@ -135,6 +137,7 @@ def get_settings() -> Settings:
         max_line_bytes=_int_env("SPEC_BATCH_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES),
         pack_weights=_bool_env("SPEC_BATCH_PACK_WEIGHTS", True),
         compile=_compile_choice(),
+        forward=_choice("SPEC_BATCH_FORWARD", ("auto", "own", "hf")),
         api_host=(os.environ.get("SPEC_BATCH_API_HOST") or "").strip() or "127.0.0.1",
         api_port=_int_env("SPEC_BATCH_API_PORT", DEFAULT_API_PORT),
         api_runner=_api_runner(),
@@ -160,9 +163,14 @@ def _retention_days() -> float | None:
 
 
 def _compile_choice() -> str:
-    raw = (os.environ.get("SPEC_BATCH_COMPILE") or "auto").strip().lower()
-    if raw not in ("auto", "on", "off"):
-        raise SettingsError(f"SPEC_BATCH_COMPILE={raw!r} is not one of auto, on, off")
+    return _choice("SPEC_BATCH_COMPILE", ("auto", "on", "off"))
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """An environment variable that names one of `choices` (the first when unset)."""
+    raw = (os.environ.get(name) or choices[0]).strip().lower()
+    if raw not in choices:
+        raise SettingsError(f"{name}={raw!r} is not one of {', '.join(choices)}")
     return raw
 
 

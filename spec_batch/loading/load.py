@@ -22,6 +22,7 @@ from .cpu_linear import pack_linear_weights
 from .fused_projections import fuse_projections
 from .gguf_cache import CacheEntry
 from .kernels import KernelBuildError, native_ops
+from .llama_forward import use_own_forward
 from .resolve import resolve_spec
 from .weights import BLOCKS, QUANTIZED, Precision, dtype_is_auto, quantize_model, resolve_precision
 
@@ -222,7 +223,16 @@ def _load_dir(
         pack_linear_weights(model)
     fuse_projections(model)  # q/k/v and gate/up in one call each: fewer small kernel calls, the same bits
     use_gqa_attention(model, native=native)
+    _own_forward(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)
+
+
+def _own_forward(model: Any) -> None:
+    """Our Llama-family forward as settings' SPEC_BATCH_FORWARD says (loading/llama_forward.py: the same bits)."""
+    try:
+        use_own_forward(model, get_settings().forward)
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from exc
 
 
 def _native_ops(precision: Precision) -> bool:
