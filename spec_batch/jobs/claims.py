@@ -4,7 +4,7 @@ measurement (the sample) both go through :func:`claimed_requests`.
 
 Giving back, and the request's ``attempts``: a request's ``attempts`` counts the claims that ended without a
 result because the process crashed or lost its lease (docs/jobs.md). A clean interruption (Ctrl-C: a
-KeyboardInterrupt; the caller's stop; a cancelled job) gives the claims back without counting; an error that
+KeyboardInterrupt; the caller's stop, or a RunStopped its code raises; a cancelled job) gives the claims back without counting; an error that
 escapes the decoder (a crash of this attempt, a worker's soft time limit) gives them back and counts one.
 """
 
@@ -21,10 +21,11 @@ from ..core.params import SamplingParams
 from ..openai_format.prompts import build_prompt, prompt_error_code, prompt_list
 from ..store import queries, request_claims
 from .choices import Choices, choices_of, n_of
+from .errors import RunStopped
 from .lease import Lease
 
 # Interruptions that are not failures: the claims go back without counting an attempt.
-CLEAN_INTERRUPTIONS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit)
+CLEAN_INTERRUPTIONS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit, RunStopped)
 
 
 @dataclass

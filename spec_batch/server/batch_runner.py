@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from spec_batch.jobs import lifecycle
+from spec_batch.jobs.errors import RunStopped
 from spec_batch.jobs.lifecycle import JobStateError
 from spec_batch.jobs.service import resume_job
 from spec_batch.server.batch_create import JobFields
@@ -33,10 +34,9 @@ POLL_S = 2.0  # how often the local runner looks for batches when nothing woke i
 MAX_FAILURES = 3  # unexpected errors of one batch before it is failed (not retried forever)
 
 
-class BatchStopped(KeyboardInterrupt):
-    """Raised by _Stoppable before a decode when the runner stops or the batch is being cancelled. A
-    KeyboardInterrupt on purpose: jobs.claims gives claims back without counting an attempt on one (a clean
-    interruption), and no real Ctrl-C reaches this thread (signals go to the main thread)."""
+class BatchStopped(RunStopped):
+    """Raised by _Stoppable before a decode when the runner stops or the batch is being cancelled: a RunStopped, so
+    jobs.claims gives the claims back without counting an attempt (a clean interruption)."""
 
 
 class _Stoppable:

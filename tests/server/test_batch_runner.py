@@ -176,3 +176,12 @@ def test_the_queue_runner_enqueues_a_batch_and_adopts_orphans_when_it_starts(ctx
         assert redis.Redis.from_url(broker.url).llen("spec-batch.fake.ngram") == 4
     finally:
         broker.stop()
+
+
+def test_the_runners_stop_is_a_run_stopped_not_a_ctrl_c():
+    from spec_batch.jobs.claims import CLEAN_INTERRUPTIONS
+    from spec_batch.jobs.errors import RunStopped
+    from spec_batch.server.batch_runner import BatchStopped
+
+    assert issubclass(BatchStopped, RunStopped) and not issubclass(BatchStopped, KeyboardInterrupt)
+    assert issubclass(BatchStopped, CLEAN_INTERRUPTIONS)
