@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.params import SamplingParams
 from ..openai_format.prompts import build_prompt, prompt_error_code, prompt_list
 from ..store import queries, request_claims
@@ -75,7 +76,7 @@ class ClaimedRequests:
         return stored
 
 
-def _build_inputs(batch: ClaimedRequests, decoder: Any, plain_only: bool) -> None:
+def _build_inputs(batch: ClaimedRequests, decoder: DecoderLike, plain_only: bool) -> None:
     batch.choices = Choices(getattr(decoder, "tokenizer", None))
     for rid in batch.claimed:
         row = batch.inputs[rid]
@@ -103,7 +104,7 @@ def claimed_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
     ids: Sequence[int],
-    decoder: Any,
+    decoder: DecoderLike,
     lease: Lease,
     *,
     plain_only: bool = False,

@@ -39,6 +39,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.job_memory import JobMemory
 from ..core.outputs import GenerationResult, RequestStats
 from ..settings import get_settings
@@ -154,7 +155,7 @@ def held_lease(
 def run_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     *,
     request_ids: Sequence[int] | None = None,
     batch_size: int | None = None,
@@ -196,7 +197,7 @@ def run_requests(
 def _run_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     request_ids: Sequence[int] | None,
     batch_size: int | None,
     lease: Lease,
@@ -276,7 +277,7 @@ class _Stop:
 def _run_group(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     ids: list[int],
     batch_size: int,
     lease: Lease,

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from spec_batch.core.decoder_like import DecoderLike
+from spec_batch.core.outputs import GenerationResult
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.errors import RunStopped
 from spec_batch.jobs.lifecycle import JobStateError
@@ -43,11 +46,11 @@ class _Stoppable:
     """The decoder as the runner hands it to the job service: before each generate call (the baseline's too, which
     takes no should_stop), it raises BatchStopped once `stopped()` says so; everything else is the decoder's."""
 
-    def __init__(self, decoder: Any, stopped: Any) -> None:
+    def __init__(self, decoder: DecoderLike, stopped: Callable[[], bool]) -> None:
         self._decoder = decoder
         self._stopped = stopped
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
+    def generate(self, *args: Any, **kwargs: Any) -> list[GenerationResult]:
         if self._stopped():
             raise BatchStopped()
         return self._decoder.generate(*args, **kwargs)
@@ -59,7 +62,7 @@ class _Stoppable:
         return getattr(self._decoder, name)
 
 
-def _decoder_limits(decoder: Any) -> dict[str, Any]:
+def _decoder_limits(decoder: DecoderLike | None) -> dict[str, Any]:
     return {"max_context": getattr(decoder, "max_context", None), "vocab_size": getattr(decoder, "vocab_size", None)}
 
 

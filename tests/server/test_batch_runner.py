@@ -185,3 +185,14 @@ def test_the_runners_stop_is_a_run_stopped_not_a_ctrl_c():
 
     assert issubclass(BatchStopped, RunStopped) and not issubclass(BatchStopped, KeyboardInterrupt)
     assert issubclass(BatchStopped, CLEAN_INTERRUPTIONS)
+
+
+def test_every_decoder_jobs_and_the_server_take_is_decoder_like(fake_decoder, tiny_decoder):
+    from spec_batch.core.decoder_like import DecoderLike
+    from spec_batch.core.engine import Engine
+    from spec_batch.server.batch_runner import _Stoppable
+
+    decoder = tiny_decoder("ngram")
+    engine_decoder = Engine(decoder).as_decoder()  # not started: only its shape is checked
+    for d in (fake_decoder, _Stoppable(fake_decoder, lambda: False), decoder, engine_decoder):
+        assert isinstance(d, DecoderLike) and isinstance(d.without_speculation(), DecoderLike)
