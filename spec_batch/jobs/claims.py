@@ -4,8 +4,9 @@ measurement (the sample) both go through :func:`claimed_requests`.
 
 Giving back, and the request's ``attempts``: a request's ``attempts`` counts the claims that ended without a
 result because the process crashed or lost its lease (docs/jobs.md). A clean interruption (Ctrl-C: a
-KeyboardInterrupt; the caller's stop, or a RunStopped its code raises; a cancelled job) gives the claims back without counting; an error that
-escapes the decoder (a crash of this attempt, a worker's soft time limit) gives them back and counts one.
+KeyboardInterrupt; the caller's stop, or a jobs.errors.RunStopped its code raises; a cancelled job) gives the
+claims back without counting; an error that escapes the decoder (a crash of this attempt, a worker's soft time
+limit) gives them back and counts one.
 """
 
 from __future__ import annotations
