@@ -23,9 +23,24 @@ class ChatTemplateError(SpecBatchError):
     """Chat messages for a model that has no chat template, or malformed messages."""
 
 
-class PromptTooLongError(SpecBatchError):
+class PromptError(SpecBatchError):
+    """An error about one prompt of a call. str() names the prompt by `prompt_index`, its place among the call's
+    prompts (None: not one of a call's); `detail` says the same of "the prompt", for a caller that names it
+    otherwise (a job names a request by its line and custom_id)."""
+
+    def __init__(self, message: str, *, prompt_index: int | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.prompt_index = prompt_index
+        self.detail = message if detail is None else detail
+
+
+class PromptTooLongError(PromptError):
     """A prompt plus its max_new_tokens does not fit the model's context."""
 
 
 class InvalidParameterError(SpecBatchError, ValueError):
     """An unknown or out-of-range sampling or decoder parameter."""
+
+
+class InvalidPromptError(InvalidParameterError, PromptError):
+    """A prompt that is not one: not text or token ids, empty, or naming token ids outside the vocabulary."""

@@ -180,6 +180,40 @@ def test_layer_imports(package, forbidden, forbidden_layers):
     assert not bad, "\n".join(bad)
 
 
+# The one module per layer through which it reaches transformers' and torch's internals (core may not import
+# loading, so each has its own); no other module of spec_batch imports or reads them.
+COMPAT = ("spec_batch.core.hf_compat", "spec_batch.loading.compat")
+PUBLIC_SUBMODULES = ("transformers.utils",)  # transformers.utils.logging: documented for users
+
+
+def _private_names(module: str) -> list[str]:
+    """transformers' submodules and torch's private names (torch._*, cpp_extension) that `module` imports or reads."""
+    found = [
+        name
+        for name in imports_of(module)
+        if (_within(name, "transformers") and name != "transformers" and name not in PUBLIC_SUBMODULES)
+        or (_within(name, "torch") and any(p.startswith("_") for p in name.split(".")[1:]))
+        or _within(name, "torch.utils.cpp_extension")
+    ]
+    tree = ast.parse(project_modules()[module].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        torch_attr = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+        if torch_attr and node.attr.startswith("_") and not node.attr.startswith("__"):
+            found.append(f"torch.{node.attr}")
+    return sorted(set(found))
+
+
+def test_internals_of_transformers_and_torch_go_through_one_compat_module_per_layer():
+    bad = [
+        f"{module} uses {name}"
+        for module in sorted(project_modules())
+        if _within(module, "spec_batch") and module not in COMPAT
+        for name in _private_names(module)
+    ]
+    assert not bad, "\n".join(bad)
+    assert all(_private_names(module) for module in COMPAT)  # the checker sees what the doors import
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module, or a module importing itself (Tarjan)."""
     index: dict[str, int] = {}

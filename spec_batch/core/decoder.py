@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
-from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongError
+from ..errors import ChatTemplateError, InvalidParameterError, PromptError, PromptTooLongError
 from .drafters import Drafter, NoDrafter
-from .grammar import GrammarState
 from .grammar_step import row_grammar
-from .inputs import Prompt, params_list, prompt_ids
+from .inputs import PreparedRequest, Prompt, params_list, prompt_ids
 from .job_memory import JobMemory
 from .kv_batch import supports_model
 from .outputs import GenerationResult, RequestStats, StreamChunk
@@ -31,7 +30,7 @@ from .running_batch import RowUpdate, RunningBatch, Sink, end_row
 from .step_costs import WALL_CLOCK, StepClock
 from .text import eos_ids
 
-Request = tuple[int, list[int], SamplingParams, GrammarState | None]  # (index in the prompts, ids, params, matcher)
+Request = PreparedRequest  # the name engine.py and callers import
 
 
 class Results:
@@ -145,11 +144,11 @@ class Decoder:
                 if should_stop is not None and should_stop():
                     batch.end(range(len(batch)))
                     for request in waiting:
-                        end_row(batch.new_row(request), results.sink(request[0]), "cancelled")
+                        end_row(batch.new_row(request), results.sink(request.index), "cancelled")
                     break
                 if waiting and len(batch) < batch_size:
                     joining = [waiting.popleft() for _ in range(min(batch_size - len(batch), len(waiting)))]
-                    batch.admit([batch.new_row(r, memory) for r in joining], [results.sink(r[0]) for r in joining])
+                    batch.admit([batch.new_row(r, memory) for r in joining], [results.sink(r.index) for r in joining])
                 batch.step()
         return results.values
 
@@ -247,7 +246,8 @@ class Decoder:
             except (PromptTooLongError, InvalidParameterError) as exc:
                 if not return_errors:
                     raise
-                finish(i, GenerationResult("", [], "error", RequestStats(), error=str(exc)))
+                named = exc.with_traceback(None) if isinstance(exc, PromptError) else None  # kept without frames
+                finish(i, GenerationResult("", [], "error", RequestStats(), error=str(exc), prompt_error=named))
         return requests
 
     def prepare(self, prompt: Prompt, params: SamplingParams, index: int = 0) -> Request:
@@ -262,4 +262,4 @@ class Decoder:
             max_context=self.max_context,
             model_name=self.target_name,
         )
-        return index, ids, params, row_grammar(self.tokenizer, self.eos_ids, params)
+        return PreparedRequest(index, ids, params, row_grammar(self.tokenizer, self.eos_ids, params))

@@ -141,7 +141,7 @@ class Engine:
         requests = self.decoder.prepare_many(prompts, params, batch_size, return_errors, results.finish)
         done: queue.SimpleQueue[tuple[int, GenerationResult]] = queue.SimpleQueue()
         group = Group(limit=batch_size, should_stop=should_stop, background=True, memory=memory, plain=plain)
-        self.submit_many(requests, [_final_only(request[0], done.put) for request in requests], group)
+        self.submit_many(requests, [_final_only(request.index, done.put) for request in requests], group)
         for _ in requests:
             results.finish(*done.get())
         if group.error is not None:

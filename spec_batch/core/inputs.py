@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidParameterError, PromptTooLongError
+from ..errors import InvalidParameterError, InvalidPromptError, PromptTooLongError
 from .params import SamplingParams
 
+if TYPE_CHECKING:
+    from .grammar import GrammarState
+
 Prompt = str | list[int]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRequest:
+    """A prompt checked and ready to join a batch (Decoder.prepare): `index`, its place among its call's prompts;
+    `ids`, its token ids; `params`; `grammar`, the matcher of its response_format (None: free text)."""
+
+    index: int
+    ids: list[int]
+    params: SamplingParams
+    grammar: GrammarState | None = None
 
 
 def params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
@@ -40,24 +55,25 @@ def prompt_ids(
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidParameterError(
-                f"prompt {index}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})"
-            )
+            raise _bad_prompt(index, f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
     else:
-        raise InvalidParameterError(
-            f"prompt {index}: expected a string or a list of token ids, got {type(prompt).__name__}"
-        )
+        raise _bad_prompt(index, f"expected a string or a list of token ids, got {type(prompt).__name__}")
     if not ids:
-        raise InvalidParameterError(f"prompt {index} is empty")
+        raise InvalidPromptError(f"prompt {index} is empty", prompt_index=index, detail="the prompt is empty")
     outside = sorted(t for t in params.logit_bias if t >= vocab_size)
     if outside:
-        raise InvalidParameterError(
-            f"prompt {index}: logit_bias names token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})"
+        raise _bad_prompt(
+            index, f"logit_bias names token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})"
         )
     if len(ids) + params.max_new_tokens > max_context:
-        raise PromptTooLongError(
-            f"prompt {index} has {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it needs "
+        rest = (
+            f"has {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it needs "
             f"{len(ids) + params.max_new_tokens} positions but {model_name!r} has a context of "
             f"{max_context}: shorten the prompt or lower max_new_tokens"
         )
+        raise PromptTooLongError(f"prompt {index} {rest}", prompt_index=index, detail=f"the prompt {rest}")
     return ids
+
+
+def _bad_prompt(index: int, detail: str) -> InvalidPromptError:
+    return InvalidPromptError(f"prompt {index}: {detail}", prompt_index=index, detail=detail)

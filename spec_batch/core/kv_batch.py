@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
 from . import padding
+from .hf_compat import Cache, DynamicLayer
 
 
 class SlabLayer(DynamicLayer):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from ..errors import PromptError
+
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 GRAMMAR_FAILED = "grammar_failed"  # error_code: the request's response_format failed in the grammar engine
 INTERNAL_ERROR = "internal_error"  # error_code: a failure of the decoder itself, not of the request
@@ -110,6 +112,8 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids; None unless params.logprobs
     error_code: str | None = None  # OpenAI-style code of an error (None: the caller's own, e.g. a bad prompt)
     error_param: str | None = None  # the request field the error is about; None: not the request's fault
+    # a bad prompt's error (its prompt_index and its message without the index); not part of to_dict
+    prompt_error: PromptError | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         d = {

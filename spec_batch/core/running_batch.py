@@ -83,7 +83,7 @@ class RunningBatch(Generic[S]):
 
     def new_row(self, request: Request, memory: JobMemory | None = None, plain: bool = False) -> Row:
         """A request's row, not yet in the batch (admit it, or `end` it where it never joins)."""
-        index, ids, params, grammar = request
+        index, ids, params, grammar = request.index, request.ids, request.params, request.grammar
         first_hits, first_tries = self.drafter.initial_acceptance
         return Row(
             index=index,

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.outputs import RequestStats
 from ..store import queries
 from ..store.baselines import SamplePair, record_baseline_samples
@@ -132,7 +133,7 @@ def round_slices(n: int, rounds: int = ROUNDS) -> list[list[int]]:
 def measure_baseline(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     *,
     sample_size: int | None = None,
     lease: Lease | None = None,
@@ -180,7 +181,9 @@ def _warm_up(batch: ClaimedRequests, decoders: Sequence[Any], slices: list[list[
             d.generate(prompts, warm, batch_size=batch_size, return_errors=True)
 
 
-def _timed(decoder: Any, batch: ClaimedRequests, positions: list[int], batch_size: int) -> tuple[list[Any], float]:
+def _timed(
+    decoder: DecoderLike, batch: ClaimedRequests, positions: list[int], batch_size: int
+) -> tuple[list[Any], float]:
     prompts = [batch.prompts[i] for i in positions]
     params = [batch.params[i] for i in positions]
     t0 = time.perf_counter()
@@ -192,7 +195,7 @@ def _tokens(results: list[Any]) -> int:
     return sum(r.stats.output_tokens for r in results if r.finish_reason != "error")
 
 
-def _measure(batch: ClaimedRequests, decoder: Any, batch_size: int, on_stored: OnStored | None) -> Baseline:
+def _measure(batch: ClaimedRequests, decoder: DecoderLike, batch_size: int, on_stored: OnStored | None) -> Baseline:
     base_decoder = decoder.without_speculation()
     slices = round_slices(len(batch.ids))
     _warm_up(batch, (decoder, base_decoder), slices, batch_size)

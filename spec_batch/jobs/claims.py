@@ -4,8 +4,9 @@ measurement (the sample) both go through :func:`claimed_requests`.
 
 Giving back, and the request's ``attempts``: a request's ``attempts`` counts the claims that ended without a
 result because the process crashed or lost its lease (docs/jobs.md). A clean interruption (Ctrl-C: a
-KeyboardInterrupt; the caller's stop; a cancelled job) gives the claims back without counting; an error that
-escapes the decoder (a crash of this attempt, a worker's soft time limit) gives them back and counts one.
+KeyboardInterrupt; the caller's stop, or a jobs.errors.RunStopped its code raises; a cancelled job) gives the
+claims back without counting; an error that escapes the decoder (a crash of this attempt, a worker's soft time
+limit) gives them back and counts one.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.params import SamplingParams
 from ..openai_format.prompts import build_prompt, prompt_error_code, prompt_list
 from ..store import queries, request_claims
 from .choices import Choices, choices_of, n_of
+from .errors import RunStopped
 from .lease import Lease
 
 # Interruptions that are not failures: the claims go back without counting an attempt.
-CLEAN_INTERRUPTIONS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit)
+CLEAN_INTERRUPTIONS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit, RunStopped)
 
 
 @dataclass
@@ -74,7 +77,7 @@ class ClaimedRequests:
         return stored
 
 
-def _build_inputs(batch: ClaimedRequests, decoder: Any, plain_only: bool) -> None:
+def _build_inputs(batch: ClaimedRequests, decoder: DecoderLike, plain_only: bool) -> None:
     batch.choices = Choices(getattr(decoder, "tokenizer", None))
     for rid in batch.claimed:
         row = batch.inputs[rid]
@@ -102,7 +105,7 @@ def claimed_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
     ids: Sequence[int],
-    decoder: Any,
+    decoder: DecoderLike,
     lease: Lease,
     *,
     plain_only: bool = False,

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
 from ..openai_format.prompts import build_prompt, prompt_list
 from ..store.drafters import DraftHead, StoredOutput
+
+if TYPE_CHECKING:
+    from ..core.decoder import Decoder  # heads train on its target model, not any DecoderLike
 
 HELDOUT = 0.1
 DRAFT_VOCAB = 8192  # FR-Spec: ~8k frequent tokens cover nearly every token of a job's outputs
@@ -54,7 +57,7 @@ class TrainedHead:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def sequences(decoder: Any, outputs: Sequence[StoredOutput]) -> list[tuple[list[int], list[int]]]:
+def sequences(decoder: Decoder, outputs: Sequence[StoredOutput]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, output ids) per stored request: the prompt as the runner built it, the output re-tokenized
     (plus the EOS when it ended the output)."""
     tok = decoder.tokenizer
@@ -67,7 +70,7 @@ def sequences(decoder: Any, outputs: Sequence[StoredOutput]) -> list[tuple[list[
     return out
 
 
-def prompts_file(decoder: Any, path: Path, max_new_tokens: int = 256) -> list[tuple[list[int], list[int]]]:
+def prompts_file(decoder: Decoder, path: Path, max_new_tokens: int = 256) -> list[tuple[list[int], list[int]]]:
     """Prompts from a JSONL file (a batch line's body, or {"messages": ...} / {"prompt": ...}), answered by the
     target (greedy): more of the target's own outputs to learn from."""
     prompts: list[Any] = []
@@ -99,7 +102,7 @@ def split(data: list[Any], seed: int) -> tuple[list[Any], list[Any]]:
 
 
 def train_from_pairs(
-    decoder: Any,
+    decoder: Decoder,
     pairs: list[tuple[list[int], list[int]]],
     opts: TrainOptions,
     bar: Callable[[int, str], Any] | None = None,
@@ -149,7 +152,7 @@ def train_from_pairs(
 
 
 def heldout_acceptance(
-    decoder: Any, head: EagleHead, held: list[tuple[list[int], list[int]]], opts: TrainOptions
+    decoder: Decoder, head: EagleHead, held: list[tuple[list[int], list[int]]], opts: TrainOptions
 ) -> tuple[float | None, float | None]:
     """The head drafting for the held-out prompts in the real decoder (greedy, fixed draft length): accepted
     draft tokens per step, and tokens per step."""

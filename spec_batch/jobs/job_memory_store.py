@@ -12,11 +12,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.job_memory import JobMemory
 from ..store import queries
 
 
-def uses_job_memory(decoder: Any) -> bool:
+def uses_job_memory(decoder: DecoderLike) -> bool:
     """Whether the decoder's drafter drafts from a job memory (only then is one worth warming)."""
     return bool(getattr(decoder, "uses_memory", False))
 

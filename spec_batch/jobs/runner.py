@@ -31,7 +31,6 @@ finalize=True, memory=None)``.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,8 +39,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.job_memory import JobMemory
-from ..core.outputs import RequestStats
+from ..core.outputs import GenerationResult, RequestStats
 from ..settings import get_settings
 from ..store import queries
 from ..store.models import REQ_FAILED
@@ -118,15 +118,14 @@ class RunReport:
             self.target_forwards += stats.target_forwards or 0
 
 
-def request_error(message: str | None, batch_index: int) -> str:
+def request_error(result: GenerationResult, batch_index: int) -> str:
     """A decode-time error as stored on its request: the core names a prompt by its place in the batch it was
-    given ("prompt 3: ..."), which means nothing to a user; the errors file names the line and custom_id."""
-    message = message or "decoding failed"
-    m = re.match(rf"prompt {batch_index}(: | )", message)
-    if m is None:
-        return message
-    rest = message[m.end() :]
-    return rest if m.group(1) == ": " else f"the prompt {rest}"
+    given ("prompt 3: ..."), which means nothing to a user; the errors file names the line and custom_id, so a
+    bad prompt's error is stored without its place (PromptError.detail)."""
+    named = result.prompt_error
+    if named is not None and named.prompt_index == batch_index:
+        return named.detail
+    return result.error or "decoding failed"
 
 
 def _job_state(session: Session, job_id: str) -> tuple[str, int]:
@@ -156,7 +155,7 @@ def held_lease(
 def run_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     *,
     request_ids: Sequence[int] | None = None,
     batch_size: int | None = None,
@@ -198,7 +197,7 @@ def run_requests(
 def _run_requests(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     request_ids: Sequence[int] | None,
     batch_size: int | None,
     lease: Lease,
@@ -278,7 +277,7 @@ class _Stop:
 def _run_group(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     ids: list[int],
     batch_size: int,
     lease: Lease,
@@ -326,7 +325,7 @@ def _result_saver(
         if result.finish_reason == CANCELLED:  # stopped before it finished: given back at the end, not stored
             return
         if result.finish_reason == "error":
-            result = dataclasses.replace(result, error=request_error(result.error, i))
+            result = dataclasses.replace(result, error=request_error(result, i))
         now = time.perf_counter()
         decode_s = now - last_commit[0]  # since this call's previous stored result (or the start)
         stored = batch.store_prompt(i, result, decode_s)  # the tokens and their time, in one transaction

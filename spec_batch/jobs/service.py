@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..core.decoder_like import DecoderLike
 from ..core.params import SamplingParams
 from ..store import chunks, queries
 from ..store.models import REQ_FAILED, REQ_PENDING, REQ_RUNNING, utcnow
@@ -175,7 +176,7 @@ def _leave_validating(session: Session, job_id: str, path: str | Path, report: P
 def run_job(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     *,
     baseline: bool = True,
     should_stop: Callable[[], bool] | None = None,
@@ -253,7 +254,7 @@ def wait_until_free(
 def resume_job(
     session_factory: sessionmaker[Session],
     job_id: str,
-    decoder: Any,
+    decoder: DecoderLike,
     *,
     wait: bool = False,
     poll_s: float = 2.0,

@@ -34,9 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .compat import AttentionInterface, AttentionMaskInterface, sdpa_attention_forward, sdpa_mask
 
 NAME = "spec_batch_sdpa"
 NATIVE = "spec_batch_native"

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .compat import gguf_rope_rows
+
 __all__ = ["BLOCKS_FILE", "KEPT_TYPES", "GGUFQuantTensor", "cached_quantized_linears", "read_quantized_linears"]
 
 KEPT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -72,12 +74,6 @@ def decode_tensor(kind: str, data: np.ndarray, rows: int) -> GGUFQuantTensor:
     raise ValueError(f"GGUF type {kind} is not kept quantized")
 
 
-def _rope_rows(rows: int, n_head: int) -> torch.Tensor:
-    """The row order transformers gives llama's attn_q / attn_k (LlamaTensorProcessor._reverse_permute_weights)."""
-    dim = rows // n_head // 2
-    return torch.arange(rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(rows)
-
-
 def _permuted(t: GGUFQuantTensor, order: torch.Tensor) -> GGUFQuantTensor:
     return GGUFQuantTensor(t.kind, t.q[order], t.d[order], None if t.m is None else t.m[order])
 
@@ -116,7 +112,7 @@ def read_quantized_linears(
         decoded = decode_tensor(kind, tensor.data, rows)
         if arch == "llama" and base.endswith((".attn_q", ".attn_k")):
             heads = config.num_attention_heads if base.endswith(".attn_q") else config.num_key_value_heads
-            decoded = _permuted(decoded, _rope_rows(rows, heads))
+            decoded = _permuted(decoded, gguf_rope_rows(rows, heads))
         kept[module] = decoded
     return kept, others
 

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from spec_batch.core.decoder_like import DecoderLike
+from spec_batch.core.outputs import GenerationResult
 from spec_batch.jobs import lifecycle
+from spec_batch.jobs.errors import RunStopped
 from spec_batch.jobs.lifecycle import JobStateError
 from spec_batch.jobs.service import resume_job
 from spec_batch.server.batch_create import JobFields
@@ -33,21 +37,20 @@ POLL_S = 2.0  # how often the local runner looks for batches when nothing woke i
 MAX_FAILURES = 3  # unexpected errors of one batch before it is failed (not retried forever)
 
 
-class BatchStopped(KeyboardInterrupt):
-    """Raised by _Stoppable before a decode when the runner stops or the batch is being cancelled. A
-    KeyboardInterrupt on purpose: jobs.claims gives claims back without counting an attempt on one (a clean
-    interruption), and no real Ctrl-C reaches this thread (signals go to the main thread)."""
+class BatchStopped(RunStopped):
+    """Raised by _Stoppable before a decode when the runner stops or the batch is being cancelled: a RunStopped, so
+    jobs.claims gives the claims back without counting an attempt (a clean interruption)."""
 
 
 class _Stoppable:
     """The decoder as the runner hands it to the job service: before each generate call (the baseline's too, which
     takes no should_stop), it raises BatchStopped once `stopped()` says so; everything else is the decoder's."""
 
-    def __init__(self, decoder: Any, stopped: Any) -> None:
+    def __init__(self, decoder: DecoderLike, stopped: Callable[[], bool]) -> None:
         self._decoder = decoder
         self._stopped = stopped
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
+    def generate(self, *args: Any, **kwargs: Any) -> list[GenerationResult]:
         if self._stopped():
             raise BatchStopped()
         return self._decoder.generate(*args, **kwargs)
@@ -59,7 +62,7 @@ class _Stoppable:
         return getattr(self._decoder, name)
 
 
-def _decoder_limits(decoder: Any) -> dict[str, Any]:
+def _decoder_limits(decoder: DecoderLike | None) -> dict[str, Any]:
     return {"max_context": getattr(decoder, "max_context", None), "vocab_size": getattr(decoder, "vocab_size", None)}
 
 

@@ -5,7 +5,7 @@ never app.py (app.py imports the routers)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,6 +14,7 @@ from spec_batch.server.served import ServedModel
 from spec_batch.settings import Settings
 
 if TYPE_CHECKING:
+    from spec_batch.core.decoder_like import DecoderLike
     from spec_batch.core.engine import Engine
     from spec_batch.server.batch_create import JobFields
 
@@ -43,7 +44,7 @@ class ServerContext:
     # What batch jobs decode through in this process: Decoder's interface (generate, tokenizer, target_name,
     # draft_name, max_context, without_speculation, ...), the engine's as_decoder() under `serve`, so batch rows
     # share the online requests' steps; None where no model is loaded here (batches run on the queue).
-    decoder: Any = None
+    decoder: DecoderLike | None = None
     batches: BatchRunnerLike | None = None  # the Batches API's runner (batch_runner.make_batch_runner sets it)
     services: list[Service] = field(default_factory=list)  # started in order with the app, stopped in reverse
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from spec_batch.core.decoder_like import DecoderLike
 from spec_batch.core.engine import Engine
 from spec_batch.server.app import create_app
 from spec_batch.server.batch_runner import make_batch_runner
@@ -21,6 +22,9 @@ from spec_batch.server.context import ServerContext
 from spec_batch.server.housekeeping import Housekeeping
 from spec_batch.server.served import ServedModel
 from spec_batch.settings import Settings
+
+if TYPE_CHECKING:
+    from spec_batch.core.decoder import Decoder  # the engine decodes on it
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class ServeOptions:
     max_batch: int = 8  # rows decoding at once in the shared engine (online requests and batch rows together)
 
 
-def served_model(options: ServeOptions, decoder: Any) -> ServedModel:
+def served_model(options: ServeOptions, decoder: DecoderLike) -> ServedModel:
     """The served pair named as jobs name it: model id = the target as given, drafter = the decoder's; weights
     and dtype as the loaded target runs (None: full weights / the default dtype)."""
     target = getattr(getattr(decoder, "precision", None), "target", None)
@@ -50,7 +54,10 @@ def served_model(options: ServeOptions, decoder: Any) -> ServedModel:
 
 
 def build_context(
-    settings: Settings, options: ServeOptions, session_factory: sessionmaker[Session], decoder: Any | None = None
+    settings: Settings,
+    options: ServeOptions,
+    session_factory: sessionmaker[Session],
+    decoder: Decoder | None = None,
 ) -> ServerContext:
     """Loads the pair (unless a decoder is given: tests) and builds the context; nothing starts yet."""
     if decoder is None:

@@ -50,5 +50,8 @@ def test_prompt_ids(fake_tokenizer):
     ],
 )
 def test_prompt_errors_name_the_prompt(prompt, error, message):
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as caught:
         _ids(prompt)
+    assert caught.value.prompt_index == 7  # a field, so callers never parse the message
+    detail = caught.value.detail  # the same message of "the prompt", for callers that name it by its line
+    assert "prompt 7" not in detail and str(caught.value).endswith(detail.removeprefix("the prompt"))

@@ -23,6 +23,7 @@ from spec_batch.jobs import (
 )
 from spec_batch.jobs.baseline import WARMUP_TOKENS
 from spec_batch.jobs.batch_output import errors_path_for, iter_jsonl
+from spec_batch.jobs.errors import RunStopped
 from spec_batch.jobs.lease import holder_prefix
 from spec_batch.jobs.lifecycle import finalize_job
 from spec_batch.jobs.runner import run_requests
@@ -134,6 +135,25 @@ def test_interrupt_hands_requests_back_and_resume_loses_nothing(db_url, tmp_path
     assert all(r.status == "completed" for r in rows)
     assert {r.id: (r.output, r.completed_at) for r in rows if r.id in done_before} == done_before
     assert len(list(iter_jsonl(tmp_path / "out" / "res.jsonl"))) == 8
+
+
+def test_a_run_stopped_by_its_driver_gives_claims_back_without_counting_an_attempt(db_url, tmp_path, fake_decoder_cls):
+    class Stopping(fake_decoder_cls):
+        def generate(self, *args, **kwargs):
+            raise RunStopped()
+
+    class Crashing(fake_decoder_cls):
+        def generate(self, *args, **kwargs):
+            raise RuntimeError("boom")
+
+    factory = make_session_factory(db_url)
+    job_id, _ = _make_job(factory, tmp_path, n=4, bad=False, batch_size=4)
+    with pytest.raises(RunStopped):
+        run_job(factory, job_id, Stopping())
+    assert [(r.status, r.attempts) for r in _rows(factory, job_id)] == [("pending", 0)] * 4  # a clean interruption
+    with pytest.raises(RuntimeError):
+        resume_job(factory, job_id, Crashing())
+    assert [(r.status, r.attempts) for r in _rows(factory, job_id)] == [("pending", 1)] * 4  # a crash counts one
 
 
 def _dead_token() -> str:
@@ -393,3 +413,16 @@ def test_decode_errors_name_the_line_and_custom_id_never_a_batch_index(db_url, t
     err = next(iter_jsonl(errors_path_for(out)))["response"]["body"]["error"]
     assert err["message"].startswith(f"line 3, custom_id 'long': the prompt has {decoder.max_context + 5} tokens")
     assert "prompt 2" not in err["message"]  # its place in the batch means nothing to the user
+
+
+def test_request_error_takes_the_prompt_error_of_its_own_index_only():
+    from spec_batch.core.outputs import GenerationResult, RequestStats
+    from spec_batch.errors import PromptTooLongError
+    from spec_batch.jobs.runner import request_error
+
+    exc = PromptTooLongError("prompt 2 has 9 tokens", prompt_index=2, detail="the prompt has 9 tokens")
+    result = GenerationResult("", [], "error", RequestStats(), error=str(exc), prompt_error=exc)
+    assert request_error(result, 2) == "the prompt has 9 tokens"
+    assert request_error(result, 3) == "prompt 2 has 9 tokens"  # another prompt's error: the text as it is
+    assert request_error(GenerationResult("", [], "error", RequestStats(), error="boom"), 0) == "boom"
+    assert request_error(GenerationResult("", [], "error", RequestStats()), 0) == "decoding failed"

@@ -176,3 +176,23 @@ def test_the_queue_runner_enqueues_a_batch_and_adopts_orphans_when_it_starts(ctx
         assert redis.Redis.from_url(broker.url).llen("spec-batch.fake.ngram") == 4
     finally:
         broker.stop()
+
+
+def test_the_runners_stop_is_a_run_stopped_not_a_ctrl_c():
+    from spec_batch.jobs.claims import CLEAN_INTERRUPTIONS
+    from spec_batch.jobs.errors import RunStopped
+    from spec_batch.server.batch_runner import BatchStopped
+
+    assert issubclass(BatchStopped, RunStopped) and not issubclass(BatchStopped, KeyboardInterrupt)
+    assert issubclass(BatchStopped, CLEAN_INTERRUPTIONS)
+
+
+def test_every_decoder_jobs_and_the_server_take_is_decoder_like(fake_decoder, tiny_decoder):
+    from spec_batch.core.decoder_like import DecoderLike
+    from spec_batch.core.engine import Engine
+    from spec_batch.server.batch_runner import _Stoppable
+
+    decoder = tiny_decoder("ngram")
+    engine_decoder = Engine(decoder).as_decoder()  # not started: only its shape is checked
+    for d in (fake_decoder, _Stoppable(fake_decoder, lambda: False), decoder, engine_decoder):
+        assert isinstance(d, DecoderLike) and isinstance(d.without_speculation(), DecoderLike)

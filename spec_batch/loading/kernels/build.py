@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..compat import cxx11_abi
+
 COMPILE_CHOICES = ("auto", "on", "off")
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
@@ -114,7 +116,7 @@ def _build_and_load(root: str) -> Path:
 def _compile(cxx: str, out: Path) -> None:
     torch_dir = Path(torch.__file__).parent
     includes = [torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include"]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    abi = cxx11_abi()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         partial = Path(tmp) / out.name
         cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
