@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import ChatTemplateError, InvalidParameterError, PromptTooLongError
+from .drafter_registry import DRAFTERS
 from .drafters import Drafter, NoDrafter
 from .grammar import GrammarState
 from .grammar_step import row_grammar
@@ -101,7 +102,7 @@ class Decoder:
         self._drafter_factory = drafter_factory
         self._settings = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, "tree_width": tree_width}
         self.policy = DraftPolicy(
-            k_max=num_draft_tokens if draft_name != "none" else 0,
+            k_max=num_draft_tokens if DRAFTERS.drafts(draft_name) else 0,
             adaptive=adaptive,
             ragged=skips_padding(target),
             tree_width=tree_width,
@@ -210,7 +211,7 @@ class Decoder:
             self.tokenizer,
             target_name=self.target_name,
             drafter_factory=NoDrafter,
-            draft_name="none",
+            draft_name=NoDrafter.name,
             device=self.device,
             max_context=self.max_context,
             num_draft_tokens=0,

@@ -15,25 +15,36 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from ..core.decoder import Decoder
-from ..core.drafters import DEFAULT_DRAFT_TOKENS, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..core.drafter_registry import DRAFT_MODEL, DRAFTERS, HEAD, HYBRID, SELF, DrafterKind, DraftSettings
+from ..core.drafters import Drafter, ModelDrafter
 from ..core.head import EagleHead
-from ..core.head_drafter import HeadDrafter
-from ..core.suffix_drafter import SuffixDrafter
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
-from .heads import HEAD_PREFIX, HYBRID_PREFIX, HybridHead, head_factory, head_precision, load_head_draft
+from .heads import HybridHead, head_factory, head_precision, load_head_draft
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
 __all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
 
-DRAFTERS_WITHOUT_MODEL = ("suffix", "ngram", "none")
-SELF_DRAFT = "self"  # draft "self:int4": the target's own file at other weights
+DRAFTERS_WITHOUT_MODEL = DRAFTERS.named()  # the built-in kinds named whole, as registered at import
+SELF_DRAFT = SELF.name  # draft "self:int4": the target's own file at other weights
+
+
+def drafter_kind(draft: Any) -> DrafterKind:
+    """The registered kind of a draft argument: a kind's name (or a prefix kind's NAME:REST), a loaded head (its
+    kind), anything else a draft model."""
+    if isinstance(draft, str):
+        return DRAFTERS.get(draft) or DRAFT_MODEL
+    if isinstance(draft, HybridHead):
+        return HYBRID
+    if isinstance(draft, EagleHead):
+        return HEAD
+    return DRAFT_MODEL
 
 
 def default_draft_tokens(draft: Any) -> int:
-    """num_draft_tokens where none is given: the drafter's own default (a model drafter's is the core's)."""
-    return SuffixDrafter.default_draft_tokens if isinstance(draft, str) and draft == "suffix" else DEFAULT_DRAFT_TOKENS
+    """num_draft_tokens where none is given: the drafter kind's default (a draft model's is the core's)."""
+    return drafter_kind(draft).default_draft_tokens
 
 
 def build_decoder(
@@ -57,17 +68,13 @@ def build_decoder(
     tree_width: a head's draft trees at batch 1 (None: its default); num_draft_tokens: the longest draft per step
     (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now."""
     max_context = context_length(target_model)
-    tree_width = _tree_width(isinstance(draft, (EagleHead, HybridHead)), tree_width)
+    kind = drafter_kind(draft)
+    tree_width = kind.tree_width(tree_width)  # a kind that grows no trees drafts chains whatever is asked
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    _check_draft_arguments(draft, drafter_options, draft_weights)
+    _check_draft_arguments(draft, kind, drafter_options, draft_weights)
     factory: Callable[[], Drafter]
-    if draft == "none":
-        factory, name = NoDrafter, "none"
-    elif draft == "suffix":
-        factory, name = _suffix_factory(drafter_options), "suffix"
-    elif draft == "ngram":
-        NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
-        factory, name = (lambda: NgramDrafter(ngram_min, ngram_max)), "ngram"
+    if isinstance(draft, str) and kind.make is not None:  # a kind made without a model (suffix, ngram, none, ...)
+        factory, name = kind.factory(DraftSettings(dict(drafter_options or {}), ngram_min, ngram_max)), kind.name
     elif isinstance(draft, (EagleHead, HybridHead)):
         factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder, draft_weights)
     else:
@@ -83,46 +90,24 @@ def build_decoder(
         draft_name=name,
         device=device,
         max_context=max_context,
-        num_draft_tokens=default_draft_tokens(draft) if num_draft_tokens is None else num_draft_tokens,
+        num_draft_tokens=kind.default_draft_tokens if num_draft_tokens is None else num_draft_tokens,
         adaptive=adaptive,
         chat_template=lambda messages: apply_chat_template(tokenizer, messages, model_name=target_name),
         tree_width=tree_width,
-        uses_memory=draft == "suffix" or isinstance(draft, HybridHead),
+        uses_memory=kind.drafts_from_memory,
     )
 
 
-def _check_draft_arguments(draft: Any, drafter_options: Mapping[str, Any] | None, draft_weights: str | None) -> None:
-    """drafter_options belong to the suffix drafter; draft_weights other than auto/full to a head."""
-    if drafter_options and draft != "suffix":
-        raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
+def _check_draft_arguments(
+    draft: Any, kind: DrafterKind, drafter_options: Mapping[str, Any] | None, draft_weights: str | None
+) -> None:
+    """drafter_options belong to a kind that has options (suffix); draft_weights other than auto/full to a head."""
+    if drafter_options and not kind.options:
+        takers = " or ".join(repr(k.name) for k in DRAFTERS.kinds() if k.options)
+        raise InvalidParameterError(f"drafter_options are options of the {takers} drafter, not of {draft!r}")
     if resolve_weights_name(draft_weights) not in ("auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
         msg = f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded at its weights by "
         raise InvalidParameterError(msg + "load_decoder")
-
-
-def _tree_width(is_head: bool, tree_width: int | None) -> int:
-    """The tree width a drafter gets. Only a head (or a hybrid: its head's rows) grows trees; every other drafter
-    drafts chains whatever is asked (one SPEC_BATCH_TREE_WIDTH serves a worker's head and suffix jobs alike)."""
-    if tree_width is not None and (isinstance(tree_width, bool) or not isinstance(tree_width, int) or tree_width < 1):
-        raise InvalidParameterError(f"tree_width must be a whole number >= 1, got {tree_width!r}")
-    if not is_head:
-        return 1
-    return HeadDrafter.default_tree_width if tree_width is None else tree_width
-
-
-def _suffix_factory(drafter_options: Mapping[str, Any] | None) -> Callable[[], Drafter]:
-    """The suffix drafter with the user's options, checked now (not at the first decode)."""
-    options = dict(drafter_options or {})
-    unknown = sorted(set(options) - set(SuffixDrafter.OPTIONS))
-    if unknown:
-        raise InvalidParameterError(
-            f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}"
-        )
-    try:
-        SuffixDrafter(**options)
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(f"drafter_options for 'suffix' {options}: {exc}") from exc
-    return lambda: SuffixDrafter(**options)
 
 
 def load_decoder(
@@ -232,7 +217,7 @@ def _draft_model(
     draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, draft_weights: str | None, options: dict
 ) -> tuple[Any, str | None, Precision | None]:
     """(the build_decoder draft argument, its name, its precision) for a drafter name or a draft model."""
-    if isinstance(draft, str) and draft in DRAFTERS_WITHOUT_MODEL:
+    if isinstance(draft, str) and drafter_kind(draft).make is not None:  # drafts without a model
         return draft, None, None
     head = load_head_draft(draft, loaded.model.device, loaded.model.dtype)  # head:/dir, hybrid:/dir
     if head is not None:
@@ -348,7 +333,7 @@ def shared_decoder(
 ) -> Decoder:
     """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
 
-    target and draft are names (draft also "suffix", "ngram" or "none"). The same arguments (after defaults, with device
+    target and draft are names (draft also a registered drafter: `DRAFTERS.listing()`). The same arguments (after defaults, with device
     and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder, which decodes one
     request batch at a time. Thread-safe: concurrent first calls load once; a failed load is not cached.
     """
@@ -360,11 +345,12 @@ def shared_decoder(
             )
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    kind = drafter_kind(os.fspath(draft))
     if num_draft_tokens is None:  # the default and its value are one configuration
-        num_draft_tokens = default_draft_tokens(os.fspath(draft))
+        num_draft_tokens = kind.default_draft_tokens
     precision = resolve_precision(weights, dtype, dev, torch_dtype)
     # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
-    width = _tree_width(os.fspath(draft).startswith((HEAD_PREFIX, HYBRID_PREFIX)), tree_width)
+    width = kind.tree_width(tree_width)
     key = (
         os.fspath(target),
         os.fspath(draft),
