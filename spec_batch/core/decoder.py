@@ -66,7 +66,8 @@ class Decoder:
 
     Build it with `load_decoder`. Attributes: tokenizer, target (HF model), target_name, draft_name,
     device, max_context (longest prompt + max_new_tokens the models accept), policy, uses_memory (its drafter drafts
-    from a job memory: only then is one worth keeping), clock (what a step costs, as the policy learns it: the wall
+    from a job memory: only then is one worth keeping), precision (what load_decoder loaded: the effective
+    weights and dtypes of target and draft; None when built otherwise), clock (what a step costs, as the policy learns it: the wall
     clock unless given chosen costs).
     """
 
@@ -86,6 +87,7 @@ class Decoder:
         tree_width: int = 1,
         uses_memory: bool = False,
         clock: StepClock = WALL_CLOCK,
+        precision: Any = None,
     ):
         why = supports_model(target)
         if why:
@@ -98,6 +100,7 @@ class Decoder:
         self.max_context = max_context
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self.uses_memory = uses_memory
+        self.precision = precision  # the effective weights and dtypes it runs at (loading's DecoderPrecision) or None
         self.clock = clock  # what each step is recorded to cost (the policy learns from it; tests choose it)
         self._drafter_factory = drafter_factory
         self._settings = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, "tree_width": tree_width}

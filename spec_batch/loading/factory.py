@@ -9,37 +9,25 @@ import os
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from ..core.decoder import Decoder
-from ..core.drafter_registry import DRAFT_MODEL, DRAFTERS, HEAD, HYBRID, SELF, DrafterKind, DraftSettings
+from ..core.drafter_registry import DRAFTERS, SELF, DrafterKind, DraftSettings
 from ..core.drafters import Drafter, ModelDrafter
 from ..core.head import EagleHead
 from ..errors import InvalidParameterError
 from .chat import apply_chat_template
+from .decoder_spec import DecoderSpec, cache_dir_key, drafter_kind
 from .heads import HybridHead, head_factory, head_precision, load_head_draft
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
-__all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
+__all__ = ["DecoderSpec", "build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
 
 DRAFTERS_WITHOUT_MODEL = DRAFTERS.named()  # the built-in kinds named whole, as registered at import
 SELF_DRAFT = SELF.name  # draft "self:int4": the target's own file at other weights
-
-
-def drafter_kind(draft: Any) -> DrafterKind:
-    """The registered kind of a draft argument: a kind's name (or a prefix kind's NAME:REST), a loaded head (its
-    kind), anything else a draft model."""
-    if isinstance(draft, str):
-        return DRAFTERS.get(draft) or DRAFT_MODEL
-    if isinstance(draft, HybridHead):
-        return HYBRID
-    if isinstance(draft, EagleHead):
-        return HEAD
-    return DRAFT_MODEL
 
 
 def default_draft_tokens(draft: Any) -> int:
@@ -62,11 +50,15 @@ def build_decoder(
     drafter_options: Mapping[str, Any] | None = None,
     draft_weights: str | None = None,
     tree_width: int | None = None,
+    precision: DecoderPrecision | None = None,
+    draft_alias: str | None = None,
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
     (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU);
     tree_width: a head's draft trees at batch 1 (None: its default); num_draft_tokens: the longest draft per step
-    (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now."""
+    (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now;
+    precision: what the decoder reports as `precision` (load_decoder's); draft_alias: the name the decoder reports
+    as `draft_name` instead of its drafter's (a head as jobs and queues know it, head:NAME, not by its directory)."""
     max_context = context_length(target_model)
     kind = drafter_kind(draft)
     tree_width = kind.tree_width(tree_width)  # a kind that grows no trees drafts chains whatever is asked
@@ -87,7 +79,7 @@ def build_decoder(
         tokenizer,
         target_name=target_name,
         drafter_factory=factory,
-        draft_name=name,
+        draft_name=draft_alias or name,
         device=device,
         max_context=max_context,
         num_draft_tokens=kind.default_draft_tokens if num_draft_tokens is None else num_draft_tokens,
@@ -95,6 +87,7 @@ def build_decoder(
         chat_template=lambda messages: apply_chat_template(tokenizer, messages, model_name=target_name),
         tree_width=tree_width,
         uses_memory=kind.drafts_from_memory,
+        precision=precision,
     )
 
 
@@ -128,6 +121,7 @@ def load_decoder(
     weights: str | None = None,
     draft_weights: str | None = None,
     tree_width: int | None = None,
+    draft_alias: str | None = None,
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
     draft: "suffix" | "ngram" | "none" | "self[:WEIGHTS]" (the target's own file at other weights, int4 when
@@ -136,13 +130,14 @@ def load_decoder(
     int4 | auto (loading/weights.py; None: full; a head drafts in full or int8, auto and None: int8 on the CPU);
     dtype stays the compute dtype; tree_width as build_decoder's. Models named by string are loaded once per process
     and shared (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form.
-    The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model."""
+    The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model;
+    draft_alias: build_decoder's. `DecoderSpec.of(...)` is the hashable form of these arguments, for names."""
     device = torch.device(device)
     target, draft = _fspath(target), _fspath(draft)
     options = dict(device=device, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     loaded = _target_model(target, tokenizer, dtype, weights, options)
     draft_arg, draft_name, draft_precision = _draft_model(draft, loaded, draft_tokenizer, dtype, draft_weights, options)
-    decoder = build_decoder(
+    return build_decoder(
         loaded.model,
         loaded.tokenizer,
         target_name=loaded.name,
@@ -156,9 +151,9 @@ def load_decoder(
         drafter_options=drafter_options,
         draft_weights=draft_weights if isinstance(draft_arg, (EagleHead, HybridHead)) else None,
         tree_width=tree_width,
+        precision=DecoderPrecision(_precision_of(loaded), draft_precision),
+        draft_alias=draft_alias,
     )
-    decoder.precision = DecoderPrecision(_precision_of(loaded), draft_precision)
-    return decoder
 
 
 @dataclass(frozen=True)
@@ -284,11 +279,7 @@ class _OncePerKey(Generic[K, V]):
 
 
 _models: _OncePerKey[tuple, LoadedModel] = _OncePerKey()
-_decoders: _OncePerKey[tuple, Decoder] = _OncePerKey()
-
-
-def _cache_dir_key(cache_dir: str | os.PathLike | None) -> str | None:
-    return None if cache_dir is None else str(Path(cache_dir).expanduser().resolve())
+_decoders: _OncePerKey[DecoderSpec, Decoder] = _OncePerKey()
 
 
 def shared_model(
@@ -304,7 +295,7 @@ def shared_model(
     trust_remote_code)."""
     dev = resolve_device(device)
     precision = resolve_precision(weights, dtype, dev, resolve_dtype(dtype, dev))
-    key = (os.fspath(spec), str(dev), precision, _cache_dir_key(cache_dir), bool(trust_remote_code))
+    key = (os.fspath(spec), str(dev), precision, cache_dir_key(cache_dir), bool(trust_remote_code))
     return _models.get(
         key,
         lambda: load_model(
@@ -330,12 +321,14 @@ def shared_decoder(
     weights: str | None = None,
     draft_weights: str | None = None,
     tree_width: int | None = None,
+    drafter_options: Mapping[str, Any] | None = None,
 ) -> Decoder:
     """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
 
-    target and draft are names (draft also a registered drafter: `DRAFTERS.listing()`). The same arguments (after defaults, with device
-    and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder, which decodes one
-    request batch at a time. Thread-safe: concurrent first calls load once; a failed load is not cached.
+    target and draft are names (draft also a registered drafter: `DRAFTERS.listing()`). The same arguments (after
+    defaults, with device and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder,
+    which decodes one request batch at a time: the key is their `DecoderSpec`. Thread-safe: concurrent first
+    calls load once; a failed load is not cached.
     """
     for what, name in (("target", target), ("draft", draft)):
         if not isinstance(name, (str, os.PathLike)):
@@ -343,40 +336,21 @@ def shared_decoder(
                 f"shared_decoder takes model names; {what} is a {type(name).__name__} "
                 "(use build_decoder or load_decoder for loaded models)"
             )
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    kind = drafter_kind(os.fspath(draft))
-    if num_draft_tokens is None:  # the default and its value are one configuration
-        num_draft_tokens = kind.default_draft_tokens
-    precision = resolve_precision(weights, dtype, dev, torch_dtype)
-    # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
-    width = kind.tree_width(tree_width)
-    key = (
-        os.fspath(target),
-        os.fspath(draft),
-        str(dev),
-        precision,
-        resolve_weights_name(draft_weights),
-        num_draft_tokens,
-        adaptive,
-        _cache_dir_key(cache_dir),
-        width,
+    spec = DecoderSpec.of(
+        target,
+        draft,
+        device=device,
+        dtype=dtype,
+        num_draft_tokens=num_draft_tokens,
+        adaptive=adaptive,
+        cache_dir=cache_dir,
+        weights=weights,
+        draft_weights=draft_weights,
+        tree_width=tree_width,
+        drafter_options=drafter_options,
     )
-    return _decoders.get(
-        key,
-        lambda: load_decoder(
-            os.fspath(target),
-            os.fspath(draft),
-            dev,
-            precision.dtype,
-            num_draft_tokens=num_draft_tokens,
-            adaptive=adaptive,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-            weights=precision.weights,
-            draft_weights=draft_weights,
-            tree_width=tree_width,
-        ),
-    )
+    args, kwargs = spec.load_call()
+    return _decoders.get(spec, lambda: load_decoder(*args, **kwargs))
 
 
 def clear_cache() -> None:
