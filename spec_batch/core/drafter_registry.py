@@ -57,6 +57,7 @@ class DrafterKind:
     options: tuple[str, ...] = ()  # the drafter_options a user may tune
     prefix: bool = False  # named "NAME:REST" (head:DIR); False: named exactly NAME
     bare: bool = False  # a prefix kind that may also be named alone ("self" is "self:int4")
+    usage: str = ""  # how a prefix kind is named in messages ("head:NAME"); empty: its name
 
     def factory(self, settings: DraftSettings) -> Callable[[], Drafter]:
         """The drafter factory for these settings: drafter_options checked against `options`, then `make`."""
@@ -119,6 +120,10 @@ class DrafterRegistry:
         """'"suffix", "ngram", "none"': the kinds named whole, for help texts and error messages."""
         return ", ".join(f'"{name}"' for name in self.named())
 
+    def usage(self) -> str:
+        """Every kind as a draft argument names it, for error messages: '"suffix", "ngram", "none", "head:NAME", ...'."""
+        return ", ".join(f'"{k.usage or k.name}"' for k in self._kinds.values())
+
     def get(self, draft: str) -> DrafterKind | None:
         """The kind a draft argument names; None for anything else (a draft model's name or path)."""
         kind = self._kinds.get(draft)
@@ -161,11 +166,13 @@ SUFFIX = DRAFTERS.register(
 NGRAM = DRAFTERS.register(DrafterKind("ngram", make="spec_batch.core.drafters:ngram_factory"))  # prompt lookup
 NONE = DRAFTERS.register(DrafterKind("none", make="spec_batch.core.drafters:none_factory", drafts=False))
 # the target's own file at other weights ("self" alone: int4), loaded as a draft model
-SELF = DRAFTERS.register(DrafterKind("self", prefix=True, bare=True))
+SELF = DRAFTERS.register(DrafterKind("self", prefix=True, bare=True, usage="self[:WEIGHTS]"))
 # a learned head (core/head_drafter.py) grows draft trees at small batches (core/tree.py; docs/heads.md)
-HEAD = DRAFTERS.register(DrafterKind("head", prefix=True, default_tree_width=3))
+HEAD = DRAFTERS.register(DrafterKind("head", prefix=True, default_tree_width=3, usage="head:NAME"))
 # suffix where its match is confident, the head elsewhere (core/hybrid_drafter.py): the suffix part drafts from
 # the job memory, the head's rows grow trees
-HYBRID = DRAFTERS.register(DrafterKind("hybrid", prefix=True, default_tree_width=3, drafts_from_memory=True))
+HYBRID = DRAFTERS.register(
+    DrafterKind("hybrid", prefix=True, default_tree_width=3, drafts_from_memory=True, usage="hybrid:NAME")
+)
 # not registered: any other draft is a draft model (a name, a path or a loaded model)
 DRAFT_MODEL = DrafterKind("draft-model")

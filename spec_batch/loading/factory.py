@@ -17,7 +17,7 @@ from ..core.decoder import Decoder
 from ..core.drafter_registry import DRAFTERS, SELF, DrafterKind, DraftSettings
 from ..core.drafters import Drafter, ModelDrafter
 from ..core.head import EagleHead
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, UnknownModelError
 from .chat import apply_chat_template
 from .decoder_spec import DecoderSpec, cache_dir_key, drafter_kind
 from .heads import HybridHead, head_factory, head_precision, load_head_draft
@@ -224,7 +224,10 @@ def _draft_model(
         if self_weights is not None and not isinstance(spec, str):
             raise InvalidParameterError(f"draft {draft!r} needs a target named by string")
         weights = self_weights or draft_weights
-        dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
+        try:
+            dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
+        except UnknownModelError as exc:  # most likely a drafter's name mistyped
+            raise UnknownModelError(f"draft {draft!r}: no drafter of that name ({DRAFTERS.usage()}); {exc}") from exc
         if self_weights is not None and dloaded.model is loaded.model:
             raise InvalidParameterError(
                 f"draft {draft!r} is the target itself (same file at the same weights): it would cost a target "

@@ -267,3 +267,12 @@ def test_precision_and_an_alias_are_constructor_arguments(tiny_dir, tiny_target,
     assert dec.drafter_factory().name == "ngram"  # the drafter itself keeps its name
     shared = shared_decoder(tiny_dir, "suffix", drafter_options={"min_token_prob": 0.3})
     assert shared.drafter_factory().min_token_prob == 0.3 and shared is not shared_decoder(tiny_dir, "suffix")
+
+
+def test_an_unknown_draft_names_the_registered_drafters(tiny_dir):
+    from spec_batch.errors import UnknownModelError
+
+    with pytest.raises(
+        UnknownModelError, match=r"draft 'sufix': no drafter of that name \(\"suffix\", \"ngram\", \"none\""
+    ):
+        load_decoder(tiny_dir, "sufix")
