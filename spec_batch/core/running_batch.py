@@ -23,7 +23,7 @@ import torch
 
 from .drafters import Draft, Drafter
 from .grammar_step import GrammarStep
-from .hidden import capture_hidden, hidden_layers, hidden_reader
+from .hidden import capture_hidden, hidden_reader
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
 from .logits_processing import shape_logits
@@ -118,10 +118,11 @@ class RunningBatch(Generic[S]):
     def _prefill(self, rows: Sequence[Row]) -> list[torch.Tensor] | None:
         """Caches every prompt token but the last, which the first step reads together with the first draft.
         For a drafter that reads hidden states (a head), also returns each row's states [n_b, W] of those tokens."""
-        hidden = hidden_reader(self.drafter) is not None
+        reader = hidden_reader(self.drafter)
+        hidden = reader is not None
         group = self._new_kv(len(rows))
         ids, valid = left_padded([row.tokens[:-1] for row in rows], self.decoder.placeholder_id, self.decoder.device)
-        with capture_hidden(self.decoder.target, hidden, hidden_layers(self.drafter)) as states:
+        with capture_hidden(self.decoder.target, hidden, reader.hidden_layers if reader else None) as states:
             group.forward(ids, valid, logits_to_keep=1)
         self.kv.extend(group)
         width = ids.shape[1]
@@ -182,7 +183,7 @@ class RunningBatch(Generic[S]):
         # bias and penalties at each position from the tokens before it, then the grammar's mask
         reader = hidden_reader(drafter)
         with capture_hidden(
-            decoder.target, reader is not None, hidden_layers(drafter)
+            decoder.target, reader is not None, reader.hidden_layers if reader else None
         ) as hidden:  # [B, 1 + k, H] for a head drafter
             if tree is None:
                 out = kv.forward(ids, valid)
