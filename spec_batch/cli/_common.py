@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..core.drafter_registry import DRAFTERS
 from ..limits import TEMPERATURE, Range
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,7 +55,8 @@ def draft_option(f: F) -> F:
     return click.option(
         "--draft",
         default=None,
-        help='Drafter: "suffix", "ngram", "none", a draft model (hub id, dir, .gguf), "head:NAME" (a head trained by '
+        help=f"Drafter: {DRAFTERS.listing()}, "
+        'a draft model (hub id, dir, .gguf), "head:NAME" (a head trained by '
         '`spec-batch drafters train`, or head:/path/dir) or "hybrid:NAME" (suffix where confident, the head '
         'elsewhere) (default: $SPEC_BATCH_DEFAULT_DRAFT or "suffix").',
     )(f)

@@ -29,10 +29,11 @@ from .wait import err, wait_for_job
 
 
 def _check_model(spec: str, what: str) -> None:
+    from ..core.drafter_registry import DRAFTERS
     from ..errors import SpecBatchError
     from ..loading import resolve_spec
 
-    if what == "drafter" and (spec in ("suffix", "ngram", "none") or spec.split(":")[0] in ("self", "head", "hybrid")):
+    if what == "drafter" and DRAFTERS.claims(spec):
         return  # no model of its own ("self:int4" is the target's file; a head is resolved by the worker)
     try:
         resolve_spec(spec)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import ChatTemplateError, InvalidParameterError, PromptError, PromptTooLongError
+from .drafter_registry import DRAFTERS
 from .drafters import Drafter, NoDrafter
 from .grammar_step import row_grammar
 from .inputs import PreparedRequest, Prompt, params_list, prompt_ids
@@ -64,7 +65,8 @@ class Decoder:
 
     Build it with `load_decoder`. Attributes: tokenizer, target (HF model), target_name, draft_name,
     device, max_context (longest prompt + max_new_tokens the models accept), policy, uses_memory (its drafter drafts
-    from a job memory: only then is one worth keeping), clock (what a step costs, as the policy learns it: the wall
+    from a job memory: only then is one worth keeping), precision (what load_decoder loaded: the effective
+    weights and dtypes of target and draft; None when built otherwise), clock (what a step costs, as the policy learns it: the wall
     clock unless given chosen costs).
     """
 
@@ -84,6 +86,7 @@ class Decoder:
         tree_width: int = 1,
         uses_memory: bool = False,
         clock: StepClock = WALL_CLOCK,
+        precision: Any = None,
     ):
         why = supports_model(target)
         if why:
@@ -96,11 +99,12 @@ class Decoder:
         self.max_context = max_context
         self.chat_template = chat_template  # messages -> prompt ids; supplied by spec_batch.loading
         self.uses_memory = uses_memory
+        self.precision = precision  # the effective weights and dtypes it runs at (loading's DecoderPrecision) or None
         self.clock = clock  # what each step is recorded to cost (the policy learns from it; tests choose it)
         self._drafter_factory = drafter_factory
         self._settings = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, "tree_width": tree_width}
         self.policy = DraftPolicy(
-            k_max=num_draft_tokens if draft_name != "none" else 0,
+            k_max=num_draft_tokens if DRAFTERS.drafts(draft_name) else 0,
             adaptive=adaptive,
             ragged=skips_padding(target),
             tree_width=tree_width,
@@ -209,7 +213,7 @@ class Decoder:
             self.tokenizer,
             target_name=self.target_name,
             drafter_factory=NoDrafter,
-            draft_name="none",
+            draft_name=NoDrafter.name,
             device=self.device,
             max_context=self.max_context,
             num_draft_tokens=0,

@@ -10,13 +10,15 @@ everything it needs to know about a drafter is in the protocol's attributes (`fr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from .chain_draft import chain_draft
+from .drafter_registry import DEFAULT_DRAFT_TOKENS as DEFAULT_DRAFT_TOKENS  # its home is the registry
+from .drafter_registry import NGRAM, NONE, DraftSettings
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
 from .params import SamplingParams
@@ -67,20 +69,48 @@ class Drafter(Protocol):
     def keep_rows(self, keep: list[int]) -> None:
         """Only these row indices stay in the batch, in this order (also called with none: the batch drained)."""
 
-    # Optional (read with getattr, so drafters written before it need no change): `wants_hidden = True` makes the
-    # decoder capture the target's last hidden states in the forwards it runs anyway (prefill, verify) and call
-    # `observe_hidden(first_row, states)`: states[i] [n_i, H] are row first_row + i's newly accepted positions
-    # (after a step: the step's input token and its accepted drafts; after admit: the prompt but its last
-    # token). A learned head (core/head_drafter.py) drafts from them; the other drafters ignore them.
+    # Optional capabilities are the protocols below (`ReadsHidden`, `GrowsTrees`), checked with isinstance, so
+    # drafters without them need no change.
 
 
-DEFAULT_DRAFT_TOKENS = 8  # num_draft_tokens of drafters without a default of their own (`default_draft_tokens`)
+@runtime_checkable
+class ReadsHidden(Protocol):
+    """A drafter that reads the target's hidden states (a learned head, core/head_drafter.py). With `wants_hidden`
+    true, the decoder captures them in the forwards it runs anyway (prefill, verify) and calls `observe_hidden`."""
+
+    wants_hidden: bool
+    hidden_layers: Sequence[int] | None  # the target layers read (None: the last hidden state, after the final norm)
+
+    def observe_hidden(self, first_row: int, states: Sequence[torch.Tensor]) -> None:
+        """states[i] [n_i, H]: row first_row + i's newly accepted positions (after a step: the step's input token
+        and its accepted drafts; after admit: the prompt but its last token)."""
+
+
+# (row, depth, the drafter's probability of a node after its parent) -> P(the node accepted | its parent was)
+NodeRate = Callable[[int, int, float], float]
+
+
+@runtime_checkable
+class GrowsTrees(Protocol):
+    """A drafter that grows draft trees (core/tree.py): asked for greedy rows at small batches when the decoder's
+    tree width is above 1 (planning.plan_step); other drafters draft chains."""
+
+    def propose_tree(
+        self,
+        rows: Sequence[DraftRow],
+        k: Sequence[int],
+        width: int,
+        rate: NodeRate | None = None,
+        floor: float = 0.0,
+        grow: Callable[[list[float]], bool] | None = None,
+    ) -> Draft:
+        """Every node grown per row (parents first), with `parents` and `confidence` set."""
 
 
 class NoDrafter:
     """Plain decoding through the same loop: the baseline speedups are measured against."""
 
-    name = "none"
+    name = NONE.name
     has_probs = False
     free = True
     initial_acceptance = (1.0, 2.0)
@@ -126,7 +156,7 @@ class _NgramIndex:
 class NgramDrafter:
     """Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens."""
 
-    name = "ngram"
+    name = NGRAM.name
     has_probs = False
     free = True
     # its proposals are checked against every step's output anyway, so a new row starts skeptical and earns long
@@ -158,6 +188,18 @@ class NgramDrafter:
     def keep_rows(self, keep: list[int]) -> None:
         self.indexes = [self.indexes[i] for i in keep]
         self._cached = []
+
+
+def none_factory(settings: DraftSettings) -> Callable[[], Drafter]:
+    """The registry's maker of the "none" kind."""
+    return NoDrafter
+
+
+def ngram_factory(settings: DraftSettings) -> Callable[[], Drafter]:
+    """The registry's maker of the "ngram" kind; checks the sizes now, not at the first decode."""
+    n_min, n_max = settings.ngram_min, settings.ngram_max
+    NgramDrafter(n_min, n_max)
+    return lambda: NgramDrafter(n_min, n_max)
 
 
 class ModelDrafter:

@@ -17,13 +17,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .chain_draft import DraftVocab, chain_draft
+from .drafter_registry import HEAD
 from .drafters import Draft, DraftRow
+from .drafters import NodeRate as NodeRate  # its home is drafters.py (GrowsTrees)
 from .head import EagleHead
 from .job_memory import JobMemory
 from .kv_batch import KVBatch
-
-# (row, depth, the head's probability of a node after its parent) -> P(the node accepted | its parent was)
-NodeRate = Callable[[int, int, float], float]
 
 
 class HeadDrafter:
@@ -31,7 +30,7 @@ class HeadDrafter:
     free = False
     wants_hidden = True  # the decoder captures the target's last hidden states for `observe_hidden`
     initial_acceptance = (1.0, 2.0)
-    default_tree_width = 3  # `tree_width` where none is given (core/tree.py; docs/heads.md "Draft trees")
+    default_tree_width = HEAD.default_tree_width  # `tree_width` where none is given (docs/heads.md "Draft trees")
 
     def __init__(self, head: EagleHead, name: str, device: torch.device, placeholder_id: int, vocab_size: int):
         self.head = head

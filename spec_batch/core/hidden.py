@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .drafters import ReadsHidden
+
 
 def final_norm(model: Any) -> torch.nn.Module:
     """The module whose output is the target's last hidden state (Llama family: model.model.norm)."""
@@ -61,11 +63,16 @@ def capture_hidden(model: Any, wanted: bool, layers: Sequence[int] | None = None
             h.remove()
 
 
+def hidden_reader(drafter: Any) -> ReadsHidden | None:
+    """The drafter, when it reads the target's hidden states now (`ReadsHidden`, wants_hidden); else None."""
+    return drafter if isinstance(drafter, ReadsHidden) and drafter.wants_hidden else None
+
+
 def wants_hidden(drafter: Any) -> bool:
     """Whether a drafter reads the target's hidden states (`observe_hidden`); other drafters ignore them."""
-    return bool(getattr(drafter, "wants_hidden", False))
+    return hidden_reader(drafter) is not None
 
 
 def hidden_layers(drafter: Any) -> Sequence[int] | None:
     """The target layers a drafter reads (None: the last hidden state)."""
-    return getattr(drafter, "hidden_layers", None)
+    return drafter.hidden_layers if isinstance(drafter, ReadsHidden) else None

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import tree
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, GrowsTrees
 from .policy import DraftPolicy, RowAcceptance
 from .rows import matched_run
 from .step_costs import WALL_CLOCK, StepClock
@@ -38,7 +38,7 @@ def plan_step(
     what a tree's growth costs (the decoder's)."""
     available = [min(a, b) for a, b in zip(drafter.available(rows, policy.k_max), budget)]
     width = policy.tree_width_for(len(rows))
-    if width > 1 and hasattr(drafter, "propose_tree") and choose is None and all(_tree_row(r) for r in rows):
+    if width > 1 and isinstance(drafter, GrowsTrees) and choose is None and all(_tree_row(r) for r in rows):
         return _plan_tree(drafter, policy, rows, available, width, clock)
     full = drafter.propose(rows, available) if drafter.free and any(available) else None
     if full is not None:
@@ -69,7 +69,7 @@ def plan_step(
 
 
 def _plan_tree(
-    drafter: Any, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int, clock: StepClock
+    drafter: GrowsTrees, policy: DraftPolicy, rows: Sequence[Any], available: list[int], width: int, clock: StepClock
 ) -> tuple[Draft, Draft]:
     """EAGLE-2's order: grow each row's tree first (as deep as the policy allows, pruned where a node is unlikely
     to be reached), then verify the nodes likeliest to be reached, as many as pays (DraftPolicy.tree_nodes). The

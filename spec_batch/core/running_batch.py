@@ -23,7 +23,7 @@ import torch
 
 from .drafters import Draft, Drafter
 from .grammar_step import GrammarStep
-from .hidden import capture_hidden, hidden_layers, wants_hidden
+from .hidden import capture_hidden, hidden_reader
 from .job_memory import JobMemory
 from .kv_batch import KVBatch, left_padded
 from .logits_processing import shape_logits
@@ -109,18 +109,20 @@ class RunningBatch(Generic[S]):
             if end == len(rows) or rows[end].memory is not rows[start].memory:
                 self.drafter.admit(rows[start:end], rows[start].memory)
                 start = end
-        if states is not None:
-            self.drafter.observe_hidden(first_row, states)  # type: ignore[attr-defined]
+        reader = hidden_reader(self.drafter)
+        if states is not None and reader is not None:
+            reader.observe_hidden(first_row, states)
         self.rows.extend(rows)
         self.sinks.extend(sinks)
 
     def _prefill(self, rows: Sequence[Row]) -> list[torch.Tensor] | None:
         """Caches every prompt token but the last, which the first step reads together with the first draft.
         For a drafter that reads hidden states (a head), also returns each row's states [n_b, W] of those tokens."""
-        hidden = wants_hidden(self.drafter)
+        reader = hidden_reader(self.drafter)
+        hidden = reader is not None
         group = self._new_kv(len(rows))
         ids, valid = left_padded([row.tokens[:-1] for row in rows], self.decoder.placeholder_id, self.decoder.device)
-        with capture_hidden(self.decoder.target, hidden, hidden_layers(self.drafter)) as states:
+        with capture_hidden(self.decoder.target, hidden, reader.hidden_layers if reader else None) as states:
             group.forward(ids, valid, logits_to_keep=1)
         self.kv.extend(group)
         width = ids.shape[1]
@@ -179,8 +181,9 @@ class RunningBatch(Generic[S]):
         ids, valid = verify_input([r.tokens[-1] for r in rows], draft.tokens, decoder.placeholder_id, decoder.device)
         tree = TreeInput.of(draft.parents, ids.shape[1], decoder.device) if draft.parents is not None else None
         # bias and penalties at each position from the tokens before it, then the grammar's mask
+        reader = hidden_reader(drafter)
         with capture_hidden(
-            decoder.target, wants_hidden(drafter), hidden_layers(drafter)
+            decoder.target, reader is not None, reader.hidden_layers if reader else None
         ) as hidden:  # [B, 1 + k, H] for a head drafter
             if tree is None:
                 out = kv.forward(ids, valid)
@@ -199,8 +202,8 @@ class RunningBatch(Generic[S]):
             logits = path_logits(logits, positions)
         logprobs = step_logprobs(rows, logits, chains, accepted, next_tokens)
         drafter.feedback(grammar.views, grammar.drafted(draft.tokens), grammar.drafter_accepted(accepted))
-        if hidden:  # only the accepted positions' states (the step's input token and accepted drafts) are valid
-            drafter.observe_hidden(0, [hidden[-1][b, p] for b, p in enumerate(positions)])  # type: ignore[attr-defined]
+        if hidden and reader is not None:  # only the accepted positions' states (input token, accepted drafts)
+            reader.observe_hidden(0, [hidden[-1][b, p] for b, p in enumerate(positions)])
         grammar.settle(accepted, next_tokens)
         if tree is None:
             kv.rollback(torch.tensor([n - a for n, a in zip(drafted, accepted)], device=decoder.device))

@@ -7,9 +7,11 @@ In a bulk job the requests are independent: the job memory only changes what is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import InvalidParameterError
+from .drafter_registry import SUFFIX, DraftSettings
 from .drafters import Draft, DraftRow
 from .job_memory import DEFAULT_MAX_DEPTH, JobMemory
 from .suffix_index import SuffixDraft, SuffixIndex
@@ -29,17 +31,15 @@ class SuffixDrafter:
     """Proposes, per row, the better of two continuations (higher expected accepted length, then the longer
     match): one from the row's own prompt + output, one from the job memory. No model forward: it is free."""
 
-    name = "suffix"
+    name = SUFFIX.name
     has_probs = False
     free = True
     # like the n-gram drafter: every step checks the proposal for free, so a row starts skeptical and earns
     # long drafts by matching
     initial_acceptance = (0.2, 2.0)
-    OPTIONS = ("max_spec_factor", "min_token_prob")  # what a user may tune (load_decoder's drafter_options)
-    # num_draft_tokens when the caller gives none: proposals cost nothing and the policy trims each row by its
-    # confidence, so a longer cap only lets long copies run (batch 1: templated +5%, edits +9% over 8; batch 8
-    # within noise: docs/benchmarks.md). Draft models keep 8: each draft token is a draft forward.
-    default_draft_tokens = 16
+    OPTIONS = SUFFIX.options  # what a user may tune (load_decoder's drafter_options)
+    # num_draft_tokens when the caller gives none (the registry's default and its reason: core/drafter_registry.py)
+    default_draft_tokens = SUFFIX.default_draft_tokens
     # max_spec_factor: a draft is at most this x its match length. 2, not SuffixDecoding's 1: once a verify of
     # several tokens costs little more than one (loading/cpu_linear.py), copying after a short match pays
     # (edits +4-6%, templated b1 +2%, b8 -2%: docs/benchmarks.md); the policy still trims each row by confidence.
@@ -120,3 +120,14 @@ class SuffixDrafter:
                 state.memory.close(state.memory_key)
         self._rows = [self._rows[i] for i in keep]
         self._cached = []
+
+
+def suffix_factory(settings: DraftSettings) -> Callable[[], SuffixDrafter]:
+    """The registry's maker of the "suffix" kind: the user's options (names checked by the registry) tried now,
+    not at the first decode."""
+    options = dict(settings.options)
+    try:
+        SuffixDrafter(**options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"drafter_options for {SUFFIX.name!r} {options}: {exc}") from exc
+    return lambda: SuffixDrafter(**options)

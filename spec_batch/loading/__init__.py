@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 _LAZY = {
+    "DecoderSpec": ".decoder_spec",
     "MessageError": ".chat",
     "apply_chat_template": ".chat",
     "validate_messages": ".chat",
@@ -27,6 +28,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .chat import MessageError, apply_chat_template, validate_messages
+    from .decoder_spec import DecoderSpec
     from .factory import build_decoder, clear_cache, load_decoder, shared_decoder, shared_model
     from .resolve import resolve_spec
 

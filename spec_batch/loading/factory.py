@@ -9,31 +9,30 @@ import os
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from ..core.decoder import Decoder
-from ..core.drafters import DEFAULT_DRAFT_TOKENS, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..core.drafter_registry import DRAFTERS, SELF, DrafterKind, DraftSettings
+from ..core.drafters import Drafter, ModelDrafter
 from ..core.head import EagleHead
-from ..core.head_drafter import HeadDrafter
-from ..core.suffix_drafter import SuffixDrafter
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, UnknownModelError
 from .chat import apply_chat_template
-from .heads import HEAD_PREFIX, HYBRID_PREFIX, HybridHead, head_factory, head_precision, load_head_draft
+from .decoder_spec import DecoderSpec, cache_dir_key, drafter_kind
+from .heads import HybridHead, head_factory, head_precision, load_head_draft
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
-__all__ = ["build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
+__all__ = ["DecoderSpec", "build_decoder", "clear_cache", "load_decoder", "shared_decoder", "shared_model"]
 
-DRAFTERS_WITHOUT_MODEL = ("suffix", "ngram", "none")
-SELF_DRAFT = "self"  # draft "self:int4": the target's own file at other weights
+DRAFTERS_WITHOUT_MODEL = DRAFTERS.named()  # the built-in kinds named whole, as registered at import
+SELF_DRAFT = SELF.name  # draft "self:int4": the target's own file at other weights
 
 
 def default_draft_tokens(draft: Any) -> int:
-    """num_draft_tokens where none is given: the drafter's own default (a model drafter's is the core's)."""
-    return SuffixDrafter.default_draft_tokens if isinstance(draft, str) and draft == "suffix" else DEFAULT_DRAFT_TOKENS
+    """num_draft_tokens where none is given: the drafter kind's default (a draft model's is the core's)."""
+    return drafter_kind(draft).default_draft_tokens
 
 
 def build_decoder(
@@ -51,23 +50,23 @@ def build_decoder(
     drafter_options: Mapping[str, Any] | None = None,
     draft_weights: str | None = None,
     tree_width: int | None = None,
+    precision: DecoderPrecision | None = None,
+    draft_alias: str | None = None,
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
     (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU);
     tree_width: a head's draft trees at batch 1 (None: its default); num_draft_tokens: the longest draft per step
-    (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now."""
+    (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now;
+    precision: what the decoder reports as `precision` (load_decoder's); draft_alias: the name the decoder reports
+    as `draft_name` instead of its drafter's (a head as jobs and queues know it, head:NAME, not by its directory)."""
     max_context = context_length(target_model)
-    tree_width = _tree_width(isinstance(draft, (EagleHead, HybridHead)), tree_width)
+    kind = drafter_kind(draft)
+    tree_width = kind.tree_width(tree_width)  # a kind that grows no trees drafts chains whatever is asked
     placeholder = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    _check_draft_arguments(draft, drafter_options, draft_weights)
+    _check_draft_arguments(draft, kind, drafter_options, draft_weights)
     factory: Callable[[], Drafter]
-    if draft == "none":
-        factory, name = NoDrafter, "none"
-    elif draft == "suffix":
-        factory, name = _suffix_factory(drafter_options), "suffix"
-    elif draft == "ngram":
-        NgramDrafter(ngram_min, ngram_max)  # validates the sizes now, not at the first decode
-        factory, name = (lambda: NgramDrafter(ngram_min, ngram_max)), "ngram"
+    if isinstance(draft, str) and kind.make is not None:  # a kind made without a model (suffix, ngram, none, ...)
+        factory, name = kind.factory(DraftSettings(dict(drafter_options or {}), ngram_min, ngram_max)), kind.name
     elif isinstance(draft, (EagleHead, HybridHead)):
         factory, name = head_factory(draft, target_model, target_name, draft_name, device, placeholder, draft_weights)
     else:
@@ -80,49 +79,28 @@ def build_decoder(
         tokenizer,
         target_name=target_name,
         drafter_factory=factory,
-        draft_name=name,
+        draft_name=draft_alias or name,
         device=device,
         max_context=max_context,
-        num_draft_tokens=default_draft_tokens(draft) if num_draft_tokens is None else num_draft_tokens,
+        num_draft_tokens=kind.default_draft_tokens if num_draft_tokens is None else num_draft_tokens,
         adaptive=adaptive,
         chat_template=lambda messages: apply_chat_template(tokenizer, messages, model_name=target_name),
         tree_width=tree_width,
-        uses_memory=draft == "suffix" or isinstance(draft, HybridHead),
+        uses_memory=kind.drafts_from_memory,
+        precision=precision,
     )
 
 
-def _check_draft_arguments(draft: Any, drafter_options: Mapping[str, Any] | None, draft_weights: str | None) -> None:
-    """drafter_options belong to the suffix drafter; draft_weights other than auto/full to a head."""
-    if drafter_options and draft != "suffix":
-        raise InvalidParameterError(f"drafter_options are options of the 'suffix' drafter, not of {draft!r}")
+def _check_draft_arguments(
+    draft: Any, kind: DrafterKind, drafter_options: Mapping[str, Any] | None, draft_weights: str | None
+) -> None:
+    """drafter_options belong to a kind that has options (suffix); draft_weights other than auto/full to a head."""
+    if drafter_options and not kind.options:
+        takers = " or ".join(repr(k.name) for k in DRAFTERS.kinds() if k.options)
+        raise InvalidParameterError(f"drafter_options are options of the {takers} drafter, not of {draft!r}")
     if resolve_weights_name(draft_weights) not in ("auto", "full") and not isinstance(draft, (EagleHead, HybridHead)):
         msg = f"draft_weights={draft_weights!r} applies here to a head; a draft model is loaded at its weights by "
         raise InvalidParameterError(msg + "load_decoder")
-
-
-def _tree_width(is_head: bool, tree_width: int | None) -> int:
-    """The tree width a drafter gets. Only a head (or a hybrid: its head's rows) grows trees; every other drafter
-    drafts chains whatever is asked (one SPEC_BATCH_TREE_WIDTH serves a worker's head and suffix jobs alike)."""
-    if tree_width is not None and (isinstance(tree_width, bool) or not isinstance(tree_width, int) or tree_width < 1):
-        raise InvalidParameterError(f"tree_width must be a whole number >= 1, got {tree_width!r}")
-    if not is_head:
-        return 1
-    return HeadDrafter.default_tree_width if tree_width is None else tree_width
-
-
-def _suffix_factory(drafter_options: Mapping[str, Any] | None) -> Callable[[], Drafter]:
-    """The suffix drafter with the user's options, checked now (not at the first decode)."""
-    options = dict(drafter_options or {})
-    unknown = sorted(set(options) - set(SuffixDrafter.OPTIONS))
-    if unknown:
-        raise InvalidParameterError(
-            f"unknown drafter_options {unknown} for 'suffix'; known: {list(SuffixDrafter.OPTIONS)}"
-        )
-    try:
-        SuffixDrafter(**options)
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(f"drafter_options for 'suffix' {options}: {exc}") from exc
-    return lambda: SuffixDrafter(**options)
 
 
 def load_decoder(
@@ -143,6 +121,7 @@ def load_decoder(
     weights: str | None = None,
     draft_weights: str | None = None,
     tree_width: int | None = None,
+    draft_alias: str | None = None,
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
     draft: "suffix" | "ngram" | "none" | "self[:WEIGHTS]" (the target's own file at other weights, int4 when
@@ -151,13 +130,14 @@ def load_decoder(
     int4 | auto (loading/weights.py; None: full; a head drafts in full or int8, auto and None: int8 on the CPU);
     dtype stays the compute dtype; tree_width as build_decoder's. Models named by string are loaded once per process
     and shared (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form.
-    The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model."""
+    The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model;
+    draft_alias: build_decoder's. `DecoderSpec.of(...)` is the hashable form of these arguments, for names."""
     device = torch.device(device)
     target, draft = _fspath(target), _fspath(draft)
     options = dict(device=device, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     loaded = _target_model(target, tokenizer, dtype, weights, options)
     draft_arg, draft_name, draft_precision = _draft_model(draft, loaded, draft_tokenizer, dtype, draft_weights, options)
-    decoder = build_decoder(
+    return build_decoder(
         loaded.model,
         loaded.tokenizer,
         target_name=loaded.name,
@@ -171,9 +151,9 @@ def load_decoder(
         drafter_options=drafter_options,
         draft_weights=draft_weights if isinstance(draft_arg, (EagleHead, HybridHead)) else None,
         tree_width=tree_width,
+        precision=DecoderPrecision(_precision_of(loaded), draft_precision),
+        draft_alias=draft_alias,
     )
-    decoder.precision = DecoderPrecision(_precision_of(loaded), draft_precision)
-    return decoder
 
 
 @dataclass(frozen=True)
@@ -232,7 +212,7 @@ def _draft_model(
     draft: Any, loaded: LoadedModel, draft_tokenizer: Any, dtype, draft_weights: str | None, options: dict
 ) -> tuple[Any, str | None, Precision | None]:
     """(the build_decoder draft argument, its name, its precision) for a drafter name or a draft model."""
-    if isinstance(draft, str) and draft in DRAFTERS_WITHOUT_MODEL:
+    if isinstance(draft, str) and drafter_kind(draft).make is not None:  # drafts without a model
         return draft, None, None
     head = load_head_draft(draft, loaded.model.device, loaded.model.dtype)  # head:/dir, hybrid:/dir
     if head is not None:
@@ -244,7 +224,10 @@ def _draft_model(
         if self_weights is not None and not isinstance(spec, str):
             raise InvalidParameterError(f"draft {draft!r} needs a target named by string")
         weights = self_weights or draft_weights
-        dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
+        try:
+            dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
+        except UnknownModelError as exc:  # most likely a drafter's name mistyped
+            raise UnknownModelError(f"draft {draft!r}: no drafter of that name ({DRAFTERS.usage()}); {exc}") from exc
         if self_weights is not None and dloaded.model is loaded.model:
             raise InvalidParameterError(
                 f"draft {draft!r} is the target itself (same file at the same weights): it would cost a target "
@@ -299,11 +282,7 @@ class _OncePerKey(Generic[K, V]):
 
 
 _models: _OncePerKey[tuple, LoadedModel] = _OncePerKey()
-_decoders: _OncePerKey[tuple, Decoder] = _OncePerKey()
-
-
-def _cache_dir_key(cache_dir: str | os.PathLike | None) -> str | None:
-    return None if cache_dir is None else str(Path(cache_dir).expanduser().resolve())
+_decoders: _OncePerKey[DecoderSpec, Decoder] = _OncePerKey()
 
 
 def shared_model(
@@ -319,7 +298,7 @@ def shared_model(
     trust_remote_code)."""
     dev = resolve_device(device)
     precision = resolve_precision(weights, dtype, dev, resolve_dtype(dtype, dev))
-    key = (os.fspath(spec), str(dev), precision, _cache_dir_key(cache_dir), bool(trust_remote_code))
+    key = (os.fspath(spec), str(dev), precision, cache_dir_key(cache_dir), bool(trust_remote_code))
     return _models.get(
         key,
         lambda: load_model(
@@ -345,12 +324,14 @@ def shared_decoder(
     weights: str | None = None,
     draft_weights: str | None = None,
     tree_width: int | None = None,
+    drafter_options: Mapping[str, Any] | None = None,
 ) -> Decoder:
     """The process's decoder for this configuration, built by `load_decoder` on first use and then shared.
 
-    target and draft are names (draft also "suffix", "ngram" or "none"). The same arguments (after defaults, with device
-    and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder, which decodes one
-    request batch at a time. Thread-safe: concurrent first calls load once; a failed load is not cached.
+    target and draft are names (draft also a registered drafter: `DRAFTERS.listing()`). The same arguments (after
+    defaults, with device and dtype resolved: "cpu" and torch.device("cpu") are one key) give the same Decoder,
+    which decodes one request batch at a time: the key is their `DecoderSpec`. Thread-safe: concurrent first
+    calls load once; a failed load is not cached.
     """
     for what, name in (("target", target), ("draft", draft)):
         if not isinstance(name, (str, os.PathLike)):
@@ -358,39 +339,21 @@ def shared_decoder(
                 f"shared_decoder takes model names; {what} is a {type(name).__name__} "
                 "(use build_decoder or load_decoder for loaded models)"
             )
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    if num_draft_tokens is None:  # the default and its value are one configuration
-        num_draft_tokens = default_draft_tokens(os.fspath(draft))
-    precision = resolve_precision(weights, dtype, dev, torch_dtype)
-    # the width the decoder gets: a head's None is its default width, every other drafter's width is 1
-    width = _tree_width(os.fspath(draft).startswith((HEAD_PREFIX, HYBRID_PREFIX)), tree_width)
-    key = (
-        os.fspath(target),
-        os.fspath(draft),
-        str(dev),
-        precision,
-        resolve_weights_name(draft_weights),
-        num_draft_tokens,
-        adaptive,
-        _cache_dir_key(cache_dir),
-        width,
+    spec = DecoderSpec.of(
+        target,
+        draft,
+        device=device,
+        dtype=dtype,
+        num_draft_tokens=num_draft_tokens,
+        adaptive=adaptive,
+        cache_dir=cache_dir,
+        weights=weights,
+        draft_weights=draft_weights,
+        tree_width=tree_width,
+        drafter_options=drafter_options,
     )
-    return _decoders.get(
-        key,
-        lambda: load_decoder(
-            os.fspath(target),
-            os.fspath(draft),
-            dev,
-            precision.dtype,
-            num_draft_tokens=num_draft_tokens,
-            adaptive=adaptive,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-            weights=precision.weights,
-            draft_weights=draft_weights,
-            tree_width=tree_width,
-        ),
-    )
+    args, kwargs = spec.load_call()
+    return _decoders.get(spec, lambda: load_decoder(*args, **kwargs))
 
 
 def clear_cache() -> None:

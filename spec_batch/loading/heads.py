@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..core.drafter_registry import HEAD, HYBRID
 from ..core.drafters import Drafter
 from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, eagle3_layers, stored_tensors
 from ..core.head_drafter import HeadDrafter
@@ -21,7 +22,7 @@ from ..errors import IncompatibleModelsError, InvalidParameterError
 from .quant_linear import Int8Linear
 from .weights import KERNEL_DTYPE, Precision, plain_linears, resolve_weights_name
 
-HEAD_PREFIX, HYBRID_PREFIX = "head:", "hybrid:"
+HEAD_PREFIX, HYBRID_PREFIX = f"{HEAD.name}:", f"{HYBRID.name}:"  # the registry's prefix kinds
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 

@@ -75,9 +75,9 @@ def build_context(
             weights=options.weights,
             draft_weights=options.draft_weights,
             tree_width=options.tree_width,
+            # a head keeps the name jobs and queues know it by (head:NAME), not its cache dir
+            draft_alias=options.draft if split_head(options.draft) else None,
         )
-        if split_head(options.draft):  # a head keeps the name jobs and queues know it by (head:NAME), not its cache dir
-            decoder.draft_name = options.draft
     engine = Engine(decoder, max_batch=options.max_batch)
     served = served_model(options, decoder)
     ctx = ServerContext(

@@ -105,10 +105,14 @@ def test_shared_decoder_loads_once_under_concurrency_and_does_not_cache_failures
         {
             "num_draft_tokens": 8,
             "adaptive": True,
+            "ngram_min": 1,
+            "ngram_max": 3,
+            "drafter_options": None,
             "cache_dir": None,
+            "trust_remote_code": False,
             "weights": "full",
-            "draft_weights": None,
-            "tree_width": None,
+            "draft_weights": "full",  # resolved, as the spec holds them: the key and the load are one value
+            "tree_width": 1,
         },
     )
     for _ in range(2):
@@ -226,3 +230,49 @@ def test_a_heads_default_tree_width_and_the_same_width_named_are_one_shared_deco
     hybrid = shared_decoder(tiny_dir, f"hybrid:{path}")  # a hybrid's head rows grow trees too
     assert hybrid.policy.tree_width == HeadDrafter.default_tree_width
     assert shared_decoder(tiny_dir, f"hybrid:{path}", tree_width=HeadDrafter.default_tree_width) is hybrid
+
+
+# ------------------------------------------------------------------ the decoder spec
+
+
+def test_a_decoder_spec_is_its_arguments_resolved_and_hashable():
+    from spec_batch.loading.factory import DecoderSpec
+
+    spec = DecoderSpec.of("some-model", "suffix")
+    assert spec == DecoderSpec.of("some-model", "suffix", device=torch.device("cpu"), dtype="float32")
+    assert spec == DecoderSpec.of("some-model", "suffix", num_draft_tokens=16, tree_width=3, weights="FULL")
+    assert hash(spec) == hash(DecoderSpec.of("some-model", "suffix", num_draft_tokens=16))
+    assert (spec.num_draft_tokens, spec.tree_width, spec.weights, spec.dtype) == (16, 1, "full", torch.float32)
+    assert spec.routing == ("some-model", "suffix", "full", "float32")
+    assert spec != DecoderSpec.of("some-model", "suffix", drafter_options={"max_spec_factor": 3.0})
+    assert spec != DecoderSpec.of("some-model", "suffix", adaptive=False)
+    with pytest.raises(AttributeError):
+        spec.draft = "ngram"  # type: ignore[misc]
+    # a head's drafting weights as it drafts: None and auto are int8 on the CPU, full is another decoder
+    head = DecoderSpec.of("some-model", "head:/some/dir")
+    assert head.tree_width == 3 and head.draft_weights == "int8"
+    assert head == DecoderSpec.of("some-model", "head:/some/dir", draft_weights="auto", tree_width=3)
+    assert head != DecoderSpec.of("some-model", "head:/some/dir", draft_weights="full")
+    with pytest.raises(InvalidParameterError, match="hashable"):
+        DecoderSpec.of("some-model", "suffix", drafter_options={"x": []})
+
+
+def test_precision_and_an_alias_are_constructor_arguments(tiny_dir, tiny_target, fake_tokenizer):
+    from spec_batch.loading import build_decoder
+
+    built = build_decoder(tiny_target, fake_tokenizer, target_name="tiny", draft="ngram", device=torch.device("cpu"))
+    assert built.precision is None and built.draft_name == "ngram"
+    dec = load_decoder(tiny_dir, "ngram", draft_alias="ngram-as-known")
+    assert dec.draft_name == "ngram-as-known" and dec.precision.to_dict()["weights"] == "full"
+    assert dec.drafter_factory().name == "ngram"  # the drafter itself keeps its name
+    shared = shared_decoder(tiny_dir, "suffix", drafter_options={"min_token_prob": 0.3})
+    assert shared.drafter_factory().min_token_prob == 0.3 and shared is not shared_decoder(tiny_dir, "suffix")
+
+
+def test_an_unknown_draft_names_the_registered_drafters(tiny_dir):
+    from spec_batch.errors import UnknownModelError
+
+    with pytest.raises(
+        UnknownModelError, match=r"draft 'sufix': no drafter of that name \(\"suffix\", \"ngram\", \"none\""
+    ):
+        load_decoder(tiny_dir, "sufix")
