@@ -112,10 +112,8 @@ def create_job_from_file(
     with their line number and reason). Status in_progress, or failed when no line is valid. report: the file
     already validated by validate_file (not read again). max_context / vocab_size: the target's, when known (lines
     it cannot run are invalid lines too). input_name: the input the job records instead of the file's path (the
-    API's file id). also(session): more rows written in the same transaction (the API's batch row). The job, its
-    requests and those rows are one transaction: a failure leaves none of them (no job stuck in validating).
-    Raises OSError when the file cannot be read, ValueError for bad options.
-    """
+    API's file id). also(session): more rows (the API's batch row) in the one transaction of the job and its
+    requests: a failure leaves none. Raises OSError when the file cannot be read, ValueError for bad options."""
     _check_job_options(batch_size, baseline_sample)
     defaults = sampling_defaults_with(sampling_defaults)
     if report is None:
