@@ -30,6 +30,7 @@ DEFAULT_API_PORT = 8000
 # Uploaded batch files (POST /v1/files): OpenAI's own limits, 200 MB and 50,000 requests a file.
 DEFAULT_API_MAX_FILE_BYTES = 200_000_000
 DEFAULT_API_MAX_FILE_LINES = 50_000
+DEFAULT_STALE_VALIDATING_S = 3600  # an hour: a 50,000-line file validates in seconds
 API_RUNNERS = ("local", "queue")
 
 
@@ -83,6 +84,9 @@ class Settings:
     # Files and batches (jobs) older than this many days are deleted by `spec-batch db prune` and, in a server,
     # once an hour (docs/batch-api.md). None: kept for ever (the default).
     retention_days: float | None = None
+    # A job still validating after this many seconds was left by a process that died while validating it: a
+    # server's housekeeping fails it (docs/batch-api.md). Validation stores everything in one transaction.
+    stale_validating_s: int = DEFAULT_STALE_VALIDATING_S
 
 
 def _int_env(name: str, default: int) -> int:
@@ -146,6 +150,7 @@ def get_settings() -> Settings:
         api_max_file_lines=_int_env("SPEC_BATCH_API_MAX_FILE_LINES", DEFAULT_API_MAX_FILE_LINES),
         api_docs=_bool_env("SPEC_BATCH_API_DOCS", False),
         retention_days=_retention_days(),
+        stale_validating_s=_int_env("SPEC_BATCH_STALE_VALIDATING_S", DEFAULT_STALE_VALIDATING_S),
     )
 
 

@@ -133,6 +133,20 @@ def fail(session: Session, job_id: str, error: str, *, now: datetime | None = No
     return _change(session, job_id, JOB_FAILED, now=now, values={"error": error})
 
 
+def fail_stale_validating(session: Session, job_id: str, error: str, *, now: datetime | None = None) -> bool:
+    """validating -> failed, and only from validating: a job whose validation never finished (the process that
+    validated it died). Request rows it may have are cancelled. True for the one caller that failed it."""
+    now = now or utcnow()
+    failed = queries.change_job_status(
+        session, job_id, sources=(JOB_VALIDATING,), target=JOB_FAILED, values={"failed_at": now, "error": error}
+    )
+    if failed:
+        queries.cancel_pending_requests(
+            session, job_id, job_status=JOB_FAILED, now=now, code="validation_abandoned", message=error
+        )
+    return failed
+
+
 def begin_finalizing(session: Session, job_id: str, *, now: datetime | None = None) -> bool:
     """in_progress -> finalizing, only once none of its requests is open. True for the one winner."""
     return _change(session, job_id, JOB_FINALIZING, now=now, unless_open_requests=True)

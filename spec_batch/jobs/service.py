@@ -107,13 +107,14 @@ def create_job_from_file(
     weights: str | None = None,
     dtype: str | None = None,
     input_name: str | None = None,
+    also: Callable[[Session], None] | None = None,
 ) -> tuple[str, ParseReport]:
     """Validates the file and stores the job, one request row per non-blank line (invalid lines are failed rows
     with their line number and reason). Status in_progress, or failed when no line is valid. report: the file
     already validated by validate_file (not read again). max_context / vocab_size: the target's, when known (lines
     it cannot run are invalid lines too). input_name: the input the job records instead of the file's path (the
-    API's file id). Raises OSError when the file cannot be read, ValueError for bad options.
-    """
+    API's file id). also(session): more rows (the API's batch row) in the one transaction of the job and its
+    requests: a failure leaves none. Raises OSError when the file cannot be read, ValueError for bad options."""
     _check_job_options(batch_size, baseline_sample)
     defaults = sampling_defaults_with(sampling_defaults)
     if report is None:
@@ -141,10 +142,10 @@ def create_job_from_file(
             n_invalid=len(report.errors),
             created_at=now,
         )
-    with session_factory.begin() as s:
-        rows = _request_rows(job_id, report, now)
-        queries.insert_requests(s, rows)
+        queries.insert_requests(s, _request_rows(job_id, report, now))
         _leave_validating(s, job_id, path, report, now)
+        if also is not None:
+            also(s)
     return job_id, report
 
 

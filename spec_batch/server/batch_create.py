@@ -190,7 +190,7 @@ def create_batch(
         chunk_size=fields.chunk_size,
         weights=fields.weights,
         dtype=fields.dtype,
+        # the batch row in the job's transaction: a job, its requests and its batch appear together or not at all
+        also=lambda s: file_sql.insert_batch(s, id=batch_id, created_at=utcnow(), **batch_values),
     )
-    with session_factory.begin() as s:
-        file_sql.insert_batch(s, id=batch_id, created_at=utcnow(), **batch_values)
     return batch_id

@@ -15,14 +15,17 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs.export import ERROR, OUTPUT, result_lines
-from spec_batch.store import queries, summaries
+from spec_batch.store import queries, servers, summaries
 from spec_batch.store.file_tables import Batch, StoredFile
 from spec_batch.store.models import (
+    JOB_FINALIZING,
+    JOB_IN_PROGRESS,
     JOB_TERMINAL,
     REQ_CANCELLED,
     REQ_COMPLETED,
     REQ_FAILED,
     Job,
+    utcnow,
 )
 
 # The completion windows a batch may ask for (OpenAI's one) and their lengths: a batch not finished within its
@@ -175,11 +178,27 @@ def usage(session: Session, job: Job) -> dict[str, Any]:
     }
 
 
+def no_server_error(session: Session, job: Job) -> dict[str, Any] | None:
+    """An entry of `errors` while a local batch waits and no live server runs its kind (store/servers.py)."""
+    if job.queue is not None or job.status not in (JOB_IN_PROGRESS, JOB_FINALIZING):
+        return None
+    if servers.can_run(session, job, utcnow()):
+        return None
+    message = (
+        f"no running server runs batches for target {job.target!r}, drafter {job.drafter!r}, weights "
+        f"{job.weights or 'full'}, dtype {job.dtype or 'any'}: the batch waits until one starts"
+    )
+    return {"code": "no_matching_server", "message": message, "param": None, "line": None}
+
+
 def batch_object(session: Session, batch: Batch, job: Job, model: str | None = None) -> dict[str, Any]:
-    """OpenAI's Batch, mapped from the job (its statuses are OpenAI's), plus `speculative`."""
+    """OpenAI's Batch, mapped from the job (its statuses are OpenAI's), plus `speculative`. While no running
+    server can run the batch, `errors` says so (code no_matching_server) and the batch waits."""
     counts = queries.job_counts(session, job.id)
     output_file_id, error_file_id = result_files(job, counts, batch)
-    errors = {"object": "list", "data": batch.errors} if batch.errors else None
+    waiting = no_server_error(session, job)
+    data = (batch.errors or []) + ([waiting] if waiting else [])
+    errors = {"object": "list", "data": data} if data else None
     return {
         "id": batch.id,
         "object": "batch",

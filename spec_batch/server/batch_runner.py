@@ -14,7 +14,11 @@ that ServerContext.services starts with the app, and sets it as ``ctx.batches`` 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +32,8 @@ from spec_batch.server.batch_create import JobFields
 from spec_batch.server.context import ServerContext
 from spec_batch.server.errors import APIError
 from spec_batch.store import files as file_sql
-from spec_batch.store import queries
+from spec_batch.store import queries, servers
+from spec_batch.store.models import utcnow
 from spec_batch.workers.enqueue import BrokerUnavailableError, check_broker, enqueue_job
 from spec_batch.workers.routing import queue_name
 
@@ -75,6 +80,9 @@ class LocalBatchRunner:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures: dict[str, int] = {}
+        # Its row in `servers` (store/servers.py): batch objects say when no live server can run a batch.
+        self.server_id = f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._beaten_at = 0.0
 
     def job_fields(self) -> JobFields:
         decoder, served = self.ctx.decoder, self.ctx.served
@@ -94,8 +102,23 @@ class LocalBatchRunner:
     def submitted(self, batch_id: str) -> None:
         self._wake.set()
 
+    def _heartbeat(self) -> None:
+        """Writes this runner's row in `servers` at most every HEARTBEAT_S (never fails the loop)."""
+        if time.monotonic() - self._beaten_at < servers.HEARTBEAT_S:
+            return
+        try:
+            own = self.job_fields()
+            with self.ctx.session_factory.begin() as s:
+                fields = dict(target=own.target, drafter=own.drafter, weights=own.weights, dtype=own.dtype)
+                servers.heartbeat(s, self.server_id, **fields, now=utcnow())
+            self._beaten_at = time.monotonic()
+        except Exception as exc:
+            log.warning("cannot record this server in the database: %s", exc)
+
     def start(self) -> None:
         self._stopping.clear()
+        self._beaten_at = 0.0
+        self._heartbeat()  # before the first request: a batch object never says no server runs ours
         self._thread = threading.Thread(target=self._loop, name="spec-batch-batches", daemon=True)
         self._thread.start()
 
@@ -106,10 +129,16 @@ class LocalBatchRunner:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        try:
+            with self.ctx.session_factory.begin() as s:
+                servers.remove(s, self.server_id)
+        except Exception as exc:  # it stops counting after servers.LIVE_S anyway
+            log.warning("cannot remove this server from the database: %s", exc)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
             self._wake.clear()
+            self._heartbeat()
             try:
                 own = self.job_fields()  # only batches made for this server's models and precision
                 with self.ctx.session_factory() as s:

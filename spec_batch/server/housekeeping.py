@@ -1,6 +1,7 @@
 """The server's housekeeping, a Service (start/stop) of ServerContext.services: a thread that, every
 `interval_s` seconds, ends as `expired` the batches whose completion_window ended (jobs.service.expire_job: what
-was done stays, the rest goes to the error file as batch_expired), and, when a retention is set
+was done stays, the rest goes to the error file as batch_expired), fails the jobs still `validating` after
+SPEC_BATCH_STALE_VALIDATING_S (left by a process that died while validating: issue 38), and, when a retention is set
 (SPEC_BATCH_RETENTION_DAYS), once an hour deletes the files and ended batches older than it (`prune`, also
 `spec-batch db prune`). Every server of a database does it: each change is a conditional UPDATE or a DELETE, so
 servers racing on it change a batch once.
@@ -17,6 +18,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from spec_batch.jobs import lifecycle
 from spec_batch.jobs.service import expire_job
 from spec_batch.server.batch_objects import COMPLETION_WINDOWS
 from spec_batch.server.context import ServerContext
@@ -33,6 +35,23 @@ def expire_overdue(session_factory: sessionmaker[Session], now: datetime) -> lis
     with session_factory() as s:
         overdue = file_sql.overdue_batches(s, COMPLETION_WINDOWS, now)
     return [batch_id for batch_id in overdue if expire_job(session_factory, batch_id, now=now)]
+
+
+def fail_stale_validating(session_factory: sessionmaker[Session], max_age_s: float, now: datetime) -> list[str]:
+    """Fails every job validating for more than max_age_s (only from validating: one that just started is not
+    touched); the ids it failed."""
+    with session_factory() as s:
+        stale = file_sql.stale_validating_jobs(s, now - timedelta(seconds=max_age_s))
+    error = (
+        f"validation did not finish within {max_age_s:g} s (SPEC_BATCH_STALE_VALIDATING_S): the process validating "
+        "the file stopped; create the batch (or run the file) again"
+    )
+    failed = []
+    for job_id in stale:
+        with session_factory.begin() as s:
+            if lifecycle.fail_stale_validating(s, job_id, error, now=now):
+                failed.append(job_id)
+    return failed
 
 
 def prune(session_factory: sessionmaker[Session], retention_days: float, now: datetime) -> file_sql.Pruned:
@@ -75,6 +94,8 @@ class Housekeeping:
         now = self.clock()
         for batch_id in expire_overdue(self.ctx.session_factory, now):
             log.info("batch %s expired: its completion_window ended", batch_id)
+        for job_id in fail_stale_validating(self.ctx.session_factory, self.ctx.settings.stale_validating_s, now):
+            log.warning("job %s failed: still validating after %d s", job_id, self.ctx.settings.stale_validating_s)
         days = self.ctx.settings.retention_days
         if days is not None and (self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY):
             pruned = prune(self.ctx.session_factory, days, now)

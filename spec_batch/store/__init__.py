@@ -1,6 +1,6 @@
 """The SQL store of bulk jobs: tables, engines/sessions/migrations, and every SQL statement of the project (docs/architecture.md)."""
 
-from . import baselines, chunk_recovery, chunks, file_tables, files, queries, request_claims, summaries
+from . import baselines, chunk_recovery, chunks, file_tables, files, queries, request_claims, servers, summaries
 from .db import (
     DatabaseMissingError,
     DatabaseNotMigratedError,

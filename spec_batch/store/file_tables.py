@@ -15,6 +15,7 @@ from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Integer, LargeBi
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .models import Base, JSONType, UTCDateTime, _in, utcnow
+from .nul_safe import NulSafeString
 
 CHUNK_BYTES = 1 << 20  # at most ~1 MB a row: fine for every backend's row and packet limits
 
@@ -32,10 +33,10 @@ class StoredFile(Base):
     __tablename__ = "files"
     __table_args__ = (CheckConstraint(_in("status", FILE_STATUSES), name="status"),)
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # file-<hex>
+    id: Mapped[str] = mapped_column(NulSafeString(40), primary_key=True)  # file-<hex>
     owner: Mapped[str | None] = mapped_column(String(80), index=True)  # the key's hash (auth.owner_hash); NULL: no keys
-    purpose: Mapped[str] = mapped_column(String(32))
-    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(NulSafeString(32))
+    filename: Mapped[str] = mapped_column(NulSafeString(512))
     bytes: Mapped[int] = mapped_column(BigInteger)
     line_count: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=FILE_PROCESSED)
@@ -47,7 +48,9 @@ class FileChunk(Base):
 
     __tablename__ = "file_chunks"
 
-    file_id: Mapped[str] = mapped_column(ForeignKey("files.id", ondelete="CASCADE"), primary_key=True)
+    file_id: Mapped[str] = mapped_column(
+        NulSafeString(40), ForeignKey("files.id", ondelete="CASCADE"), primary_key=True
+    )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
@@ -57,9 +60,13 @@ class Batch(Base):
 
     __tablename__ = "batches"
 
-    id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)  # batch_<hex>
+    id: Mapped[str] = mapped_column(
+        NulSafeString(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )  # batch_<hex>
     owner: Mapped[str | None] = mapped_column(String(80), index=True)
-    input_file_id: Mapped[str] = mapped_column(String(40))  # not a foreign key: deleting the file keeps the batch
+    input_file_id: Mapped[str] = mapped_column(
+        NulSafeString(40)
+    )  # not a foreign key: deleting the file keeps the batch
     endpoint: Mapped[str] = mapped_column(String(64))
     completion_window: Mapped[str] = mapped_column(String(16))
     # Validation errors of a batch that failed while validating: [{"code", "message", "param", "line"}]

@@ -15,7 +15,7 @@ from sqlalchemy import Select, and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from .file_tables import Batch, FileChunk, StoredFile
-from .models import JOB_FINALIZING, JOB_IN_PROGRESS, JOB_TERMINAL, Job
+from .models import JOB_FINALIZING, JOB_IN_PROGRESS, JOB_TERMINAL, JOB_VALIDATING, Job
 
 
 def _owned(q: Select, column: Any, owner: str | None) -> Select:
@@ -180,6 +180,13 @@ def overdue_batches(session: Session, windows: Mapping[str, timedelta], now: dat
     return list(session.scalars(q))
 
 
+def stale_validating_jobs(session: Session, before: datetime) -> list[str]:
+    """Jobs (of a batch or not) still validating that were created before `before`: a job, its requests and its
+    batch are written in one transaction, so a job seen validating for long is one whose process died."""
+    q = select(Job.id).where(Job.status == JOB_VALIDATING, Job.created_at < before).order_by(Job.created_at, Job.id)
+    return list(session.scalars(q))
+
+
 def mark_result_deleted(session: Session, batch_id: str, *, output: bool, now: datetime) -> bool:
     """Records that the batch's output (or errors) file was deleted; True the first time."""
     column = Batch.output_deleted_at if output else Batch.errors_deleted_at
@@ -234,4 +241,5 @@ __all__ = [
     "overdue_batches",
     "prune_before",
     "queued_batches_open",
+    "stale_validating_jobs",
 ]

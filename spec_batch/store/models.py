@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     Boolean,
     CheckConstraint,
     Column,
@@ -25,14 +24,14 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    Text,
     TypeDecorator,
     UniqueConstraint,
     false,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from .nul_safe import NulSafeJSON, NulSafeString, NulSafeText
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -103,7 +102,8 @@ class UTCDateTime(TypeDecorator):
         return value.astimezone(UTC)
 
 
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+# JSON (JSONB on PostgreSQL) whose strings may hold NUL (nul_safe.py): every JSON column of the store.
+JSONType = NulSafeJSON()
 
 
 class Base(DeclarativeBase):
@@ -120,12 +120,12 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (CheckConstraint(_in("status", JOB_STATUSES), name="status"),)
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(NulSafeString(40), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), default=JOB_VALIDATING, server_default=JOB_VALIDATING, index=True)
-    target: Mapped[str] = mapped_column(String(512))
-    drafter: Mapped[str] = mapped_column(String(512))
-    input_file: Mapped[str | None] = mapped_column(String(1024))
-    output_file: Mapped[str | None] = mapped_column(String(1024))
+    target: Mapped[str] = mapped_column(NulSafeString(512))
+    drafter: Mapped[str] = mapped_column(NulSafeString(512))
+    input_file: Mapped[str | None] = mapped_column(NulSafeString(1024))
+    output_file: Mapped[str | None] = mapped_column(NulSafeString(1024))
     # Defaults for lines that omit a value: {"max_new_tokens": .., "temperature": .., "top_p": ..}
     sampling_defaults: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
@@ -153,7 +153,7 @@ class Job(Base):
     # spec_batch.jobs.baseline.UNRELIABLE_SPREAD) means the load changed while the speedup was measured.
     speedup_low: Mapped[float | None] = mapped_column(Float)
     speedup_high: Mapped[float | None] = mapped_column(Float)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(NulSafeText)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # in_progress since
     finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -190,24 +190,24 @@ class Request(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(NulSafeString(40), ForeignKey("jobs.id", ondelete="CASCADE"))
     # The line's custom_id when it has a string one (invalid lines too); NULL when it has none.
-    custom_id: Mapped[str | None] = mapped_column(String(512))
+    custom_id: Mapped[str | None] = mapped_column(NulSafeString(512))
     line_number: Mapped[int] = mapped_column(Integer)  # 1-based line of the batch file
-    input: Mapped[str] = mapped_column(Text)  # the line exactly as read
-    endpoint: Mapped[str | None] = mapped_column(String(64))  # "/v1/chat/completions" | "/v1/completions"
+    input: Mapped[str] = mapped_column(NulSafeText)  # the line exactly as read
+    endpoint: Mapped[str | None] = mapped_column(NulSafeString(64))  # "/v1/chat/completions" | "/v1/completions"
     prompt: Mapped[Any] = mapped_column(JSONType, nullable=True)  # messages (chat) or prompt string
     params: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # SamplingParams fields
     # What the line asked for beyond SamplingParams (0005): {"n", "tools", "logprobs", "recorded": {...}}; NULL: none
     options: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     status: Mapped[str] = mapped_column(String(16), default=REQ_PENDING, server_default=REQ_PENDING)
-    output: Mapped[str | None] = mapped_column(Text)  # generated text (the first choice's)
+    output: Mapped[str | None] = mapped_column(NulSafeText)  # generated text (the first choice's)
     # The choices when `output` is not enough (0005): n > 1, logprobs; see jobs/choices.py. NULL: one plain choice
     choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     finish_reason: Mapped[str | None] = mapped_column(String(16))  # stop | length | error
     error_code: Mapped[str | None] = mapped_column(String(64))
-    error_param: Mapped[str | None] = mapped_column(String(255))  # the field an invalid line got wrong
-    error: Mapped[str | None] = mapped_column(Text)
+    error_param: Mapped[str | None] = mapped_column(NulSafeString(255))  # the field an invalid line got wrong
+    error: Mapped[str | None] = mapped_column(NulSafeText)
     # Per-request statistics from the core (RequestStats).
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)

@@ -433,3 +433,44 @@ def test_retention_deletes_old_files_and_ended_batches(decoder, tmp_path, monkey
     with TestClient(make_app(decoder, db)) as http:
         with pytest.raises(openai.NotFoundError):
             client_of(http).batches.retrieve(new.id)
+
+
+# ---------------------------------------------------------------- Low 1: a job left validating
+
+
+def test_a_job_left_validating_fails_after_the_stated_age_and_a_young_one_stays(decoder, tmp_path):
+    """What a server killed while validating left with the old three transactions (a job, some rows, no batch
+    row): housekeeping fails it once it is older than SPEC_BATCH_STALE_VALIDATING_S; `spec-batch jobs` then lists it
+    failed. A batch made now is stored in one transaction, so POST /v1/batches never leaves one."""
+    from datetime import timedelta
+
+    from click.testing import CliRunner
+
+    from spec_batch.cli import main
+    from spec_batch.store import queries
+    from spec_batch.store.models import utcnow
+
+    db = tmp_path / "stale.db"
+    with TestClient(make_app(decoder, db, stale_validating_s=600)) as http:
+        factory = http.app.state.ctx.session_factory
+        now = utcnow()
+        with factory.begin() as s:
+            for job_id, age in (("job_dead", 601), ("job_young", 60)):
+                queries.insert_job(
+                    s, id=job_id, target="tiny", drafter="ngram", sampling_defaults={}, n_requests=1,
+                    created_at=now - timedelta(seconds=age),
+                )  # fmt: skip
+                row = {"job_id": job_id, "custom_id": "a", "line_number": 1, "input": "{}", "status": "pending"}
+                queries.insert_requests(s, [row])
+        batch = run_batch(client_of(http), [completion_line("a", PROMPT)])
+        assert batch.status == "completed"
+        housekeeping_of(http).tick()
+        with factory() as s:
+            dead, young = queries.get_job(s, "job_dead"), queries.get_job(s, "job_young")
+            assert dead.status == "failed" and "SPEC_BATCH_STALE_VALIDATING_S" in dead.error
+            assert dead.failed_at is not None and queries.job_counts(s, "job_dead")["pending"] == 0
+            assert young.status == "validating"  # another server may be validating it now
+    listed = CliRunner().invoke(main, ["jobs"], env={"SPEC_BATCH_DATABASE_URL": f"sqlite:///{db}"})
+    assert listed.exit_code == 0, listed.output
+    line_of = {ln.split()[0]: ln for ln in listed.output.splitlines() if ln.strip().startswith("job_")}
+    assert "failed" in line_of["job_dead"] and "validating" in line_of["job_young"]
