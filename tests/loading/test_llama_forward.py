@@ -1,0 +1,144 @@
+"""Our Llama-family forward (loading/llama_forward.py) gives Hugging Face's logits bit for bit: ragged prefills,
+verify steps after a rollback, draft trees, at every weight storage and compute dtype with native attention; it
+is what a default load decodes with, and the switch refuses what it cannot do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spec_batch.core.hidden import capture_hidden
+from spec_batch.core.kv_batch import KVBatch, left_padded
+from spec_batch.loading.cpu_attention import use_gqa_attention
+from spec_batch.loading.cpu_linear import pack_linear_weights
+from spec_batch.loading.fused_projections import fuse_projections
+from spec_batch.loading.kernels import native_ops
+from spec_batch.loading.llama_forward import forward_kind, use_own_forward, why_not
+from spec_batch.loading.weights import quantize_model
+
+CPU = torch.device("cpu")
+PROMPTS = [[5, 9, 11, 3, 7, 1, 30, 2, 17], [8, 2, 6], [40, 41]]
+
+needs_kernels = pytest.mark.skipif(not native_ops(), reason="no C++ compiler: the native kernels cannot be built")
+
+
+def _model(weights: str, dtype: torch.dtype, native: bool = True) -> LlamaForCausalLM:
+    torch.manual_seed(11)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=64,
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).eval().to(dtype)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    if weights == "full":
+        pack_linear_weights(model)
+    else:
+        quantize_model(model, weights, torch.bfloat16)
+    fuse_projections(model)
+    use_gqa_attention(model, native=native)
+    return model
+
+
+def _steps(model, own: bool) -> list[torch.Tensor]:
+    """A ragged prefill, a verify step, a rollback, a draft tree and a step after keeping one path."""
+    forward = model.spec_batch_forward
+    model.spec_batch_forward = forward if own else None
+    try:
+        kv = KVBatch(model, CPU, len(PROMPTS))
+        ids, valid = left_padded(PROMPTS, 0, CPU)
+        out = [kv.forward(ids, valid)]
+        step = torch.tensor([[50, 51, 52], [53, 0, 0], [54, 55, 0]])
+        out.append(kv.forward(step, step != 0))
+        kv.rollback(torch.tensor([2, 0, 1]))
+        # a tree: node 0 the root, nodes 1 and 2 its children (depth 1), node 3 child of 1 (depth 2)
+        attend = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+        attend = attend.expand(len(PROMPTS), -1, -1)
+        tree = torch.tensor([[20, 21, 22, 23]] * len(PROMPTS))
+        depth = torch.tensor([0, 1, 1, 2])
+        positions = kv.next_pos.unsqueeze(1) + depth
+        out.append(kv.forward_tree(tree, torch.ones_like(tree, dtype=torch.bool), positions, attend).logits)
+        kv.keep_last(torch.tensor([[True, True, False, True]] * len(PROMPTS)))
+        out.append(kv.forward(torch.tensor([[9], [9], [9]]), torch.ones(3, 1, dtype=torch.bool), logits_to_keep=1))
+        return out
+    finally:
+        model.spec_batch_forward = forward
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "weights,dtype",
+    [("full", torch.float32), ("full", torch.bfloat16), ("int4", torch.float32), ("int8", torch.float32)]
+    + [("w4a8", torch.float32), ("w4a8", torch.bfloat16)],
+)
+def test_our_forward_gives_hugging_faces_logits_bit_for_bit(weights, dtype):
+    model = _model(weights, dtype)
+    assert use_own_forward(model, "auto") == "own" and forward_kind(model) == "own"
+    with torch.inference_mode():
+        ours, theirs = _steps(model, own=True), _steps(model, own=False)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape and torch.equal(a, b), (i, (a.float() - b.float()).abs().max())
+
+
+@needs_kernels
+def test_the_final_norms_hook_still_sees_the_hidden_states_and_layer_hooks_use_hugging_faces_forward():
+    model = _model("full", torch.float32)
+    use_own_forward(model, "own")
+    own, calls = model.spec_batch_forward, []
+
+    class Counting:
+        def usable(self, model_kwargs):
+            return own.usable(model_kwargs)
+
+        def __call__(self, **kwargs):
+            calls.append(1)
+            return own(**kwargs)
+
+    model.spec_batch_forward = Counting()
+    with torch.inference_mode():
+        kv = KVBatch(model, CPU, 1)
+        ids, valid = left_padded(PROMPTS[:1], 0, CPU)
+        with capture_hidden(model, True) as last:
+            kv.forward(ids, valid)
+        assert len(calls) == 1 and len(last) == 1 and last[0].shape == (1, len(PROMPTS[0]), 64)
+        with capture_hidden(model, True, layers=[0, 2]) as features:  # hooks on the embeddings and a layer
+            kv.forward(torch.tensor([[3]]), torch.ones(1, 1, dtype=torch.bool))
+        assert len(calls) == 1 and features[0].shape == (1, 1, 128)  # Hugging Face's forward ran that one
+
+
+def test_the_switch_refuses_what_it_cannot_do():
+    model = _model("full", torch.float32, native=False)  # float64 attention: ours needs the native kernel
+    assert "attention" in why_not(model)
+    assert use_own_forward(model, "auto") == "hf" and forward_kind(model) == "hf"
+    with pytest.raises(ValueError, match="SPEC_BATCH_FORWARD=own"):
+        use_own_forward(model, "own")
+    with pytest.raises(ValueError, match="sometimes"):
+        use_own_forward(model, "sometimes")
+    if native_ops():
+        native = _model("full", torch.float32)
+        assert use_own_forward(native, "hf") == "hf" and forward_kind(native) == "hf"
+
+
+def test_the_setting_names_its_choices(monkeypatch):
+    from spec_batch.settings import SettingsError, get_settings
+
+    monkeypatch.setenv("SPEC_BATCH_FORWARD", "own")
+    assert get_settings().forward == "own"
+    monkeypatch.setenv("SPEC_BATCH_FORWARD", "fast")
+    with pytest.raises(SettingsError, match="SPEC_BATCH_FORWARD='fast' is not one of auto, own, hf"):
+        get_settings()
+
+
+@needs_kernels
+def test_the_default_model_decodes_with_our_forward_and_the_same_logits(default_decoder):
+    model = default_decoder.target
+    assert forward_kind(model) == "own"
+    with torch.inference_mode():
+        ours, theirs = _steps(model, own=True), _steps(model, own=False)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
