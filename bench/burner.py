@@ -8,8 +8,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# A pure-Python loop: one core each, no threads of its own, nothing to install.
-_LOOP = "while True:\n    pass\n"
+# A pure-Python loop: one core each, no threads of its own, nothing to install. It also ends when the bench that
+# started it is gone (its parent changes), so a killed bench leaves no burner behind.
+_LOOP = (
+    "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1_000_000):\n        pass\n"
+)
 
 
 @contextmanager

@@ -137,3 +137,21 @@ def test_plan_multiplies_precisions_by_forwards_and_adds_the_tools():
         ("llama-batched-bench", None),
     ]
     assert bench_llamacpp._plan(argparse.Namespace(configs="", forwards=None, llama_bin=None)) == []
+
+
+def test_burners_are_gone_after_the_block(monkeypatch):
+    import subprocess
+
+    from bench import burner
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):
+        started.append(real_popen(*a, **k))
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with burner.burners(1):
+        assert len(started) == 1 and started[0].poll() is None
+    assert started[0].poll() is not None
