@@ -181,8 +181,8 @@ def overdue_batches(session: Session, windows: Mapping[str, timedelta], now: dat
 
 
 def stale_validating_jobs(session: Session, before: datetime) -> list[str]:
-    """Jobs (of a batch or not) still validating that were created before `before`: a job, its requests and its
-    batch are written in one transaction, so a job seen validating for long is one whose process died."""
+    """Jobs (of a batch or not) still validating that were created before `before`: a job leaves validating in the
+    transaction that writes its requests, so a job seen validating for long is one whose process died."""
     q = select(Job.id).where(Job.status == JOB_VALIDATING, Job.created_at < before).order_by(Job.created_at, Job.id)
     return list(session.scalars(q))
 
