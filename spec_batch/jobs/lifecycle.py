@@ -133,13 +133,24 @@ def fail(session: Session, job_id: str, error: str, *, now: datetime | None = No
     return _change(session, job_id, JOB_FAILED, now=now, values={"error": error})
 
 
+def fail_validating(session: Session, job_id: str, error: str, *, now: datetime | None = None) -> bool:
+    """validating -> failed, and only from validating: its file failed validation (a job that left validating
+    meanwhile, cancelled or started by another process validating it too, is not touched). True for the one caller
+    that failed it."""
+    return queries.change_job_status(
+        session,
+        job_id,
+        sources=(JOB_VALIDATING,),
+        target=JOB_FAILED,
+        values={"failed_at": now or utcnow(), "error": error},
+    )
+
+
 def fail_stale_validating(session: Session, job_id: str, error: str, *, now: datetime | None = None) -> bool:
     """validating -> failed, and only from validating: a job whose validation never finished (the process that
     validated it died). Request rows it may have are cancelled. True for the one caller that failed it."""
     now = now or utcnow()
-    failed = queries.change_job_status(
-        session, job_id, sources=(JOB_VALIDATING,), target=JOB_FAILED, values={"failed_at": now, "error": error}
-    )
+    failed = fail_validating(session, job_id, error, now=now)
     if failed:
         queries.cancel_pending_requests(
             session, job_id, job_status=JOB_FAILED, now=now, code="validation_abandoned", message=error
@@ -226,6 +237,11 @@ def check_runnable(job_id: str, status: str) -> None:
         raise JobStateError(f"job {job_id} was interrupted while its file was being validated: run the file again")
     if status in (JOB_CANCELLING, JOB_CANCELLED, JOB_FAILED, JOB_EXPIRED):
         raise JobStateError(f"job {job_id} is {status}; nothing to run")
+
+
+def is_validating(status: str) -> bool:
+    """The job's file is still being validated (validating): nothing of it runs yet."""
+    return status == JOB_VALIDATING
 
 
 def is_stopping(status: str) -> bool:
@@ -347,12 +363,15 @@ __all__ = [
     "complete",
     "expire",
     "fail",
+    "fail_stale_validating",
+    "fail_validating",
     "finalize_job",
     "finish_finalizing",
     "is_finalizing",
     "is_running",
     "is_stopping",
     "is_terminal",
+    "is_validating",
     "request_cancel",
     "resume_action",
     "settle_cancel",

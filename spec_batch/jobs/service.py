@@ -149,6 +149,44 @@ def create_job_from_file(
     return job_id, report
 
 
+class _LeftValidating(Exception):
+    """The job left validating while its file was validated: the transaction is rolled back."""
+
+
+def store_validated(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    report: ParseReport,
+    *,
+    input_name: str,
+) -> bool:
+    """For a job stored while `validating` before its file was read (a batch of the API): in one transaction, the
+    job leaves validating (in_progress, or failed when no line is valid) and its line counts and request rows are
+    written. Only from validating: when the job left it meanwhile (cancelled, or another
+    process validating it too got there first), nothing is written and False is returned."""
+    now = utcnow()
+    try:
+        with session_factory.begin() as s:
+            # the status first: on PostgreSQL it locks the row, so a second validator waits, then finds it gone
+            if report.requests:
+                moved = lifecycle.start(s, job_id, now=now)
+            else:
+                moved = lifecycle.fail_validating(s, job_id, _no_valid_line(input_name, report), now=now)
+            if not moved:
+                raise _LeftValidating()
+            queries.set_job_sizes(s, job_id, n_requests=report.n_lines, n_invalid=len(report.errors))
+            queries.insert_requests(s, _request_rows(job_id, report, now))
+    except _LeftValidating:
+        return False
+    return True
+
+
+def _no_valid_line(path: str | Path, report: ParseReport) -> str:
+    if report.n_lines:
+        return f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
+    return f"{path} has no requests"
+
+
 def _check_job_options(batch_size: int, baseline_sample: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -161,14 +199,7 @@ def _leave_validating(session: Session, job_id: str, path: str | Path, report: P
     if report.requests:
         lifecycle.start(session, job_id, now=now)
         return
-    lifecycle.fail(
-        session,
-        job_id,
-        f"no valid request in {path} ({report.n_lines} line(s), all invalid: see the errors file)"
-        if report.n_lines
-        else f"{path} has no requests",
-        now=now,
-    )
+    lifecycle.fail(session, job_id, _no_valid_line(path, report), now=now)
 
 
 # ---------------------------------------------------------------- running

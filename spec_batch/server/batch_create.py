@@ -1,4 +1,5 @@
-"""Creating a batch: validate the uploaded file as OpenAI's Batch API does, then store it as a job.
+"""Creating a batch: store it `validating` (open_batch), then validate the uploaded file as OpenAI's Batch API does
+and move it on (validate_batch: the API's BatchValidator does it after POST /v1/batches returned).
 
 A structurally malformed file fails the whole batch while it is `validating`, with `errors` naming each line: a
 line that is not JSON or not an object, a missing, bad or duplicate `custom_id`, a bad envelope (`method`, an
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spec_batch.jobs import lifecycle
 from spec_batch.jobs.batch_input import LineError, ParseReport, iter_lines, parse_lines
-from spec_batch.jobs.service import create_job_from_file, sampling_defaults_with
+from spec_batch.jobs.service import sampling_defaults_with, store_validated
 from spec_batch.server.file_io import open_stored
 from spec_batch.store import files as file_sql
 from spec_batch.store import queries
@@ -117,15 +118,19 @@ def _capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return errors[:MAX_LISTED_ERRORS] + [_error("more_errors", f"{rest} more line(s) have errors", None, None)]
 
 
-def _fail_validation(
+def open_batch(
     session_factory: sessionmaker[Session],
-    batch_id: str,
-    fields: JobFields,
-    errors: list[dict[str, Any]],
-    batch_values: dict[str, Any],
+    *,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str,
     metadata: dict[str, Any] | None,
-) -> None:
-    """A job with no requests, failed at validating, and its batch row with the errors: one transaction."""
+    owner: str | None,
+    fields: JobFields,
+) -> str:
+    """Stores a new batch, `validating`, before its file is read: its job (no request rows yet) and its batch row,
+    in one transaction. validate_batch moves it on. Returns its id."""
+    batch_id = new_batch_id()
     now = utcnow()
     with session_factory.begin() as s:
         queries.insert_job(
@@ -133,22 +138,62 @@ def _fail_validation(
             id=batch_id,
             target=fields.target,
             drafter=fields.drafter,
-            input_file=batch_values["input_file_id"],
+            input_file=input_file_id,
             sampling_defaults=sampling_defaults_with(None),
             user_metadata=metadata,
             batch_size=BATCH_SIZE,
             baseline_sample=BASELINE_SAMPLE,
+            chunk_size=fields.chunk_size,
             queue=fields.queue,
             weights=fields.weights,
             dtype=fields.dtype,
             n_requests=0,
             created_at=now,
         )
-        file_sql.insert_batch(s, id=batch_id, errors=_capped(errors), created_at=now, **batch_values)
-        first = errors[0]["message"]
-        lifecycle.fail(
-            s, batch_id, f"the input file failed validation ({len(errors)} error(s); first: {first})", now=now
+        file_sql.insert_batch(
+            s,
+            id=batch_id,
+            owner=owner,
+            input_file_id=input_file_id,
+            endpoint=endpoint,
+            completion_window=completion_window,
+            created_at=now,
         )
+    return batch_id
+
+
+def _fail(session_factory: sessionmaker[Session], batch_id: str, error: str, errors: list[dict[str, Any]]) -> bool:
+    """validating -> failed with `errors` on the batch row, in one transaction (only from validating)."""
+    with session_factory.begin() as s:
+        failed = lifecycle.fail_validating(s, batch_id, error)
+        if failed and errors:
+            file_sql.set_batch_errors(s, batch_id, _capped(errors))
+    return failed
+
+
+def validate_batch(
+    session_factory: sessionmaker[Session], batch_id: str, fields: JobFields, *, max_line_bytes: int, max_lines: int
+) -> bool:
+    """Validates the file of a batch stored by open_batch and moves it on: in_progress with its request rows
+    (written in the transaction that starts it), or failed with `errors` naming the lines. False when the batch had
+    left validating already (cancelled, or validated by another process): nothing is done. An unexpected error
+    fails the batch (never left validating) and is raised."""
+    with session_factory() as s:
+        found = file_sql.get_batch(s, batch_id, None)
+        if found is None or not lifecycle.is_validating(found[1].status):
+            return False
+        input_file_id, endpoint = found[0].input_file_id, found[0].endpoint
+    try:
+        report = parse_stored(session_factory, input_file_id, max_line_bytes)
+        report.check_model_limits(max_context=fields.max_context, vocab_size=fields.vocab_size)
+        errors = structural_errors(report, endpoint, max_lines)
+        if errors:
+            message = f"the input file failed validation ({len(errors)} error(s); first: {errors[0]['message']})"
+            return _fail(session_factory, batch_id, message, errors)
+        return store_validated(session_factory, batch_id, report, input_name=input_file_id)
+    except Exception as exc:
+        _fail(session_factory, batch_id, f"validation failed in the server: {type(exc).__name__}: {exc}", [])
+        raise
 
 
 def create_batch(
@@ -163,34 +208,16 @@ def create_batch(
     max_line_bytes: int,
     max_lines: int,
 ) -> str:
-    """Validates the stored file and stores the batch (its job, request rows and batch row). Returns its id;
-    the job is in_progress, or failed (validation errors, or no valid line)."""
-    batch_id = new_batch_id()
-    report = parse_stored(session_factory, input_file_id, max_line_bytes)
-    report.check_model_limits(max_context=fields.max_context, vocab_size=fields.vocab_size)
-    batch_values = dict(
-        owner=owner, input_file_id=input_file_id, endpoint=endpoint, completion_window=completion_window
-    )
-    errors = structural_errors(report, endpoint, max_lines)
-    if errors:
-        _fail_validation(session_factory, batch_id, fields, errors, batch_values, metadata)
-        return batch_id
-    create_job_from_file(
+    """open_batch then validate_batch, here and now. Returns its id; the job is in_progress, or failed (validation
+    errors, or no valid line)."""
+    batch_id = open_batch(
         session_factory,
-        input_file_id,
-        input_name=input_file_id,
-        job_id=batch_id,
-        report=report,
-        target=fields.target,
-        drafter=fields.drafter,
-        batch_size=BATCH_SIZE,
-        baseline_sample=BASELINE_SAMPLE,
+        input_file_id=input_file_id,
+        endpoint=endpoint,
+        completion_window=completion_window,
         metadata=metadata,
-        queue=fields.queue,
-        chunk_size=fields.chunk_size,
-        weights=fields.weights,
-        dtype=fields.dtype,
-        # the batch row in the job's transaction: a job, its requests and its batch appear together or not at all
-        also=lambda s: file_sql.insert_batch(s, id=batch_id, created_at=utcnow(), **batch_values),
+        owner=owner,
+        fields=fields,
     )
+    validate_batch(session_factory, batch_id, fields, max_line_bytes=max_line_bytes, max_lines=max_lines)
     return batch_id

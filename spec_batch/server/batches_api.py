@@ -1,9 +1,10 @@
-"""The Batches API (OpenAI's /v1/batches): create a batch from an uploaded file, retrieve, list, cancel, and the
-job's HTML report. A batch is a job of the store with the same id; its status is the job's (they are OpenAI's).
+"""The Batches API (OpenAI's /v1/batches): create a batch from an uploaded file (it answers `validating` at once;
+ctx.validator validates the file afterwards), retrieve, list, cancel, and the job's HTML report. A batch is a job of the store with the same id; its status is the job's (they are OpenAI's).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -15,7 +16,7 @@ from spec_batch.jobs.service import cancel_job
 from spec_batch.openai_format import ENDPOINTS
 from spec_batch.reports import job_report_html
 from spec_batch.server.auth import Owner
-from spec_batch.server.batch_create import JobFields, create_batch
+from spec_batch.server.batch_create import JobFields, create_batch, open_batch
 from spec_batch.server.batch_objects import COMPLETION_WINDOWS, batch_object, list_object
 from spec_batch.server.context import BatchRunnerLike, Context, ServerContext
 from spec_batch.server.errors import APIError, invalid_request, not_found
@@ -86,7 +87,8 @@ def create(body: CreateBatch, ctx: Context, owner: Owner) -> dict[str, Any]:
     runner = _runner(ctx)
     runner.check_ready()
     fields: JobFields = runner.job_fields()
-    batch_id = create_batch(
+    opened = functools.partial(
+        open_batch if ctx.validator is not None else create_batch,
         ctx.session_factory,
         input_file_id=stored.id,
         endpoint=body.endpoint,
@@ -94,10 +96,13 @@ def create(body: CreateBatch, ctx: Context, owner: Owner) -> dict[str, Any]:
         metadata=body.metadata,
         owner=owner,
         fields=fields,
-        max_line_bytes=ctx.settings.max_line_bytes,
-        max_lines=ctx.settings.api_max_file_lines,
     )
-    runner.submitted(batch_id)
+    if ctx.validator is not None:  # OpenAI's shape: the batch is validating now, its file validated afterwards
+        batch_id = opened()
+        ctx.validator.submit(batch_id)
+    else:  # a context without a validator: the file is validated before this returns
+        batch_id = opened(max_line_bytes=ctx.settings.max_line_bytes, max_lines=ctx.settings.api_max_file_lines)
+        runner.submitted(batch_id)
     return _object(ctx, batch_id, owner)
 
 

@@ -1,5 +1,5 @@
-"""The server's one context (settings, the store, the served model, its engine, the batch runner, background
-services) and the FastAPI dependency that hands it to a route: ``ctx: Context``. Router modules import this module,
+"""The server's one context (settings, the store, the served model, its engine, the batch runner and validator,
+background services) and the FastAPI dependency that hands it to a route: ``ctx: Context``. Router modules import this module,
 never app.py (app.py imports the routers)."""
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ class BatchRunnerLike(Service, Protocol):
     def submitted(self, batch_id: str) -> None: ...
 
 
+class BatchValidatorLike(Service, Protocol):
+    """Validates the Batches API's batches after POST /v1/batches returned (server/batch_validation.py)."""
+
+    def submit(self, batch_id: str) -> None: ...
+
+
 @dataclass
 class ServerContext:
     settings: Settings
@@ -46,6 +52,9 @@ class ServerContext:
     # share the online requests' steps; None where no model is loaded here (batches run on the queue).
     decoder: DecoderLike | None = None
     batches: BatchRunnerLike | None = None  # the Batches API's runner (batch_runner.make_batch_runner sets it)
+    # Validates new batches after POST /v1/batches returned (batch_validation.make_batch_validator sets it); None:
+    # POST /v1/batches validates the file itself before it returns.
+    validator: BatchValidatorLike | None = None
     services: list[Service] = field(default_factory=list)  # started in order with the app, stopped in reverse
 
     @property

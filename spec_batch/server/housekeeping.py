@@ -1,7 +1,8 @@
 """The server's housekeeping, a Service (start/stop) of ServerContext.services: a thread that, every
 `interval_s` seconds, ends as `expired` the batches whose completion_window ended (jobs.service.expire_job: what
 was done stays, the rest goes to the error file as batch_expired), fails the jobs still `validating` after
-SPEC_BATCH_STALE_VALIDATING_S (left by a process that died while validating: issue 38), and, when a retention is set
+SPEC_BATCH_STALE_VALIDATING_S (left by a process that died while validating: issue 38; a restarted server validates
+again its own kind's younger ones, server/batch_validation.py), and, when a retention is set
 (SPEC_BATCH_RETENTION_DAYS), once an hour deletes the files and ended batches older than it (`prune`, also
 `spec-batch db prune`). Every server of a database does it: each change is a conditional UPDATE or a DELETE, so
 servers racing on it change a batch once.

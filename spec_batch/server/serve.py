@@ -2,8 +2,9 @@
 
 `build_context` makes the ServerContext: `served` (ServedModel), `engine` (the shared Engine), `decoder` (the
 engine as a Decoder: batch jobs in the server process decode through the same steps as online requests), `batches`
-(the batch runner), and services [engine, batch runner, housekeeping]: started in that order, stopped in reverse, so
-on shutdown the batch runner hands its work back first and the engine then finishes the online requests in flight.
+(the batch runner), `validator` (validates new batches after POST /v1/batches returned), and services [engine, batch
+runner, validator, housekeeping]: started in that order, stopped in reverse, so on shutdown the batch runner hands
+its work back first and the engine then finishes the online requests in flight.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from spec_batch.core.decoder_like import DecoderLike
 from spec_batch.core.engine import Engine
 from spec_batch.server.app import create_app
 from spec_batch.server.batch_runner import make_batch_runner
+from spec_batch.server.batch_validation import make_batch_validator
 from spec_batch.server.context import ServerContext
 from spec_batch.server.housekeeping import Housekeeping
 from spec_batch.server.served import ServedModel
@@ -89,6 +91,7 @@ def build_context(
         services=[engine],
     )
     ctx.services.append(make_batch_runner(ctx))  # after the engine: stopped before it
+    ctx.services.append(make_batch_validator(ctx))  # validates new batches, hands them to the runner
     ctx.services.append(Housekeeping(ctx))  # expiry of batches past their completion_window, retention
     return ctx
 

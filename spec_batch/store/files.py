@@ -181,9 +181,43 @@ def overdue_batches(session: Session, windows: Mapping[str, timedelta], now: dat
 
 
 def stale_validating_jobs(session: Session, before: datetime) -> list[str]:
-    """Jobs (of a batch or not) still validating that were created before `before`: a job, its requests and its
-    batch are written in one transaction, so a job seen validating for long is one whose process died."""
+    """Jobs (of a batch or not) still validating that were created before `before`: a job leaves validating in the
+    transaction that writes its requests, so a job seen validating for long is one whose process died."""
     q = select(Job.id).where(Job.status == JOB_VALIDATING, Job.created_at < before).order_by(Job.created_at, Job.id)
+    return list(session.scalars(q))
+
+
+def set_batch_errors(session: Session, batch_id: str, errors: list[dict[str, Any]]) -> None:
+    """The batch's `errors` (its file failed validation)."""
+    session.execute(update(Batch).where(Batch.id == batch_id).values(errors=errors))
+
+
+def validating_batches(
+    session: Session,
+    *,
+    target: str,
+    drafter: str,
+    weights: str | None,
+    dtype: str | None,
+    queue: str | None,
+    created_after: datetime,
+) -> list[str]:
+    """Batches still validating that a server of this kind (the job's target, drafter, weights, dtype and queue)
+    made after `created_after`, oldest first: what a restarted server validates again."""
+    q = (
+        select(Batch.id)
+        .join(Job, Job.id == Batch.id)
+        .where(
+            Job.status == JOB_VALIDATING,
+            Batch.created_at > created_after,
+            Job.target == target,
+            Job.drafter == drafter,
+            Job.weights.is_(None) if weights is None else Job.weights == weights,
+            Job.dtype.is_(None) if dtype is None else Job.dtype == dtype,
+            Job.queue.is_(None) if queue is None else Job.queue == queue,
+        )
+        .order_by(Batch.created_at, Batch.id)
+    )
     return list(session.scalars(q))
 
 
@@ -241,5 +275,7 @@ __all__ = [
     "overdue_batches",
     "prune_before",
     "queued_batches_open",
+    "set_batch_errors",
     "stale_validating_jobs",
+    "validating_batches",
 ]

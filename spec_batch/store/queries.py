@@ -53,6 +53,16 @@ def insert_requests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
         session.execute(insert(Request), list(rows[i : i + INSERT_BATCH]))
 
 
+def set_job_sizes(session: Session, job_id: str, *, n_requests: int, n_invalid: int) -> None:
+    """A job stored before its file was validated (a batch of the API) gets its line counts once it is."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(n_requests=n_requests, n_invalid=n_invalid)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def find_job(session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id)
 
@@ -393,5 +403,6 @@ __all__ = [
     "resolve_job_id",
     "save_failure",
     "save_result",
+    "set_job_sizes",
     "valid_request_ids",
 ]

@@ -98,6 +98,20 @@ def test_each_change_from_every_status_in_sql(db_url, target):
                 assert CHANGES[target](s, job_id) is False
 
 
+def test_fail_validating_only_from_validating(db_url):
+    """A file that failed validation fails its job only while it is validating: a job cancelled meanwhile, or
+    started by another process validating it too, is left as it is."""
+    factory = make_session_factory(db_url)
+    for source in JOB_STATUSES:
+        job_id = _job(factory, source)
+        with factory.begin() as s:
+            assert lifecycle.fail_validating(s, job_id, "bad line") == (source == "validating"), source
+        with factory() as s:
+            job = queries.get_job(s, job_id)
+            assert job.status == ("failed" if source == "validating" else source)
+    assert [s for s in JOB_STATUSES if lifecycle.is_validating(s)] == ["validating"]
+
+
 def test_conditions_on_requests(db_url):
     factory = make_session_factory(db_url)
     busy = _job(factory, "in_progress", requests=("completed", "pending"))

@@ -16,6 +16,7 @@ import uvicorn
 
 from spec_batch.server.app import create_app
 from spec_batch.server.batch_runner import make_batch_runner
+from spec_batch.server.batch_validation import make_batch_validator
 from spec_batch.server.context import ServerContext
 from spec_batch.server.housekeeping import Housekeeping
 from spec_batch.server.served import ServedModel
@@ -33,6 +34,7 @@ def build(args: argparse.Namespace) -> ServerContext:
         decoder = load_decoder(args.target, args.draft)
     ctx = ServerContext(settings, open_store(args.db, migrate=True), served, decoder=decoder)
     ctx.services.append(make_batch_runner(ctx))
+    ctx.services.append(make_batch_validator(ctx))
     ctx.services.append(Housekeeping(ctx))
     return ctx
 

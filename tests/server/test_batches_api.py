@@ -117,6 +117,8 @@ def test_a_malformed_file_fails_while_validating_naming_each_line(server, tmp_pa
     client = server.client()
     f = client.files.create(file=write_lines(tmp_path / "bad.jsonl", lines).open("rb"), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.status in ("validating", "failed")  # validated after create returned (OpenAI's shape)
+    batch = wait_batch(client, batch.id)
     assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
     by_line = {e.line: e.code for e in batch.errors.data}
     assert by_line == {2: "invalid_json", 3: "missing_custom_id", 4: "duplicate_custom_id", 5: "invalid_url"}
@@ -201,6 +203,7 @@ def test_cancel_and_list_pages(server, tmp_path):
     assert client.batches.cancel(ids[0]).status == "cancelled"  # again: a no-op
     bad = client.files.create(file=write_lines(tmp_path / "bad.jsonl", ["{"]).open("rb"), purpose="batch")
     failed = client.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert wait_batch(client, failed.id).status == "failed"
     with pytest.raises(openai.ConflictError, match="failed"):
         client.batches.cancel(failed.id)
 

@@ -47,7 +47,11 @@ def test_a_batch_no_running_server_can_run_says_so_until_one_runs_it(tiny_decode
         plain_http.app.state.ctx.batches.stop()  # the `--draft none` server stops (its row goes with it)
         f = made_by.files.create(file=("in.jsonl", (body + "\n").encode()), purpose="batch")
         batch = made_by.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
-        seen = client_of(ngram_http).batches.retrieve(batch.id)  # the other server, ngram, does not run it
+        deadline = time.monotonic() + 60
+        while (seen := client_of(ngram_http).batches.retrieve(batch.id)).status == "validating":
+            assert time.monotonic() < deadline  # validated after create returned (OpenAI's shape)
+            time.sleep(0.1)
+        # the other server, ngram, does not run it
         assert seen.status == "in_progress" and codes(seen) == ["no_matching_server"]
         assert "drafter 'none'" in seen.errors.data[0].message
         time.sleep(2.5)  # the ngram runner polls every 2 s: still not its kind

@@ -213,7 +213,7 @@ def test_a_file_failing_validation_with_nul_fails_cleanly(client):
     dup = line("d\x00", PROMPT)
     raw = '{"custom_id": "raw\x00", "body": \x00}'  # a raw 0x00 byte in a line that is not JSON
     f = client.files.create(file=("dup.jsonl", f"{dup}\n{dup}\n{raw}\n".encode()), purpose="batch")
-    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+    batch = wait(client, client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"))
     assert batch.status == "failed" and [e.line for e in batch.errors.data] == [2, 3]
     assert client.batches.retrieve(batch.id).errors == batch.errors
 
