@@ -54,7 +54,7 @@ def run_spec_batch(config: str, args) -> list[dict]:
     import torch
 
     from spec_batch import SamplingParams
-    from spec_batch.core.job_memory import JobMemory
+    from spec_batch.core.drafting.job_memory import JobMemory
     from spec_batch.loading import load_decoder
 
     torch.set_num_threads(args.threads)

@@ -182,7 +182,7 @@ def test_layer_imports(package, forbidden, forbidden_layers):
 
 # The one module per layer through which it reaches transformers' and torch's internals (core may not import
 # loading, so each has its own); no other module of spec_batch imports or reads them.
-COMPAT = ("spec_batch.core.hf_compat", "spec_batch.loading.compat")
+COMPAT = ("spec_batch.core.kv.hf_compat", "spec_batch.loading.compat")
 PUBLIC_SUBMODULES = ("transformers.utils",)  # transformers.utils.logging: documented for users
 
 
