@@ -70,7 +70,7 @@ class LlamaForward:
         self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
         self.rotary, self.lm_head = inner.rotary_emb, model.lm_head
         module = sys.modules[type(self.layers[0].self_attn).__module__]
-        self.apply_rotary = module.apply_rotary_pos_emb
+        self.apply_rotary, self.rotate_half = module.apply_rotary_pos_emb, module.rotate_half
         attn = self.layers[0].self_attn
         self.head_dim, self.scale = attn.head_dim, attn.scaling
 
@@ -103,16 +103,29 @@ class LlamaForward:
         rows, width, _ = x.shape
         attn, mlp = layer.self_attn, layer.mlp
         h = layer.input_layernorm.forward(x)
-        q, k, v = _projections(attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj", h)
-        shape = (rows, width, -1, self.head_dim)
-        q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
-        q, k = self.apply_rotary(q, k, *rotary)
+        q, k, v = self._queries_keys_values(attn, h, rotary)
         keys, values = cache.update(k, v, index)
         out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
         x = x + attn.o_proj(out.reshape(rows, width, -1).contiguous())
         h = layer.post_attention_layernorm.forward(x)
         gate, up = _projections(mlp, ("gate_proj", "up_proj"), "gate_up_proj", h)
         return x + mlp.down_proj(mlp.act_fn(gate) * up)
+
+    def _queries_keys_values(self, attn: Any, h: torch.Tensor, rotary: tuple) -> tuple[torch.Tensor, ...]:
+        """q, k, v [B, heads, n, D] with the rotary embedding applied to q and k. With a fused q/k/v group, q's and
+        k's heads rotate in one pass over the group's output: elementwise, so the same bits as one pass each."""
+        rows, width, _ = h.shape
+        group = getattr(attn, "qkv_proj", None)
+        if group is None:
+            shape = (rows, width, -1, self.head_dim)
+            q, k, v = (getattr(attn, name)(h).view(shape).transpose(1, 2) for name in ("q_proj", "k_proj", "v_proj"))
+            return (*self.apply_rotary(q, k, *rotary), v)
+        heads = group.fused(h).view(rows, width, -1, self.head_dim)  # [B, n, Hq + 2 Hkv, D]
+        nq, nk = group.sizes[0] // self.head_dim, group.sizes[1] // self.head_dim
+        cos, sin = (t.unsqueeze(2) for t in rotary)
+        qk = heads[:, :, : nq + nk]
+        qk = (qk * cos) + (self.rotate_half(qk) * sin)  # Hugging Face's apply_rotary_pos_emb, both at once
+        return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), heads[:, :, nq + nk :].transpose(1, 2)
 
 
 def _projections(parent: Any, names: tuple[str, ...], fused_name: str, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
