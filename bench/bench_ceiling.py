@@ -27,11 +27,11 @@ import torch
 
 from bench.prompts import MAX_NEW_TOKENS, SETS
 from spec_batch import load_decoder
-from spec_batch.core.drafters import DraftRow
-from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.batch.rows import matched_run
+from spec_batch.core.drafting.drafters import DraftRow
+from spec_batch.core.drafting.job_memory import JobMemory
+from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
 from spec_batch.core.params import SamplingParams
-from spec_batch.core.rows import matched_run
-from spec_batch.core.suffix_drafter import SuffixDrafter
 
 
 class OracleSuffixDrafter(SuffixDrafter):

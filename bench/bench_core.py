@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from bench.prompts import DESCRIPTIONS, MAX_NEW_TOKENS, SETS
 from spec_batch import SamplingParams, load_decoder
-from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.drafting.job_memory import JobMemory
 
 CLOCK = "wall"  # "wall": tokens per wall-clock second; "cpu": per CPU second of this process (--clock)
 COPY_NGRAM = 4  # an output token counts as copied when it lies in a run of >= 4 tokens that also occurs in the prompt

@@ -28,9 +28,9 @@ import torch
 
 from bench.head_sets import MAKERS, generated_set
 from spec_batch import SamplingParams, load_decoder
-from spec_batch.core.head import EagleHead
-from spec_batch.core.job_memory import JobMemory
-from spec_batch.core.kv_batch import KVBatch
+from spec_batch.core.drafting.job_memory import JobMemory
+from spec_batch.core.heads.head import EagleHead
+from spec_batch.core.kv.kv_batch import KVBatch
 from spec_batch.jobs.head_training import TrainOptions, train_from_pairs
 from spec_batch.loading import build_decoder
 from spec_batch.loading.heads import HybridHead, drafting_head, load_head, save_head

@@ -72,7 +72,7 @@ def run_spec_batch(config: str, args) -> list[dict]:
     import torch
 
     from spec_batch import SamplingParams
-    from spec_batch.core.job_memory import JobMemory
+    from spec_batch.core.drafting.job_memory import JobMemory
     from spec_batch.loading import load_decoder
     from spec_batch.loading.llama_forward import forward_kind
 

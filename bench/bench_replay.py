@@ -35,14 +35,14 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spec_batch.core.drafters import Drafter, DraftRow, NgramDrafter
-from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.batch.planning import observe_proposal, plan_step
+from spec_batch.core.batch.rows import matched_run
+from spec_batch.core.drafting.drafters import Drafter, DraftRow, NgramDrafter
+from spec_batch.core.drafting.job_memory import JobMemory
+from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
 from spec_batch.core.params import SamplingParams
-from spec_batch.core.planning import observe_proposal, plan_step
 from spec_batch.core.policy import DraftPolicy, RowAcceptance
-from spec_batch.core.rows import matched_run
 from spec_batch.core.step_costs import PaddedCosts, StepCosts
-from spec_batch.core.suffix_drafter import SuffixDrafter
 
 Request = tuple[list[int], list[int]]  # (prompt ids, output ids)
 

@@ -26,7 +26,7 @@ import torch
 
 from bench.bench_replay import padded_step_cost
 from spec_batch import load_decoder
-from spec_batch.core.kv_batch import KVBatch, left_padded
+from spec_batch.core.kv.kv_batch import KVBatch, left_padded
 
 
 def mixes(batch: int, count: int, rng: random.Random) -> list[list[int]]:

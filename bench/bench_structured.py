@@ -32,8 +32,8 @@ import torch
 
 from bench.structured_prompts import SET
 from spec_batch import SamplingParams, load_decoder
-from spec_batch.core import grammar_step
-from spec_batch.core.kv_batch import KVBatch
+from spec_batch.core.batch import grammar_step
+from spec_batch.core.kv.kv_batch import KVBatch
 from spec_batch.settings import get_settings
 
 

@@ -34,8 +34,8 @@ from bench.bench_heads import draft_cost
 from bench.bench_step_costs import time_mixes
 from bench.head_sets import MAKERS, generated_set
 from spec_batch import SamplingParams, load_decoder
-from spec_batch.core.head import EagleHead
-from spec_batch.core.head_train import collect_states
+from spec_batch.core.heads.head import EagleHead
+from spec_batch.core.heads.head_train import collect_states
 from spec_batch.jobs.head_training import TrainOptions, train_from_pairs
 from spec_batch.loading.heads import drafting_head
 

@@ -50,7 +50,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench.bench_step_costs import fit, mixes, time_mixes
-from spec_batch.core.head import head_for_target
+from spec_batch.core.heads.head import head_for_target
 from spec_batch.core.params import SamplingParams
 from spec_batch.loading import build_decoder
 from spec_batch.loading.load import resolve_dtype

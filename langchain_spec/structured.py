@@ -12,7 +12,7 @@ The grammar is built from the schema itself, not from LangChain's function-calli
 `$defs`/`$ref`, so a recursive model's nested objects went unconstrained, and drops unknown keys, so an invalid
 `type` became "anything"): a pydantic class gives its own JSON schema, a dict is taken as given (a missing
 `title` defaults to "output"), and the result is validated by the code that validates batch lines
-(spec_batch.core.response_format): an invalid schema raises InvalidParameterError here. TypedDicts and other
+(spec_batch.core.structured.response_format): an invalid schema raises InvalidParameterError here. TypedDicts and other
 types still go through LangChain's conversion.
 """
 
@@ -33,7 +33,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from spec_batch import InvalidParameterError
-from spec_batch.core.response_format import parse_response_format
+from spec_batch.core.structured.response_format import parse_response_format
 
 from .schemas import strict_schema
 

@@ -21,7 +21,7 @@ from .errors import (
 
 _LAZY = {
     "Decoder": ".core.decoder",
-    "JobMemory": ".core.job_memory",
+    "JobMemory": ".core.drafting.job_memory",
     "load_decoder": ".loading",
     "GenerationResult": ".core.outputs",
     "RequestStats": ".core.outputs",
@@ -32,7 +32,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .core.decoder import Decoder
-    from .core.job_memory import JobMemory
+    from .core.drafting.job_memory import JobMemory
     from .core.outputs import GenerationResult, RequestStats, StreamChunk, TokenLogprob
     from .core.params import SamplingParams
     from .loading import load_decoder

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench import bench_ceiling
+from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
 from spec_batch.core.params import SamplingParams
-from spec_batch.core.suffix_drafter import SuffixDrafter
 
 
 @dataclass

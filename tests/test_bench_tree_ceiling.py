@@ -9,7 +9,7 @@ import itertools
 import torch
 
 from bench import bench_tree_ceiling as tc
-from spec_batch.core.head import head_for_target
+from spec_batch.core.heads.head import head_for_target
 
 
 def test_accepted_in_is_the_longest_prefix_on_a_path():

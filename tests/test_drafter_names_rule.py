@@ -1,4 +1,4 @@
-"""No drafter is chosen by its name outside the registry (spec_batch/core/drafter_registry.py): read from the
+"""No drafter is chosen by its name outside the registry (spec_batch/core/drafting/drafter_registry.py): read from the
 source with ast, no comparison (==, !=, in, not in) in spec_batch/ or workers/ has a drafter kind's name as an
 operand, alone or in a literal tuple, list or set. "none" is also a value of OpenAI's tool_choice and of settings,
 so it counts only where the other side names a draft (an identifier containing "draft"). Defaults such as

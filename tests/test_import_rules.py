@@ -10,6 +10,8 @@ those inside functions included (only `if TYPE_CHECKING:` blocks, which never ru
 - spec_batch.workers (the queue) imports nothing of the CLI or LangChain;
 - spec_batch.reports (store's read queries, matplotlib, jinja2) imports no celery, kombu, redis or langchain, and
   nothing of workers, jobs, loading or the CLI;
+- spec_batch.core's parts import only their own part and lower ones (kv, structured < shared leaves <
+  drafting < heads < batch < front), and no module imports the documented alias paths;
 - no import cycles among the project's modules.
 """
 
@@ -182,7 +184,7 @@ def test_layer_imports(package, forbidden, forbidden_layers):
 
 # The one module per layer through which it reaches transformers' and torch's internals (core may not import
 # loading, so each has its own); no other module of spec_batch imports or reads them.
-COMPAT = ("spec_batch.core.hf_compat", "spec_batch.loading.compat")
+COMPAT = ("spec_batch.core.kv.hf_compat", "spec_batch.loading.compat")
 PUBLIC_SUBMODULES = ("transformers.utils",)  # transformers.utils.logging: documented for users
 
 
@@ -301,3 +303,73 @@ def test_no_module_or_function_is_too_long():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{module}.{node.name}: {length} lines")
     assert too_long == []
+
+
+# The core's own layers (docs/architecture.md, "The core's parts"), lowest first: a core module imports core
+# modules of its own part or of a lower layer only, so the parts form no cycle. The shared leaves are the flat
+# modules every part reads (parameters, sampling, verification, results, the policy); the front drives a batch.
+CORE_LEAVES = (
+    "params",
+    "inputs",
+    "outputs",
+    "text",
+    "sampling",
+    "verify",
+    "logprobs",
+    "logits_processing",
+    "policy",
+    "step_costs",
+    "calibration",
+)
+CORE_FRONT = ("decoder", "decoder_like", "engine", "engine_batch")
+CORE_ALIASES = ("drafters", "response_format")  # documented paths of moved modules, for users only
+CORE_LAYERS = (
+    ("kv", "structured"),
+    ("leaves",),
+    ("drafting",),
+    ("heads",),
+    ("batch",),
+    ("front",),
+    ("aliases",),
+)
+
+
+def _core_part(module: str) -> str:
+    """The part of spec_batch.core a module belongs to: its subpackage, or leaves / front / aliases."""
+    name = module.split(".")[2] if module.count(".") >= 2 else "__init__"
+    for part, members in (("leaves", CORE_LEAVES), ("front", CORE_FRONT), ("aliases", CORE_ALIASES)):
+        if module.count(".") == 2 and name in members:
+            return part
+    assert (REPO / "spec_batch" / "core" / name).is_dir(), f"{module}: place it in CORE_LEAVES or CORE_FRONT"
+    return name
+
+
+def _core_rank(part: str) -> int:
+    return next(i for i, parts in enumerate(CORE_LAYERS) if part in parts)
+
+
+def test_the_core_parts_import_only_lower_layers():
+    bad = []
+    for module in sorted(project_modules()):
+        if not _within(module, "spec_batch.core") or module == "spec_batch.core":
+            continue
+        part = _core_part(module)
+        for name in sorted(imports_of(module)):
+            if not _within(name, "spec_batch.core") or name == "spec_batch.core":
+                continue
+            other = _core_part(name)
+            if other != part and _core_rank(other) >= _core_rank(part):
+                bad.append(f"{module} ({part}) imports {name} ({other})")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_users_import_the_documented_aliases():
+    aliases = {f"spec_batch.core.{a}" for a in CORE_ALIASES}
+    bad = [
+        f"{module} imports {name}"
+        for module in sorted(project_modules())
+        if module not in aliases
+        for name in imports_of(module)
+        if name in aliases
+    ]
+    assert not bad, "\n".join(bad)

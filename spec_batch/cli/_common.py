@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..core.drafter_registry import DRAFTERS
+from ..core.drafting.drafter_registry import DRAFTERS
 from ..limits import TEMPERATURE, Range
 
 F = TypeVar("F", bound=Callable[..., Any])

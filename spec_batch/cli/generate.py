@@ -43,7 +43,7 @@ def _response_format(ctx: click.Context, param: click.Parameter, value: str | No
     ResponseFormat that SamplingParams keeps, before any model loads."""
     if value is None:
         return None
-    from ..core.response_format import parse_response_format
+    from ..core.structured.response_format import parse_response_format
     from ..errors import InvalidParameterError
 
     text = read_text_file(Path(value[1:]), "--response-format") if value.startswith("@") else value

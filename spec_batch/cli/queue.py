@@ -29,7 +29,7 @@ from .wait import err, wait_for_job
 
 
 def _check_model(spec: str, what: str) -> None:
-    from ..core.drafter_registry import DRAFTERS
+    from ..core.drafting.drafter_registry import DRAFTERS
     from ..errors import SpecBatchError
     from ..loading import resolve_spec
 

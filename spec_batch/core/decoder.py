@@ -1,5 +1,5 @@
 """The decoder: a target model, its tokenizer, a drafter factory and the draft policy, and the loop of one
-`generate` call over a running batch (core/running_batch.py: prefill, draft, one target forward over all drafts,
+`generate` call over a running batch (core/batch/running_batch.py: prefill, draft, one target forward over all drafts,
 verify, roll back, stop).
 
 Rows join the batch as others finish (continuous batching) and leave when done; each row has its own accepted
@@ -17,17 +17,17 @@ from typing import Any
 import torch
 
 from ..errors import ChatTemplateError, InvalidParameterError, PromptError, PromptTooLongError
-from .drafter_registry import DRAFTERS
-from .drafters import Drafter, NoDrafter
-from .grammar_step import row_grammar
+from .batch.grammar_step import row_grammar
+from .batch.running_batch import RowUpdate, RunningBatch, Sink, end_row
+from .drafting.drafter_registry import DRAFTERS
+from .drafting.drafters import Drafter, NoDrafter
+from .drafting.job_memory import JobMemory
 from .inputs import PreparedRequest, Prompt, params_list, prompt_ids
-from .job_memory import JobMemory
-from .kv_batch import supports_model
+from .kv.kv_batch import supports_model
+from .kv.padding import skips_padding
 from .outputs import GenerationResult, RequestStats, StreamChunk
-from .padding import skips_padding
 from .params import SamplingParams
 from .policy import DraftPolicy
-from .running_batch import RowUpdate, RunningBatch, Sink, end_row
 from .step_costs import WALL_CLOCK, StepClock
 from .text import eos_ids
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from .drafting.job_memory import JobMemory
 from .inputs import Prompt
-from .job_memory import JobMemory
 from .outputs import GenerationResult
 from .params import SamplingParams
 

@@ -1,7 +1,7 @@
 """One decoder shared by many callers: continuous batching across requests that arrive at any time.
 
 `Decoder.generate` decodes the prompts of one call; two callers wait for each other. The engine drives one running
-batch (core/running_batch.py) on a background thread for everybody: between two steps it ends the rows whose caller
+batch (core/batch/running_batch.py) on a background thread for everybody: between two steps it ends the rows whose caller
 went away (`RowHandle.cancel`), admits waiting requests (their prompts are prefilled and their rows join the batch,
 the same calls as a row joining inside one `generate`), runs one step and hands every row its step's tokens. A
 row's output does not depend on the rows around it, so a request decoded here equals the same request through
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpecBatchError
+from .batch.running_batch import RowUpdate, RunningBatch, Sink, end_row, failed_result
 from .decoder import Decoder, Request, Results
+from .drafting.job_memory import JobMemory
 from .engine_batch import Group, Ticket, check_groups
 from .inputs import Prompt
-from .job_memory import JobMemory
 from .outputs import INTERNAL_ERROR, GenerationResult, RequestStats, StreamChunk
 from .params import SamplingParams
-from .running_batch import RowUpdate, RunningBatch, Sink, end_row, failed_result
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The engine's requests (spec_batch/core/engine.py): a `Ticket` per submitted request (its caller's sink, its group,
 whether it was cancelled) and the `Group` of one caller's requests (a limit, a stop, a job memory, plain or not).
 
-A ticket is the sink of its row in the engine's running batch (core/running_batch.py): it hands each update to its
+A ticket is the sink of its row in the engine's running batch (core/batch/running_batch.py): it hands each update to its
 caller and leaves its group's count with the last one.
 """
 
@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .batch.running_batch import RowUpdate, Sink
 from .decoder import Request
-from .job_memory import JobMemory
-from .running_batch import RowUpdate, Sink
+from .drafting.job_memory import JobMemory
 
 log = logging.getLogger("spec_batch.core.engine")
 

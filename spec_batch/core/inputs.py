@@ -10,7 +10,7 @@ from ..errors import InvalidParameterError, InvalidPromptError, PromptTooLongErr
 from .params import SamplingParams
 
 if TYPE_CHECKING:
-    from .grammar import GrammarState
+    from .structured.grammar import GrammarState
 
 Prompt = str | list[int]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import InvalidParameterError
-from .response_format import ResponseFormat, parse_response_format
+from .structured.response_format import ResponseFormat, parse_response_format
 
 
 @dataclass

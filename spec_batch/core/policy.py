@@ -12,7 +12,7 @@ drafting must beat it by a margin (`margin`), since a wrong "on" costs a step an
 it keeps probing (a small, shrinking share of steps), and a probe's measured cost replaces the stale one: step costs
 measured in a busy spell must not lock speculation off once the machine is quiet again.
 
-Where the target skips padded positions (`ragged`: core/padding.py; the packed CPU linears), a step costs what
+Where the target skips padded positions (`ragged`: core/kv/padding.py; the packed CPU linears), a step costs what
 its real tokens cost, not its width: then each row drafts its own length. A row drafts token j while its chance
 to get there is at least a threshold shared by the batch; the threshold with the best expected tokens per
 second wins. Its cost is looked up at an effective width between 1 + the mean draft (padding free) and 1 + the
@@ -131,7 +131,7 @@ class DraftPolicy:
             raise ValueError(f"tree_width must be >= 1, got {tree_width}")
         self.k_max = k_max
         self.adaptive = adaptive
-        # a drafter that grows trees (a head: core/head_drafter.py) drafts them in batches of at most tree_batch rows
+        # a drafter that grows trees (a head: core/heads/head_drafter.py) drafts them in batches of at most tree_batch rows
         # (1: a verify forward at batch 1 is bound by reading the weights, so extra nodes cost little there; at larger
         # batches every node is paid in compute), each node having `tree_width` children at most. 1: chains. How
         # many nodes a step verifies is chosen after the tree is grown, from its nodes' calibrated confidence
@@ -232,7 +232,7 @@ class DraftPolicy:
         confidence: list[float],
         continued: list[bool],
     ) -> None:
-        """A tree's nodes judged against the step's emitted tokens (core/tree.checked): calibration learns from
+        """A tree's nodes judged against the step's emitted tokens (core/drafting/tree.checked): calibration learns from
         every judged node (verified or not), the row's first-token rate and the run lengths from the path.
         continued: for each accepted node with children grown, whether one of them was accepted too."""
         for c in continued:

@@ -108,7 +108,7 @@ class PaddedCosts:
     """Step costs where a padded position may cost less than a real token, and how much is measured.
 
     A step of batch b drafting lengths ks computes b * (1 + mean) real tokens and b * (max - mean) padded ones.
-    Where the target skips padding in its linear layers (core/padding.py) a padded position still costs
+    Where the target skips padding in its linear layers (core/kv/padding.py) a padded position still costs
     something (attention and the elementwise layers run on the padded width), how much depends on the machine and
     the model (docs/core.md). So a step's cost is read from a StepCosts table at the effective width
     u = 1 + mean + rho * (max - mean), for candidate weights rho of a padded position (0: free, 1: as dear as a real

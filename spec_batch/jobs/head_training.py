@@ -2,7 +2,7 @@
 
 The stored requests of the given jobs (their prompts through the target's chat template, their outputs) and,
 optionally, prompts from a file (the target answers them first) are the data. 10% of the requests are held
-out; the head is trained on the rest (core/head_train.py) and then drafts for the held-out requests through
+out; the head is trained on the rest (core/heads/head_train.py) and then drafts for the held-out requests through
 the real decoder: their accepted length per step is the number stored with the head. The head is stored in
 SQL (store/drafters.py) with its facts.
 """
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.head import EagleHead, head_for_target, stored_tensors
-from ..core.head_train import TrainReport, choose_vocabulary, collect_states, train_head
+from ..core.heads.head import EagleHead, head_for_target, stored_tensors
+from ..core.heads.head_train import TrainReport, choose_vocabulary, collect_states, train_head
 from ..core.params import SamplingParams
 from ..errors import InvalidParameterError
 from ..openai_format.prompts import build_prompt, prompt_list
@@ -42,7 +42,9 @@ class TrainOptions:
     measure_tokens: int = 96  # longest output the held-out decode produces per request
     num_draft_tokens: int = 5
     shared_lm_head: bool = True  # the target's LM head rows (frozen, not stored); False: the head's own, trained
-    layout: str = "eagle"  # "eagle3": EAGLE-3's head (three target layers, training-time test: core/head_train.py)
+    layout: str = (
+        "eagle"  # "eagle3": EAGLE-3's head (three target layers, training-time test: core/heads/head_train.py)
+    )
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.decoder_like import DecoderLike
-from ..core.job_memory import JobMemory
+from ..core.drafting.job_memory import JobMemory
 from ..store import queries
 
 

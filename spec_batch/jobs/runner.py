@@ -40,7 +40,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..core.decoder_like import DecoderLike
-from ..core.job_memory import JobMemory
+from ..core.drafting.job_memory import JobMemory
 from ..core.outputs import GenerationResult, RequestStats
 from ..settings import get_settings
 from ..store import queries

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..core import padding
+from ..core.kv import padding
 from .quant_linear import _RowsLinear, q4_1_groups, require_concatenable
 
 BLOCK, TILE = 32, 8

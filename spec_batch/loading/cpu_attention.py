@@ -16,7 +16,7 @@ model the logits of the same token then differed by ~4e-5 in fp32 and, where int
 to bf16 (which amplifies a last-bit difference into a bf16 step), by up to 0.3, which flipped greedy tokens in most
 speculative outputs. So attention computes in float64 on the CPU: summation order then moves results by ~1e-16,
 far below the float32 (or bf16) rounding of the output, and the logits of a token are the same bit for bit at every
-width and batch (tests/loading/test_exact_attention.py). The KV cache is kept in float64 (core/kv_batch.py reads
+width and batch (tests/loading/test_exact_attention.py). The KV cache is kept in float64 (core/kv/kv_batch.py reads
 `spec_batch_kv_dtype`), so no step casts it. It costs ~2x the attention's own time (docs/weights.md).
 
 **Grouped-query attention.** Hugging Face's `sdpa` attention handles grouped-query attention (SmolLM2: 9 query
@@ -144,7 +144,7 @@ def use_gqa_attention(model: Any, native: bool = False) -> bool:
         return False
     if model.config._attn_implementation != name:
         return False
-    # core/kv_batch.py keeps the cache in this dtype: float64 for the float64 path (no cast per step)
+    # core/kv/kv_batch.py keeps the cache in this dtype: float64 for the float64 path (no cast per step)
     model.spec_batch_kv_dtype = None if name == NATIVE else torch.float64
     return True
 

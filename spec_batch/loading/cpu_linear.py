@@ -21,7 +21,7 @@ import copy
 import torch
 from torch import nn
 
-from ..core import padding
+from ..core.kv import padding
 
 _DTYPES = (torch.float32, torch.bfloat16)
 _LINEAR = torch.ops.mkldnn._linear_pointwise.default if hasattr(torch.ops.mkldnn, "_linear_pointwise") else None
@@ -36,7 +36,7 @@ class PackedLinear(nn.Module):
     """nn.Linear with its weight in oneDNN's blocked layout. `weight` is kept only where something else reads it
     (the output embeddings, often tied to the input ones); elsewhere the plain copy is dropped.
 
-    Inside a forward that published its real positions (core/padding.py), only those rows are computed; the
+    Inside a forward that published its real positions (core/kv/padding.py), only those rows are computed; the
     padded ones are zeros. A row's numbers do not depend on which other rows are computed with it."""
 
     skips_padding = True

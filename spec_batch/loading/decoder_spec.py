@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..core.drafter_registry import DRAFT_MODEL, DRAFTERS, HEAD, HYBRID, DrafterKind
-from ..core.head import EagleHead
+from ..core.drafting.drafter_registry import DRAFT_MODEL, DRAFTERS, HEAD, HYBRID, DrafterKind
+from ..core.heads.head import EagleHead
 from ..errors import InvalidParameterError
 from .heads import HybridHead, head_weights
 from .load import resolve_device, resolve_dtype

@@ -14,9 +14,9 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from ..core.decoder import Decoder
-from ..core.drafter_registry import DRAFTERS, SELF, DrafterKind, DraftSettings
-from ..core.drafters import Drafter, ModelDrafter
-from ..core.head import EagleHead
+from ..core.drafting.drafter_registry import DRAFTERS, SELF, DrafterKind, DraftSettings
+from ..core.drafting.drafters import Drafter, ModelDrafter
+from ..core.heads.head import EagleHead
 from ..errors import InvalidParameterError, UnknownModelError
 from .chat import apply_chat_template
 from .decoder_spec import DecoderSpec, cache_dir_key, drafter_kind

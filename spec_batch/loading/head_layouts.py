@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..core.head import EagleHead, HeadConfig, _rope_theta
+from ..core.heads.head import EagleHead, HeadConfig, _rope_theta
 from ..errors import InvalidParameterError
 
 

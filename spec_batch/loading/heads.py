@@ -1,4 +1,4 @@
-"""Draft heads (core/head.py) from a directory (config.json + model.safetensors), checked against the target they
+"""Draft heads (core/heads/head.py) from a directory (config.json + model.safetensors), checked against the target they
 are to draft for. The loading layer reads files only: a head named in SQL is resolved to a directory by the jobs
 or CLI layer (spec_batch/jobs/heads.py) before it gets here."""
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from ..core.drafter_registry import HEAD, HYBRID
-from ..core.drafters import Drafter
-from ..core.head import HEAD_FORMAT, EagleHead, HeadConfig, eagle3_layers, stored_tensors
-from ..core.head_drafter import HeadDrafter
-from ..core.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
-from ..core.suffix_drafter import SuffixDrafter
+from ..core.drafting.drafter_registry import HEAD, HYBRID
+from ..core.drafting.drafters import Drafter
+from ..core.drafting.suffix_drafter import SuffixDrafter
+from ..core.heads.head import HEAD_FORMAT, EagleHead, HeadConfig, eagle3_layers, stored_tensors
+from ..core.heads.head_drafter import HeadDrafter
+from ..core.heads.hybrid_drafter import DEFAULT_THRESHOLD, HybridDrafter
 from ..errors import IncompatibleModelsError, InvalidParameterError
 from .quant_linear import Int8Linear
 from .weights import KERNEL_DTYPE, Precision, plain_linears, resolve_weights_name

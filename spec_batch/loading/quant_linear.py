@@ -12,7 +12,7 @@ scale = d, zero = m + 8 d; Q4_0 (weight = d * (q - 8)) with scale = d, zero = 0.
 scales are rounded only when the kernel wants them in bf16 (bf16 activations).
 
 Like cpu_linear.PackedLinear, a layer computes only the real positions of a padded verify step
-(core/padding.py) and never calls its kernel with fewer than `min_rows` rows, so that a token's logits do not
+(core/kv/padding.py) and never calls its kernel with fewer than `min_rows` rows, so that a token's logits do not
 depend on the batch it is computed in (tests/loading/test_quant_linear.py checks it bit for bit).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..core import padding
+from ..core.kv import padding
 
 __all__ = [
     "INT4_GROUP_SIZE",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import limits
-from ..core.response_format import ResponseFormatError, parse_response_format
+from ..core.structured.response_format import ResponseFormatError, parse_response_format
 from ..loading.chat import MessageError, validate_messages
 
 CHAT = "/v1/chat/completions"

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.response_format import JSON_OPTIONS
+from ..core.structured.response_format import JSON_OPTIONS
 from ..errors import InvalidParameterError
 
 

@@ -120,8 +120,8 @@ def test_langchain_models_resolve_a_head_by_name(env, tmp_path, monkeypatch, tin
     """draft="head:NAME" in the LangChain models reaches the loader as the head's cached directory."""
     import langchain_spec._base as base
     from langchain_spec import SpeculativeLLM
-    from spec_batch.core.head import head_for_target
-    from spec_batch.core.head_train import TrainReport
+    from spec_batch.core.heads.head import head_for_target
+    from spec_batch.core.heads.head_train import TrainReport
     from spec_batch.jobs.head_training import TrainedHead, stored_row
     from spec_batch.store import drafters as store
     from spec_batch.store import open_store

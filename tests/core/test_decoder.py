@@ -25,7 +25,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from spec_batch import GenerationResult, InvalidParameterError, PromptTooLongError, SamplingParams
 from spec_batch.core.decoder import Decoder
-from spec_batch.core.drafters import Draft
+from spec_batch.core.drafting.drafters import Draft
 from spec_batch.core.sampling import STREAM_TARGET, exponential_noise, logits_to_probs, sample_from
 from spec_batch.loading import build_decoder
 
@@ -425,7 +425,7 @@ def test_seed_none_differs_between_calls(decoders):
 def test_seed_none_draws_a_fresh_seed_per_request(decoders, monkeypatch):
     """seed=None is a fresh seed for the request, used exactly as a given seed would be."""
     fresh = iter([5, 6])
-    monkeypatch.setattr("spec_batch.core.running_batch.fresh_seed", lambda: next(fresh))
+    monkeypatch.setattr("spec_batch.core.batch.running_batch.fresh_seed", lambda: next(fresh))
     p = SamplingParams(max_new_tokens=N_NEW, temperature=1.0)
     out = decoders["none"].generate([PROMPTS[1], PROMPTS[2]], p, batch_size=2)
     assert [r.token_ids for r in out] == [
@@ -744,7 +744,7 @@ def test_free_drafters_are_checked_even_when_nothing_is_drafted(tiny_target, fak
 def test_the_job_memory_reaches_the_drafter_and_never_changes_outputs(tiny_decoder, greedy_refs):
     """A memory of the job's outputs changes what the suffix drafter proposes, never the output: the second
     run, with the first run's outputs in memory, drafts more and yields the same tokens."""
-    from spec_batch.core.job_memory import JobMemory
+    from spec_batch.core.drafting.job_memory import JobMemory
 
     dec = tiny_decoder("suffix", adaptive=False)
     memory = JobMemory(max_tokens=10_000)
@@ -914,7 +914,7 @@ def test_default_model_greedy_equals_hf(default_decoder, default_refs):
 @pytest.mark.slow
 def test_default_model_suffix_with_job_memory_equals_hf(default_decoder, default_refs):
     from spec_batch import load_decoder
-    from spec_batch.core.job_memory import JobMemory
+    from spec_batch.core.drafting.job_memory import JobMemory
 
     dec = load_decoder("default", "suffix")
     params = SamplingParams(max_new_tokens=N_DEFAULT)

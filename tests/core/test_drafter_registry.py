@@ -1,4 +1,4 @@
-"""The drafter registry (core/drafter_registry.py): a drafter kind registered in a test decodes through
+"""The drafter registry (core/drafting/drafter_registry.py): a drafter kind registered in a test decodes through
 build_decoder with its own defaults, exactly as plain decoding does (docs/architecture.md, "Adding a drafter");
 the built-in kinds keep their defaults; the capability protocols recognise the drafters that have them."""
 
@@ -10,12 +10,21 @@ import pytest
 import torch
 
 from spec_batch import SamplingParams
-from spec_batch.core.drafter_registry import DRAFTERS, HEAD, HYBRID, NGRAM, NONE, SUFFIX, DrafterKind, DraftSettings
-from spec_batch.core.drafters import Draft, DraftRow, GrowsTrees, NgramDrafter, ReadsHidden
-from spec_batch.core.head import head_for_target
-from spec_batch.core.head_drafter import HeadDrafter
-from spec_batch.core.hybrid_drafter import HybridDrafter
-from spec_batch.core.suffix_drafter import SuffixDrafter
+from spec_batch.core.drafting.drafter_registry import (
+    DRAFTERS,
+    HEAD,
+    HYBRID,
+    NGRAM,
+    NONE,
+    SUFFIX,
+    DrafterKind,
+    DraftSettings,
+)
+from spec_batch.core.drafting.drafters import Draft, DraftRow, GrowsTrees, NgramDrafter, ReadsHidden
+from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
+from spec_batch.core.heads.head import head_for_target
+from spec_batch.core.heads.head_drafter import HeadDrafter
+from spec_batch.core.heads.hybrid_drafter import HybridDrafter
 from spec_batch.errors import InvalidParameterError
 from spec_batch.loading import build_decoder
 

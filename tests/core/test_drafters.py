@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import pytest
 import torch
 
-from spec_batch.core.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter, _NgramIndex, _to_vocab
+from spec_batch.core.drafting.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter, _NgramIndex, _to_vocab
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.sampling import logits_to_probs
 

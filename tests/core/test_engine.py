@@ -40,7 +40,7 @@ def decoder(request, tiny_decoder, tiny_draft, tiny_target):
     if request.param == "head":  # a learned head: rows joining mid-batch hand it their prompts' hidden states
         import torch
 
-        from spec_batch.core.head import head_for_target
+        from spec_batch.core.heads.head import head_for_target
 
         torch.manual_seed(0)
         return tiny_decoder(head_for_target(tiny_target, torch.arange(0, 64, 2), "tiny"), adaptive=False)

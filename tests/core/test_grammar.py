@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from spec_batch.core.grammar import (
+from spec_batch.core.params import SamplingParams
+from spec_batch.core.structured.grammar import (
     GrammarEngine,
     apply_bitmask,
     grammar_engine,
@@ -15,8 +16,7 @@ from spec_batch.core.grammar import (
     parse_response_format,
     unpack_bitmask,
 )
-from spec_batch.core.params import SamplingParams
-from spec_batch.core.response_format import ResponseFormat
+from spec_batch.core.structured.response_format import ResponseFormat
 from spec_batch.errors import InvalidParameterError
 
 EOS = 0
@@ -357,7 +357,7 @@ def test_grammars_that_match_something_still_pass(pattern):
 
 
 def test_the_engine_refuses_a_grammar_that_matches_nothing(engine):
-    from spec_batch.core.response_format import ResponseFormat
+    from spec_batch.core.structured.response_format import ResponseFormat
 
     with pytest.raises(InvalidParameterError, match="matches no string at all"):
         engine.matcher(ResponseFormat("regex", "[a&&b]"))  # built without parse_response_format's check

@@ -23,7 +23,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from spec_batch import SamplingParams
 from spec_batch.core.engine import Engine
-from spec_batch.core.grammar import apply_bitmask, grammar_engine
+from spec_batch.core.structured.grammar import apply_bitmask, grammar_engine
 from spec_batch.loading import build_decoder
 from spec_batch.loading.factory import DRAFTERS_WITHOUT_MODEL
 

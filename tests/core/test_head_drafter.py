@@ -1,4 +1,4 @@
-"""The learned head drafter (core/head.py, core/head_drafter.py) on tiny random models: its outputs are exactly the
+"""The learned head drafter (core/heads/head.py, core/heads/head_drafter.py) on tiny random models: its outputs are exactly the
 target's (greedy token for token against `none` and Hugging Face at batch 1 and 8, sampling by chi-square with the
 head's own reduced-vocabulary distributions, under a grammar too), its cache rolls back with the target's, and
 a head made for another target is refused."""
@@ -10,8 +10,8 @@ import torch
 from test_decoder import N_NEW, PROMPTS, _chisquare, _exact_sequence_probs, check_stats
 
 from spec_batch import SamplingParams
-from spec_batch.core.head import EagleHead, HeadConfig, head_for_target, init_from_target, round_to_storage
-from spec_batch.core.head_drafter import HeadDrafter
+from spec_batch.core.heads.head import EagleHead, HeadConfig, head_for_target, init_from_target, round_to_storage
+from spec_batch.core.heads.head_drafter import HeadDrafter
 from spec_batch.errors import IncompatibleModelsError
 from spec_batch.loading import build_decoder
 from spec_batch.loading.heads import load_head, save_head

@@ -1,4 +1,4 @@
-"""EAGLE-3's training-time test (core/head_train.ttt_passes): pass j must compute exactly what drafting computes at
+"""EAGLE-3's training-time test (core/heads/head_train.ttt_passes): pass j must compute exactly what drafting computes at
 depth j + 1, where the head's cache holds the real entries up to the chain's start and the chain's own entries,
 so that what the head is trained on is what it drafts with."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from spec_batch.core.head import EagleHead, HeadConfig, eagle3_layers
-from spec_batch.core.head_train import TTT_STEPS, _PassCache, _ttt_mask, ttt_passes
+from spec_batch.core.heads.head import EagleHead, HeadConfig, eagle3_layers
+from spec_batch.core.heads.head_train import TTT_STEPS, _PassCache, _ttt_mask, ttt_passes
 
 
 def _eagle3_head(seed: int = 0) -> EagleHead:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_batch.core.kv_batch import KVBatch, left_padded, supports_model
+from spec_batch.core.kv.kv_batch import KVBatch, left_padded, supports_model
 
 CPU = torch.device("cpu")
 ATOL = 2e-4

@@ -1,4 +1,4 @@
-"""The real-positions hint a forward publishes for layers that can skip padding (core/padding.py)."""
+"""The real-positions hint a forward publishes for layers that can skip padding (core/kv/padding.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import torch
 from torch import nn
 
-from spec_batch.core import padding
+from spec_batch.core.kv import padding
 
 
 def test_real_positions_are_published_for_the_block_only():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from spec_batch import RequestStats, SamplingParams
+from spec_batch.core.batch.rows import Row, matched_run
 from spec_batch.core.policy import RowAcceptance
-from spec_batch.core.rows import Row, matched_run
 from spec_batch.core.text import OutputText
 
 PROMPT = [1, 2, 3]

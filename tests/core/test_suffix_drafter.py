@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.drafting.job_memory import JobMemory
+from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
 from spec_batch.core.params import SamplingParams
-from spec_batch.core.suffix_drafter import SuffixDrafter
 
 
 @dataclass

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from spec_batch.core.suffix_index import SuffixIndex
+from spec_batch.core.drafting.suffix_index import SuffixIndex
 
 # ---------------------------------------------------------------- the oracle: naive scans
 

@@ -1,4 +1,4 @@
-"""Draft trees (core/tree.py): the layout helpers, a tree forward against a chain forward of the same path, and
+"""Draft trees (core/drafting/tree.py): the layout helpers, a tree forward against a chain forward of the same path, and
 decoding with trees against the plain-decoding oracle."""
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from test_head_drafter import random_head
 from spec_batch import SamplingParams
 from spec_batch.core.calibration import FIRST_AFTER_MISS
 from spec_batch.core.decoder import Decoder
-from spec_batch.core.drafters import Draft
-from spec_batch.core.head_drafter import HeadDrafter
-from spec_batch.core.kv_batch import KVBatch
-from spec_batch.core.tree import (
+from spec_batch.core.drafting.drafters import Draft
+from spec_batch.core.drafting.tree import (
     TreeInput,
     ancestors,
     best_nodes,
@@ -28,6 +26,8 @@ from spec_batch.core.tree import (
     subtree,
     walk,
 )
+from spec_batch.core.heads.head_drafter import HeadDrafter
+from spec_batch.core.kv.kv_batch import KVBatch
 
 CPU = torch.device("cpu")
 

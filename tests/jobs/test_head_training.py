@@ -1,4 +1,4 @@
-"""Training a draft head from stored outputs (jobs/head_training.py, core/head_train.py) on a tiny random target:
+"""Training a draft head from stored outputs (jobs/head_training.py, core/heads/head_train.py) on a tiny random target:
 deterministic for a seed, better than the untrained head on held-out requests, stored in SQL and loaded back by
 name (head:NAME) through the jobs layer's cache directory, with outputs unchanged."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spec_batch import SamplingParams
-from spec_batch.core.head_train import choose_vocabulary
+from spec_batch.core.heads.head_train import choose_vocabulary
 from spec_batch.jobs.head_training import TrainOptions, heldout_acceptance, split, stored_row, train_from_pairs
 from spec_batch.jobs.heads import resolve_draft, split_head
 from spec_batch.loading import build_decoder

@@ -8,7 +8,7 @@ from datetime import timedelta
 from batch_lines import completion_line, write_batch
 from sqlalchemy import select, update
 
-from spec_batch.core.job_memory import JobMemory
+from spec_batch.core.drafting.job_memory import JobMemory
 from spec_batch.jobs import create_job_from_file
 from spec_batch.jobs.job_memory_store import JobMemories, uses_job_memory, warm_memory
 from spec_batch.jobs.runner import run_requests

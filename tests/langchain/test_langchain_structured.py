@@ -301,7 +301,7 @@ def _consumed(response_format: dict, text: str) -> tuple[int, bool]:
     """How many bytes of text the response_format's grammar takes, and whether it then accepts."""
     from llguidance import LLMatcher
 
-    from spec_batch.core.response_format import _byte_tokenizer, parse_response_format
+    from spec_batch.core.structured.response_format import _byte_tokenizer, parse_response_format
 
     matcher = LLMatcher(_byte_tokenizer(), parse_response_format(response_format).grammar(), log_level=0)
     data = list(text.encode())

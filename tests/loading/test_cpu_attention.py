@@ -8,7 +8,7 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_batch.core.kv_batch import KVBatch, left_padded
+from spec_batch.core.kv.kv_batch import KVBatch, left_padded
 from spec_batch.loading import cpu_attention
 from spec_batch.loading.cpu_attention import NAME, use_gqa_attention
 

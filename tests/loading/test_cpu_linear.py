@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from spec_batch.core import padding
+from spec_batch.core.kv import padding
 from spec_batch.core.params import SamplingParams
 from spec_batch.loading import build_decoder, cpu_linear
 from spec_batch.loading.cpu_linear import PackedLinear, pack_linear_weights

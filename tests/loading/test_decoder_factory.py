@@ -127,7 +127,7 @@ def test_shared_decoder_takes_names_only(tiny_llama):
 
 
 def test_drafter_options_reach_the_suffix_drafter_and_are_checked(tiny_target, fake_tokenizer):
-    from spec_batch.core.suffix_drafter import SuffixDrafter
+    from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
     from spec_batch.loading import build_decoder
 
     def build(draft: str, options: dict) -> Any:
@@ -175,8 +175,8 @@ def test_draft_weights_of_build_decoder_apply_to_heads_only(tiny_target, fake_to
 
 
 def test_tree_width_goes_to_a_heads_policy_and_other_drafters_draft_chains(tiny_target, fake_tokenizer):
-    from spec_batch.core.head import head_for_target
-    from spec_batch.core.head_drafter import HeadDrafter
+    from spec_batch.core.heads.head import head_for_target
+    from spec_batch.core.heads.head_drafter import HeadDrafter
     from spec_batch.loading import build_decoder
     from spec_batch.loading.heads import HybridHead
 
@@ -216,8 +216,8 @@ def test_default_greedy_equals_hf_generate_on_the_same_model(hf_greedy):
 
 
 def test_a_heads_default_tree_width_and_the_same_width_named_are_one_shared_decoder(tiny_dir, tmp_path):
-    from spec_batch.core.head import EagleHead, HeadConfig
-    from spec_batch.core.head_drafter import HeadDrafter
+    from spec_batch.core.heads.head import EagleHead, HeadConfig
+    from spec_batch.core.heads.head_drafter import HeadDrafter
     from spec_batch.loading.heads import save_head
 
     target = shared_decoder(tiny_dir, "none").target

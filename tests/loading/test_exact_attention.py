@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_batch.core.kv_batch import KVBatch, left_padded
+from spec_batch.core.kv.kv_batch import KVBatch, left_padded
 from spec_batch.loading.cpu_attention import attention_kind, use_gqa_attention
 from spec_batch.loading.cpu_linear import pack_linear_weights
 from spec_batch.loading.fused_projections import fuse_projections

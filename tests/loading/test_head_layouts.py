@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from spec_batch import SamplingParams
-from spec_batch.core.head import EagleHead, HeadConfig
+from spec_batch.core.heads.head import EagleHead, HeadConfig
 from spec_batch.errors import InvalidParameterError
 from spec_batch.loading import build_decoder
 from spec_batch.loading.head_layouts import save_eagle1
@@ -162,7 +162,7 @@ def _eagle3_reference(target, w, cfg_dict, ids, aux) -> torch.Tensor:
 
 @pytest.mark.parametrize("layer_ids,hf_layers", [(None, [2, 2, 1]), ([0, 1, 2], [1, 2, 3])])
 def test_an_eagle3_head_computes_what_its_layout_says(tiny_llama, tmp_path, layer_ids, hf_layers):
-    from spec_batch.core.hidden import capture_hidden
+    from spec_batch.core.heads.hidden import capture_hidden
     from spec_batch.loading.heads import head_factory
 
     target = tiny_llama(1, vocab=64, layers=4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spec_batch import SamplingParams, load_decoder
-from spec_batch.core.head import EagleHead, HeadConfig, init_from_target
+from spec_batch.core.heads.head import EagleHead, HeadConfig, init_from_target
 from spec_batch.errors import IncompatibleModelsError, InvalidParameterError
 from spec_batch.loading.heads import drafting_head, head_weights, save_head
 from spec_batch.loading.quant_linear import Int8Linear

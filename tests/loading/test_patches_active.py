@@ -1,6 +1,6 @@
 """The patches laid on transformers are on, on the default model loaded by name on the CPU. A transformers release
 that turns one off silently (outputs stay right, only slower, or the cache falls back to its own layers) fails
-here: pyproject.toml pins the minor version this passed on, and core/hf_compat.py and loading/compat.py are the
+here: pyproject.toml pins the minor version this passed on, and core/kv/hf_compat.py and loading/compat.py are the
 only modules that reach into transformers."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from spec_batch.core.hf_compat import LAYER_OVERRIDES, DynamicLayer
-from spec_batch.core.kv_batch import KVBatch, SlabLayer, left_padded
+from spec_batch.core.kv.hf_compat import LAYER_OVERRIDES, DynamicLayer
+from spec_batch.core.kv.kv_batch import KVBatch, SlabLayer, left_padded
 from spec_batch.loading.cpu_attention import NATIVE_DTYPES, attention_kind
 from spec_batch.loading.fused_projections import FusedGroup
 from spec_batch.loading.kernels import native_ops

@@ -14,7 +14,7 @@ from scipy import stats
 from torch import nn
 
 from spec_batch import SamplingParams
-from spec_batch.core import padding
+from spec_batch.core.kv import padding
 from spec_batch.errors import InvalidParameterError
 from spec_batch.loading import build_decoder, gguf_quant, load_decoder
 from spec_batch.loading.block_linear import BlockLinear

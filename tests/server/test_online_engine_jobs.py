@@ -18,9 +18,9 @@ from sqlalchemy import select
 from spec_batch import SamplingParams
 from spec_batch.cli import jobs as cli_jobs
 from spec_batch.cli import main
+from spec_batch.core.drafting.job_memory import JobMemory
+from spec_batch.core.drafting.suffix_drafter import SuffixDrafter
 from spec_batch.core.engine import Engine
-from spec_batch.core.job_memory import JobMemory
-from spec_batch.core.suffix_drafter import SuffixDrafter
 from spec_batch.jobs import create_job_from_file, run_job
 from spec_batch.server.batch_create import create_batch
 from spec_batch.server.file_io import store_upload

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from llguidance import LLMatcher
 
-from ..errors import InvalidParameterError
+from ...errors import InvalidParameterError
 from .grammar_tokenizer import llg_tokenizer
 from .response_format import (
     NO_STRING,

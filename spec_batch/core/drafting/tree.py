@@ -4,7 +4,7 @@ A tree draft of a row is its tokens in an order where every parent comes before 
 the index of token i's parent among them (-1: the root, the row's last token, which the step reads first). The
 target reads [root, tokens...] at once: each position attends to the cache and to its ancestors in the tree only,
 at position (row's next position + depth), so every node's logits are what plain decoding would compute after the
-path to it (the attention masks out the other branches exactly: core/kv_batch.KVBatch.forward_tree).
+path to it (the attention masks out the other branches exactly: core/kv/kv_batch.KVBatch.forward_tree).
 
 Verification walks from the root (`walk`): at each node the target's own choice (greedy: its argmax) is looked up
 among the node's children; a child with it is accepted and the walk goes on from there, otherwise that choice is the

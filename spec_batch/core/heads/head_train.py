@@ -1,4 +1,4 @@
-"""Training a draft head (core/head.py) by self-distillation from the target's own outputs, as EAGLE does: the
+"""Training a draft head (core/heads/head.py) by self-distillation from the target's own outputs, as EAGLE does: the
 target runs once over each prompt + output (the hidden states are kept), then the head learns, for every
 position t, to predict the target's next hidden state f_{t+1} from (f_t, token t+1) (smooth L1, "feature
 regression") and the token after it (cross-entropy over the draft vocabulary). No I/O: the jobs layer
@@ -117,7 +117,7 @@ def _loss(head: EagleHead, batch, noise: float, gen: torch.Generator | None) -> 
 def _ttt_mask(n: int, step: int, device: torch.device) -> torch.Tensor:
     """[n, (step + 1) * n] bool: at pass `step`, position u sees pass 0's (real) entries up to u - step and pass
     i's entry at u - step + i (i = 1..step: the chain drafted from u - step, itself last), as a draft of depth
-    step + 1 sees the row's cache and its own ancestors (core/head_drafter.py)."""
+    step + 1 sees the row's cache and its own ancestors (core/heads/head_drafter.py)."""
     u = torch.arange(n, device=device)
     mask = torch.zeros(n, (step + 1) * n, dtype=torch.bool, device=device)
     mask[:, :n] = u.unsqueeze(0) <= (u - step).unsqueeze(1)

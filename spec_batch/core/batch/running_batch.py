@@ -21,24 +21,24 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 
-from .drafters import Draft, Drafter
+from ..drafting.drafters import Draft, Drafter
+from ..drafting.job_memory import JobMemory
+from ..drafting.tree import TreeInput, path_keep, path_logits, walk
+from ..heads.hidden import capture_hidden, hidden_reader
+from ..kv.kv_batch import KVBatch, left_padded
+from ..logits_processing import shape_logits
+from ..logprobs import step_logprobs
+from ..outputs import GenerationResult, RequestStats, StreamChunk, TokenLogprob
+from ..params import fresh_seed
+from ..policy import RowAcceptance
+from ..text import OutputText
+from ..verify import verify, verify_input
 from .grammar_step import GrammarStep
-from .hidden import capture_hidden, hidden_reader
-from .job_memory import JobMemory
-from .kv_batch import KVBatch, left_padded
-from .logits_processing import shape_logits
-from .logprobs import step_logprobs
-from .outputs import GenerationResult, RequestStats, StreamChunk, TokenLogprob
-from .params import fresh_seed
 from .planning import observe_proposal, observe_tree, plan_step
-from .policy import RowAcceptance
 from .rows import Row
-from .text import OutputText
-from .tree import TreeInput, path_keep, path_logits, walk
-from .verify import verify, verify_input
 
 if TYPE_CHECKING:
-    from .decoder import Decoder, Request
+    from ..decoder import Decoder, Request
 
 
 @dataclass

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import tree
-from .drafters import Draft, Drafter, GrowsTrees
-from .policy import DraftPolicy, RowAcceptance
+from ..drafting import tree
+from ..drafting.drafters import Draft, Drafter, GrowsTrees
+from ..policy import DraftPolicy, RowAcceptance
+from ..step_costs import WALL_CLOCK, StepClock
 from .rows import matched_run
-from .step_costs import WALL_CLOCK, StepClock
 
 # given a free drafter's full proposals (per row), each row's draft length: a replay's oracle instead of the policy
 Chooser = Callable[[list[list[int]]], list[int]]
@@ -114,7 +114,7 @@ def _nothing(rows: Sequence[Any]) -> Draft:
 
 
 def _tree_row(row: Any) -> bool:
-    """Trees are verified greedily by the target's own argmax (core/tree.walk): greedy rows whose logits nothing
+    """Trees are verified greedily by the target's own argmax (core/drafting/tree.walk): greedy rows whose logits nothing
     shapes (bias, penalties) and no grammar constrains. Other batches draft chains."""
     return row.params.greedy and not row.params.shapes_logits and getattr(row, "grammar", None) is None
 

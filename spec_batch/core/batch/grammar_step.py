@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .drafters import Draft
-from .grammar import GrammarState, grammar_engine, mask_logits
+from ..drafting.drafters import Draft
+from ..structured.grammar import GrammarState, grammar_engine, mask_logits
 
 
 class ForcedView:

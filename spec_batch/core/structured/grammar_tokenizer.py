@@ -1,4 +1,4 @@
-"""The tokenizer bridge of structured output: a model's tokenizer as llguidance sees it (core/grammar.py)."""
+"""The tokenizer bridge of structured output: a model's tokenizer as llguidance sees it (core/structured/grammar.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from llguidance import LLTokenizer, TokenizerWrapper
 
-from ..errors import InvalidParameterError
+from ...errors import InvalidParameterError
 
 
 def llg_tokenizer(tokenizer: Any, eos_ids: Sequence[int]) -> LLTokenizer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import InvalidParameterError
+from ...errors import InvalidParameterError
 from .drafter_registry import SUFFIX, DraftSettings
 from .drafters import Draft, DraftRow
 from .job_memory import DEFAULT_MAX_DEPTH, JobMemory
@@ -38,7 +38,7 @@ class SuffixDrafter:
     # long drafts by matching
     initial_acceptance = (0.2, 2.0)
     OPTIONS = SUFFIX.options  # what a user may tune (load_decoder's drafter_options)
-    # num_draft_tokens when the caller gives none (the registry's default and its reason: core/drafter_registry.py)
+    # num_draft_tokens when the caller gives none (the registry's default and its reason: core/drafting/drafter_registry.py)
     default_draft_tokens = SUFFIX.default_draft_tokens
     # max_spec_factor: a draft is at most this x its match length. 2, not SuffixDecoding's 1: once a verify of
     # several tokens costs little more than one (loading/cpu_linear.py), copying after a short match pays

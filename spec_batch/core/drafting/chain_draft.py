@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .grammar import mask_next
-from .logits_processing import shape_next
-from .sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
+from ..logits_processing import shape_next
+from ..sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
+from ..structured.grammar import mask_next
 
 # (j, ids [B, n], valid [B, n]) -> the drafter's next-token logits [B, V] over the target's vocabulary, or [B, Vd]
 # over a DraftVocab. ids/valid at j = 0 are the drafter's first input (its unread tokens); then each row's last draft

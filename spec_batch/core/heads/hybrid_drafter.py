@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .drafters import Draft, DraftRow
+from ..drafting.drafters import Draft, DraftRow
+from ..drafting.job_memory import JobMemory
+from ..drafting.suffix_drafter import SuffixDrafter
 from .head_drafter import HeadDrafter, NodeRate
-from .job_memory import JobMemory
-from .suffix_drafter import SuffixDrafter
 
 DEFAULT_THRESHOLD = 0.5  # the suffix's calibrated-free confidence (count-based) of its first token
 

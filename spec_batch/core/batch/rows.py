@@ -6,12 +6,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .grammar import GrammarState
-from .job_memory import JobMemory
-from .outputs import GRAMMAR_FAILED, FinishReason, GenerationResult, RequestStats, TokenLogprob
-from .params import SamplingParams
-from .policy import RowAcceptance
-from .text import OutputText
+from ..drafting.job_memory import JobMemory
+from ..outputs import GRAMMAR_FAILED, FinishReason, GenerationResult, RequestStats, TokenLogprob
+from ..params import SamplingParams
+from ..policy import RowAcceptance
+from ..structured.grammar import GrammarState
+from ..text import OutputText
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Row:
         self.stats.wall_s = time.perf_counter() - self.started
 
     def fail_grammar(self, why: str) -> None:
-        """Ends the row with its output so far: its grammar engine gave up (core/grammar.py)."""
+        """Ends the row with its output so far: its grammar engine gave up (core/structured/grammar.py)."""
         self.error = why
         self.finish("error")
 

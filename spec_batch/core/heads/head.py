@@ -9,7 +9,7 @@ weights read like published EAGLE heads'. The embedding is the target's own (sha
 model it is a fifth of the model); the LM head covers `draft_vocab_size` tokens, mapped to the target's ids by
 `d2t` (draft id -> target id).
 
-The module is called like a Hugging Face causal LM by core/kv_batch.KVBatch (input_ids, attention_mask,
+The module is called like a Hugging Face causal LM by core/kv/kv_batch.KVBatch (input_ids, attention_mask,
 position_ids, past_key_values, logits_to_keep), plus `features`, so it keeps its KV cache in the same
 per-row-masked cache as the models, with the same rollback, row selection and compaction.
 """

@@ -1,4 +1,4 @@
-"""The learned head as a drafter (core/head.py): it drafts a chain from the target's hidden states of the accepted
+"""The learned head as a drafter (core/heads/head.py): it drafts a chain from the target's hidden states of the accepted
 positions, which the decoder hands it from the forward that already ran (no second target forward).
 
 Per row the head's cache holds pairs (f_t, x_{t+1}): the target's hidden state at position t and the token after
@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .chain_draft import DraftVocab, chain_draft
-from .drafter_registry import HEAD
-from .drafters import Draft, DraftRow
-from .drafters import NodeRate as NodeRate  # its home is drafters.py (GrowsTrees)
+from ..drafting.chain_draft import DraftVocab, chain_draft
+from ..drafting.drafter_registry import HEAD
+from ..drafting.drafters import Draft, DraftRow
+from ..drafting.drafters import NodeRate as NodeRate  # its home is drafters.py (GrowsTrees)
+from ..drafting.job_memory import JobMemory
+from ..kv.kv_batch import KVBatch
 from .head import EagleHead
-from .job_memory import JobMemory
-from .kv_batch import KVBatch
 
 
 class HeadDrafter:
@@ -210,7 +210,7 @@ def _top(logits: torch.Tensor, width: int) -> tuple[list, list]:
 
 class _Nodes:
     """Row b's tree while it grows: per node its draft-vocabulary token, parent (-1: the root), confidence (the
-    head's probability of it after its parent), reach (core/tree.reaches: the product of its path's rates), depth,
+    head's probability of it after its parent), reach (core/drafting/tree.reaches: the product of its path's rates), depth,
     the head's predicted feature it is fed with (its parent's output), and its cache column once fed."""
 
     def __init__(self, row: int, rate: NodeRate | None) -> None:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidParameterError
+from ...errors import InvalidParameterError
 
 if TYPE_CHECKING:
     from .drafters import Drafter
@@ -151,25 +151,25 @@ DRAFTERS = DrafterRegistry()
 
 # ---------------------------------------------------------------- the built-in kinds
 
-# suffix trees over the row and its job's other outputs (core/suffix_drafter.py). Draft length 16: proposals cost
+# suffix trees over the row and its job's other outputs (core/drafting/suffix_drafter.py). Draft length 16: proposals cost
 # nothing and the policy trims each row by its confidence, so a longer cap only lets long copies run
 # (docs/benchmarks.md); draft models keep 8, each draft token being a draft forward.
 SUFFIX = DRAFTERS.register(
     DrafterKind(
         "suffix",
-        make="spec_batch.core.suffix_drafter:suffix_factory",
+        make="spec_batch.core.drafting.suffix_drafter:suffix_factory",
         default_draft_tokens=16,
         drafts_from_memory=True,
         options=("max_spec_factor", "min_token_prob"),
     )
 )
-NGRAM = DRAFTERS.register(DrafterKind("ngram", make="spec_batch.core.drafters:ngram_factory"))  # prompt lookup
-NONE = DRAFTERS.register(DrafterKind("none", make="spec_batch.core.drafters:none_factory", drafts=False))
+NGRAM = DRAFTERS.register(DrafterKind("ngram", make="spec_batch.core.drafting.drafters:ngram_factory"))  # prompt lookup
+NONE = DRAFTERS.register(DrafterKind("none", make="spec_batch.core.drafting.drafters:none_factory", drafts=False))
 # the target's own file at other weights ("self" alone: int4), loaded as a draft model
 SELF = DRAFTERS.register(DrafterKind("self", prefix=True, bare=True, usage="self[:WEIGHTS]"))
-# a learned head (core/head_drafter.py) grows draft trees at small batches (core/tree.py; docs/heads.md)
+# a learned head (core/heads/head_drafter.py) grows draft trees at small batches (core/drafting/tree.py; docs/heads.md)
 HEAD = DRAFTERS.register(DrafterKind("head", prefix=True, default_tree_width=3, usage="head:NAME"))
-# suffix where its match is confident, the head elsewhere (core/hybrid_drafter.py): the suffix part drafts from
+# suffix where its match is confident, the head elsewhere (core/heads/hybrid_drafter.py): the suffix part drafts from
 # the job memory, the head's rows grow trees
 HYBRID = DRAFTERS.register(
     DrafterKind("hybrid", prefix=True, default_tree_width=3, drafts_from_memory=True, usage="hybrid:NAME")

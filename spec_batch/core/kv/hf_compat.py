@@ -2,7 +2,7 @@
 imported here and nowhere else in core/ (core may not import loading/, which has its own door, loading/compat.py).
 
 Tested with the transformers minor version pyproject.toml pins. What a new release may change under us:
-- `DynamicLayer`: core/kv_batch.py's SlabLayer subclasses it and overrides LAYER_OVERRIDES; a method renamed
+- `DynamicLayer`: core/kv/kv_batch.py's SlabLayer subclasses it and overrides LAYER_OVERRIDES; a method renamed
   upstream would be left unused without an error, so tests/loading/test_patches_active.py checks that each still
   exists and that a loaded model's cache holds SlabLayers.
 - `Cache`: KVBatch is one, built from SlabLayers.

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .drafters import ReadsHidden
+from ..drafting.drafters import ReadsHidden
 
 
 def final_norm(model: Any) -> torch.nn.Module:
