@@ -16,7 +16,7 @@ written: logits are identical bit for bit (tests/loading/test_llama_forward.py c
 tree mask and precision). So the forward kind never changes an output and needs no place in a job's routing.
 
 It applies where `applies_to` says: a Llama-family model on the CPU whose attention is the native kernel. Hidden-
-state hooks on the final norm fire as before (core/hidden.py); a model with hooks on its layers or embeddings
+state hooks on the final norm fire as before (core/heads/hidden.py); a model with hooks on its layers or embeddings
 (EAGLE-3 features) and calls with extra model arguments use Hugging Face's forward.
 """
 
@@ -95,7 +95,7 @@ class LlamaForward:
         visible = _visible(attention_mask, input_ids.shape[1], past_key_values.get_seq_length())
         for i, layer in enumerate(self.layers):
             x = self._layer(i, layer, x, (cos, sin), visible, past_key_values)
-        x = self.norm(x)  # through __call__: core/hidden.py's hook reads it
+        x = self.norm(x)  # through __call__: core/heads/hidden.py's hook reads it
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return ForwardOutput(logits=self.lm_head(kept), past_key_values=past_key_values)
 

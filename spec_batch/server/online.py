@@ -120,7 +120,7 @@ async def _complete(request: Request, ctx: ServerContext, endpoint: str) -> Any:
 
 def _decoding_failed(result: GenerationResult) -> APIError:
     """A request that failed while decoding: a 400 naming the field when it was the request's own (a grammar the
-    engine gave up on; core/grammar.py writes its message without the engine's dumps), else a 500 whose fixed text
+    engine gave up on; core/structured/grammar.py writes its message without the engine's dumps), else a 500 whose fixed text
     says nothing of the decoder (the log has the details)."""
     if result.error_param is not None:
         return invalid_request(result.error or "decoding failed", param=result.error_param, code=result.error_code)

@@ -43,7 +43,7 @@ class HeadConfig:
     # the head reads the target's own LM head (never stored): EAGLE-1's published heads over the full vocabulary,
     # heads spec-batch trains over the rows of the draft vocabulary (d2t)
     shared_lm_head: bool = False
-    layout: str = "eagle"  # "eagle": fc(embedding ; state) -> layer; "eagle3": core/head3.py
+    layout: str = "eagle"  # "eagle": fc(embedding ; state) -> layer; "eagle3": EAGLE-3 layout, core/heads/head.py
     # the target's hidden states the head reads, as Hugging Face's hidden_states indices (the input of that layer);
     # empty: the last hidden state (after the final norm). EAGLE-3 reads a low, a middle and a high one.
     target_layers: list[int] = field(default_factory=list)

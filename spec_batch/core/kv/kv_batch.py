@@ -182,7 +182,7 @@ class KVBatch:
         hidden_columns: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """`forward_output` for a tree of tokens (core/tree.py): input position q sees the row's cache and the new
+        """`forward_output` for a tree of tokens (core/drafting/tree.py): input position q sees the row's cache and the new
         positions c with attend[b, q, c] (its ancestors and itself), at the given positions [B, n] (a tree's
         tokens share positions: next_pos + depth).
         hidden_columns [B, n, L] bool: cache columns a position must not see (a drafter's own tree nodes from earlier
@@ -211,7 +211,7 @@ class KVBatch:
         hint = padding.real_positions(valid) if self.skips_padding else contextlib.nullcontext()
         own = getattr(self.model, "spec_batch_forward", None)  # loading/llama_forward.py: the same bits, faster
         call = own if own is not None and own.usable(model_kwargs) else self.model
-        with hint:  # layers that can skip the padded positions do (core/padding.py)
+        with hint:  # layers that can skip the padded positions do (core/kv/padding.py)
             out = call(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
