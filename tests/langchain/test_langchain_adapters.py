@@ -190,12 +190,16 @@ def test_construction_does_not_load_and_config_shares_one_decoder(cls, fake_deco
     assert loads[0] == (
         ("default", "suffix", torch.device("cpu"), torch.float32),
         {
-            "num_draft_tokens": 16,
+            "num_draft_tokens": 16,  # the suffix default
             "adaptive": True,
+            "ngram_min": 1,
+            "ngram_max": 3,
+            "drafter_options": None,
             "cache_dir": None,
-            "weights": "full",  # the suffix default
+            "trust_remote_code": False,
+            "weights": "full",
             "draft_weights": "full",
-            "tree_width": None,
+            "tree_width": 1,  # resolved by the DecoderSpec: a chain drafter's width
         },  # the weight storage is part of the configuration
     )
     assert c._get_decoder() is not a._get_decoder()

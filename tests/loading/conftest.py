@@ -4,6 +4,8 @@ tokenizer, random weights), tiny random Llama directories, and the real default 
 - ``tiny_gguf`` (session): the tiny GGUF file; ``tiny_tokenizer_dir`` / ``tiny_tokenizer``: it converted once.
 - ``tiny_dir`` (session): a tiny random Llama directory with that tokenizer (config.json, safetensors).
 - ``conversions``: counts GGUF conversions (the list of converted files) for the test that asks for it.
+- ``prepared_llama`` (session): builds a tiny random Llama prepared as a load prepares one (weights, fused
+  projections, CPU attention), for the exactness tests of the forward.
 - ``default_model`` (session): the real default model from the real cache (SPEC_BATCH_CACHE or the user cache dir;
   converted there on a machine's first run, about 20 s; then about 3 s).
 """
@@ -176,3 +178,40 @@ def default_model() -> LoadedModel:
 def gguf_writer():
     """write_tiny_gguf, for tests that write GGUF files of their own (quantized tensors, other sizes)."""
     return write_tiny_gguf
+
+
+@pytest.fixture(scope="session")
+def prepared_llama():
+    """make(weights, dtype, native, *, seed, layers): a tiny random Llama with sharp logits (the kernels' bf16
+    inputs see real differences), its weights stored as `weights`, projections fused and CPU attention chosen
+    (native: the native kernel, else float64), as loading/load.py prepares a loaded model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from spec_batch.loading.cpu_attention import use_gqa_attention
+    from spec_batch.loading.cpu_linear import pack_linear_weights
+    from spec_batch.loading.fused_projections import fuse_projections
+    from spec_batch.loading.weights import quantize_model
+
+    def make(weights: str, dtype: torch.dtype, native: bool, *, seed: int = 7, layers: int = 2) -> LlamaForCausalLM:
+        torch.manual_seed(seed)
+        config = LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            vocab_size=64,
+            attn_implementation="sdpa",
+        )
+        model = LlamaForCausalLM(config).eval().to(dtype)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(20)
+        if weights == "full":
+            pack_linear_weights(model)
+        else:
+            quantize_model(model, weights, torch.bfloat16)
+        fuse_projections(model)
+        use_gqa_attention(model, native=native)
+        return model
+
+    return make

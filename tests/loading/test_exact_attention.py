@@ -6,41 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from spec_batch.core.kv.kv_batch import KVBatch, left_padded
-from spec_batch.loading.cpu_attention import attention_kind, use_gqa_attention
-from spec_batch.loading.cpu_linear import pack_linear_weights
-from spec_batch.loading.fused_projections import fuse_projections
+from spec_batch.loading.cpu_attention import attention_kind
 from spec_batch.loading.kernels import native_ops
-from spec_batch.loading.weights import quantize_model
 
 CPU = torch.device("cpu")
 PROMPT, OTHER, TOKENS = [5, 9, 11, 3, 7, 1, 30, 2, 17], [8, 2, 6], [4, 12, 13, 14, 40]
-
-
-def _model(weights: str, dtype: torch.dtype, native: bool = False) -> LlamaForCausalLM:
-    torch.manual_seed(7)
-    config = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        vocab_size=64,
-        attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(config).eval().to(dtype)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)  # sharp logits: the kernels' bf16 inputs see real differences
-    if weights == "full":
-        pack_linear_weights(model)
-    else:
-        quantize_model(model, weights, torch.bfloat16)
-    fuse_projections(model)
-    assert use_gqa_attention(model, native=native)
-    assert attention_kind(model) == ("native" if native else "float64")
-    return model
 
 
 def _one_at_a_time(model) -> torch.Tensor:
@@ -79,16 +51,17 @@ def _in_a_verify_step(model) -> torch.Tensor:
     ],
 )
 @pytest.mark.parametrize("native", [False, True], ids=["float64", "native"])
-def test_a_tokens_logits_are_the_same_bits_in_any_step(weights, dtype, native):
+def test_a_tokens_logits_are_the_same_bits_in_any_step(weights, dtype, native, prepared_llama):
     if (native or weights == "w4a8") and not native_ops():
         pytest.skip("no C++ compiler: the native kernels cannot be built here")
-    model = _model(weights, dtype, native)
+    model = prepared_llama(weights, dtype, native)
+    assert attention_kind(model) == ("native" if native else "float64")
     alone, verified = _one_at_a_time(model), _in_a_verify_step(model)
     assert torch.equal(alone, verified), (alone - verified).abs().max()
 
 
-def test_the_cache_is_kept_in_float64_and_attention_returns_the_models_dtype():
-    model = _model("int4", torch.float32)
+def test_the_cache_is_kept_in_float64_and_attention_returns_the_models_dtype(prepared_llama):
+    model = prepared_llama("int4", torch.float32, False)
     kv = KVBatch(model, CPU, 1)
     with torch.inference_mode():
         logits = kv.forward(torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.bool))
@@ -97,10 +70,10 @@ def test_the_cache_is_kept_in_float64_and_attention_returns_the_models_dtype():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_native_attention_keeps_the_cache_in_the_models_dtype_and_agrees_with_float64(dtype):
+def test_native_attention_keeps_the_cache_in_the_models_dtype_and_agrees_with_float64(dtype, prepared_llama):
     if not native_ops():
         pytest.skip("no C++ compiler: the native kernels cannot be built here")
-    native, reference = _model("full", dtype, native=True), _model("full", dtype)
+    native, reference = prepared_llama("full", dtype, True), prepared_llama("full", dtype, False)
     kv, ref = KVBatch(native, CPU, 1), KVBatch(reference, CPU, 1)
     ids, valid = left_padded([PROMPT], 0, CPU)
     with torch.inference_mode():

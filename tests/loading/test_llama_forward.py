@@ -6,44 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from spec_batch.core.heads.hidden import capture_hidden
 from spec_batch.core.kv.kv_batch import KVBatch, left_padded
-from spec_batch.loading.cpu_attention import use_gqa_attention
-from spec_batch.loading.cpu_linear import pack_linear_weights
-from spec_batch.loading.fused_projections import fuse_projections
 from spec_batch.loading.kernels import native_ops
 from spec_batch.loading.llama_forward import forward_kind, use_own_forward, why_not
-from spec_batch.loading.weights import quantize_model
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 9, 11, 3, 7, 1, 30, 2, 17], [8, 2, 6], [40, 41]]
 
 needs_kernels = pytest.mark.skipif(not native_ops(), reason="no C++ compiler: the native kernels cannot be built")
-
-
-def _model(weights: str, dtype: torch.dtype, native: bool = True) -> LlamaForCausalLM:
-    torch.manual_seed(11)
-    config = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        vocab_size=64,
-        attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(config).eval().to(dtype)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)
-    if weights == "full":
-        pack_linear_weights(model)
-    else:
-        quantize_model(model, weights, torch.bfloat16)
-    fuse_projections(model)
-    use_gqa_attention(model, native=native)
-    return model
 
 
 def _steps(model, own: bool) -> list[torch.Tensor]:
@@ -77,8 +49,8 @@ def _steps(model, own: bool) -> list[torch.Tensor]:
     [("full", torch.float32), ("full", torch.bfloat16), ("int4", torch.float32), ("int8", torch.float32)]
     + [("w4a8", torch.float32), ("w4a8", torch.bfloat16)],
 )
-def test_our_forward_gives_hugging_faces_logits_bit_for_bit(weights, dtype):
-    model = _model(weights, dtype)
+def test_our_forward_gives_hugging_faces_logits_bit_for_bit(weights, dtype, prepared_llama):
+    model = prepared_llama(weights, dtype, True, seed=11, layers=3)
     assert use_own_forward(model, "auto") == "own" and forward_kind(model) == "own"
     with torch.inference_mode():
         ours, theirs = _steps(model, own=True), _steps(model, own=False)
@@ -87,8 +59,8 @@ def test_our_forward_gives_hugging_faces_logits_bit_for_bit(weights, dtype):
 
 
 @needs_kernels
-def test_the_final_norms_hook_still_sees_the_hidden_states_and_layer_hooks_use_hugging_faces_forward():
-    model = _model("full", torch.float32)
+def test_the_final_norms_hook_still_sees_the_hidden_states_and_layer_hooks_use_hugging_faces_forward(prepared_llama):
+    model = prepared_llama("full", torch.float32, True, seed=11, layers=3)
     use_own_forward(model, "own")
     own, calls = model.spec_batch_forward, []
 
@@ -112,8 +84,10 @@ def test_the_final_norms_hook_still_sees_the_hidden_states_and_layer_hooks_use_h
         assert len(calls) == 1 and features[0].shape == (1, 1, 128)  # Hugging Face's forward ran that one
 
 
-def test_the_switch_refuses_what_it_cannot_do():
-    model = _model("full", torch.float32, native=False)  # float64 attention: ours needs the native kernel
+def test_the_switch_refuses_what_it_cannot_do(prepared_llama):
+    model = prepared_llama(
+        "full", torch.float32, False, seed=11, layers=3
+    )  # float64 attention: ours needs the native kernel
     assert "attention" in why_not(model)
     assert use_own_forward(model, "auto") == "hf" and forward_kind(model) == "hf"
     with pytest.raises(ValueError, match="SPEC_BATCH_FORWARD=own"):
@@ -121,7 +95,7 @@ def test_the_switch_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="sometimes"):
         use_own_forward(model, "sometimes")
     if native_ops():
-        native = _model("full", torch.float32)
+        native = prepared_llama("full", torch.float32, True, seed=11, layers=3)
         assert use_own_forward(native, "hf") == "hf" and forward_kind(native) == "hf"
 
 
