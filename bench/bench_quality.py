@@ -5,7 +5,7 @@ with the full fp32 model: the share of outputs identical token for token, and th
 prefix over the fp32 output's length; (2) the mean log-likelihood per token of the fp32 model's greedy outputs
 under the precision's own model (teacher-forced; fp32's own value is the reference).
 
-    flock -s /tmp/specbatch-cpu.lock .venv/bin/python -m bench.bench_quality [--sets edits,free] [--n 8] [--max-tokens 64]
+    .venv/bin/python -m bench.bench_quality [--sets edits,free] [--n 8] [--max-tokens 64] [--precisions full-fp32,w4a8]
 """
 
 from __future__ import annotations
@@ -44,14 +44,22 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="prompts per set")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--precisions", default=",".join(PRECISIONS), help="names from bench/precisions.py; the first is the reference"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     texts = [p for s in args.sets.split(",") for p in SETS[s][: args.n]]
     params = SamplingParams(max_new_tokens=args.max_tokens)
     reference = None
-    print(f"{len(texts)} prompts ({args.sets}), {args.max_tokens} tokens, greedy; reference: full-fp32")
+    chosen = args.precisions.split(",")
+    unknown = [name for name in chosen if name not in PRECISIONS]
+    if unknown:
+        parser.error(f"--precisions: unknown {unknown}; known: {', '.join(PRECISIONS)}")
+    print(f"{len(texts)} prompts ({args.sets}), {args.max_tokens} tokens, greedy; reference: {chosen[0]}")
     print(f"{'precision':10s} {'identical':>9s} {'prefix':>7s} {'mean logp of fp32 outputs':>26s}")
-    for name, (weights, dtype) in PRECISIONS.items():
+    for name in chosen:
+        weights, dtype = PRECISIONS[name]
         dec = load_decoder("default", "none", dtype=dtype, weights=weights)
         prompts = [dec.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
         outputs = [r.token_ids for r in dec.generate(prompts, params, batch_size=8)]

@@ -98,8 +98,15 @@ def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.1, 
         time.sleep(interval)
 
 
+def caller_env() -> dict[str, str]:
+    """This process's environment without its SPEC_BATCH_* settings but the cache and the weights (the tests pin
+    weights to full, to compare a child's outputs with the Python API's)."""
+    kept = ("SPEC_BATCH_CACHE", "SPEC_BATCH_WEIGHTS")
+    return {k: v for k, v in os.environ.items() if not k.startswith("SPEC_BATCH_") or k in kept}
+
+
 def worker_env(db_url: str, broker_url: str, lease_seconds: int = 3, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_BATCH_") or k == "SPEC_BATCH_CACHE"}
+    env = caller_env()
     env.update(
         SPEC_BATCH_DATABASE_URL=db_url,
         SPEC_BATCH_BROKER_URL=broker_url,

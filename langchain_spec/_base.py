@@ -30,10 +30,10 @@ class SpeculativeParams(BaseModel):
     device: str = "cpu"
     dtype: str | None = None
     """torch dtype name ("float32", "bfloat16", ...); None lets the core choose."""
-    weights: Literal["full", "int8", "int4", "auto"] = "full"
-    """The target's weight storage (docs/weights.md): full, or int8 / int4 weight-only (GGUF Q4/Q8 tensors as they
-    ship; they compute in bfloat16)."""
-    draft_weights: Literal["full", "int8", "int4", "auto"] = "full"
+    weights: Literal["full", "int8", "int4", "w4a8", "auto"] = "full"
+    """The target's weight storage (docs/weights.md): full (the default here, as for load_decoder), int8 / int4 /
+    w4a8 weight-only (GGUF Q4/Q8 tensors as they ship), or auto (w4a8 on the CPU where the native kernels build)."""
+    draft_weights: Literal["full", "int8", "int4", "w4a8", "auto"] = "full"
     """A draft model's weight storage, as `weights` (draft="self:int4" drafts with the target's file at int4)."""
     num_draft_tokens: int | None = Field(default=None, ge=1)
     """Most tokens drafted per step; None keeps the core's default."""

@@ -57,9 +57,10 @@ class Settings:
     # Decoder options of queue workers (load_decoder's num_draft_tokens / adaptive).
     num_draft_tokens: int | None = None  # None: the drafter's default (16 for suffix, 8 otherwise)
     adaptive: bool = True  # False: always draft num_draft_tokens (deterministic statistics)
-    # Weight storage of targets and draft models (loading/weights.py): full | int8 | int4 | auto. auto is full for
-    # a draft model and int8 on the CPU for a draft head (loading/heads.py head_weights).
-    weights: str = "full"
+    # Weight storage of targets and draft models (loading/weights.py): full | int8 | int4 | w4a8 | auto. A target's
+    # auto is w4a8 on the CPU where the native kernels build, else full (weights.auto_weights); a draft model's auto
+    # is full and a draft head's int8 on the CPU (loading/heads.py head_weights).
+    weights: str = "auto"
     draft_weights: str = "auto"
     tree_width: int | None = None  # a head's draft trees at batch 1 (load_decoder's tree_width); None: its default
     metrics_port: int | None = None  # workers serve Prometheus metrics on this port (workers/metrics.py); None: off
@@ -131,7 +132,7 @@ def get_settings() -> Settings:
         device=os.environ.get("SPEC_BATCH_DEVICE") or None,
         num_draft_tokens=_int_env("SPEC_BATCH_NUM_DRAFT_TOKENS", 0) or None,
         adaptive=_bool_env("SPEC_BATCH_ADAPTIVE", True),
-        weights=(os.environ.get("SPEC_BATCH_WEIGHTS") or "full").strip().lower(),
+        weights=(os.environ.get("SPEC_BATCH_WEIGHTS") or "auto").strip().lower(),
         draft_weights=(os.environ.get("SPEC_BATCH_DRAFT_WEIGHTS") or "auto").strip().lower(),
         tree_width=_int_env("SPEC_BATCH_TREE_WIDTH", 0) or None,
         metrics_port=_int_env("SPEC_BATCH_METRICS_PORT", 0) or None,

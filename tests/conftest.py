@@ -45,6 +45,11 @@ CPU = torch.device("cpu")
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 
+# The tests compare the CLI, servers and workers (which read SPEC_BATCH_WEIGHTS, default auto: w4a8 on the CPU) with
+# the Python API (weights=None: full) on the same outputs: both at full unless a test says otherwise
+# (tests/cli/test_cli_default_weights.py runs the default).
+os.environ.setdefault("SPEC_BATCH_WEIGHTS", "full")
+
 # What the CLI prints must not depend on the runner's terminal: pytest-xdist's workers inherit COLUMNS=80 (a plain
 # run has none), and the CLI honours COLUMNS, so rows (job ids, paths, commands) wrapped in one and not the other.
 for _var in ("COLUMNS", "LINES"):

@@ -93,8 +93,9 @@ def weights_options(f: F) -> F:
         "--weights",
         type=choice,
         default=None,
-        help="Target weights: full (dtype, as today) | int8 | int4 (weight-only; GGUF Q4/Q8 tensors as they ship; "
-        "need bfloat16) | auto (default: $SPEC_BATCH_WEIGHTS or full). docs/weights.md.",
+        help="Target weights: full (the file's weights in dtype) | int8 | int4 | w4a8 (GGUF Q4/Q8 tensors as they "
+        "ship) | auto (default: $SPEC_BATCH_WEIGHTS or auto: w4a8 on the CPU where the native kernels build, else "
+        "full). docs/weights.md.",
     )(f)
 
 

@@ -191,12 +191,12 @@ def _job_models(settings, target, draft, weights, dtype, *, check: bool) -> tupl
     return target, draft, job_weights, job_dtype
 
 
-def _requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
+def _requested_precision(weights: str | None, dtype: str | None, device: str = "cpu") -> tuple[str, str | None]:
     from ..errors import InvalidParameterError
     from ..loading.load import requested_precision
 
     try:
-        return requested_precision(weights, dtype)
+        return requested_precision(weights, dtype, device)
     except InvalidParameterError as exc:
         raise click.BadParameter(str(exc), param_hint="--weights/--dtype") from exc
 
@@ -281,7 +281,7 @@ def worker_command(
     from ..settings import get_settings, shown_url
 
     settings = get_settings()
-    names = _worker_queues(models, queues, weights or settings.weights, dtype)
+    names = _worker_queues(models, queues, weights or settings.weights, dtype, device or settings.device)
     if draft_weights:
         os.environ["SPEC_BATCH_DRAFT_WEIGHTS"] = draft_weights
     if device:
@@ -310,10 +310,11 @@ def worker_command(
 
 
 def _worker_queues(
-    models: tuple[str, ...], queues: tuple[str, ...], weights: str | None, dtype: str | None
+    models: tuple[str, ...], queues: tuple[str, ...], weights: str | None, dtype: str | None, device: str | None = None
 ) -> list[str]:
     """The queues a worker serves: those named (comma lists too), then each TARGET[:DRAFT] pair's at the requested
-    precision; the default pair's when neither is given. Each once, in that order."""
+    precision as the worker's device resolves it (None: cuda where available, as workers/runtime.py picks; a CUDA
+    worker's auto is full); the default pair's when neither is given. Each once, in that order."""
     from ..settings import get_settings
     from ..workers.routing import parse_model_pair, queue_name
 
@@ -329,9 +330,15 @@ def _worker_queues(
             raise click.BadParameter(str(exc), param_hint="--model") from exc
     if not pairs and not names:
         pairs = [(settings.default_target, settings.default_draft)]
-    job_weights, job_dtype = _requested_precision(weights, dtype)
+    job_weights, job_dtype = _requested_precision(weights, dtype, device or _default_worker_device())
     names += [queue_name(t, d, job_weights, job_dtype) for t, d in pairs]
     return list(dict.fromkeys(names))
+
+
+def _default_worker_device() -> str:
+    from ..workers.runtime import default_device
+
+    return default_device()
 
 
 def _check_database() -> None:

@@ -200,6 +200,12 @@ def _target_model(target: Any, tokenizer: Any, dtype, weights: str | None, optio
     return loaded
 
 
+def _draft_model_weights(draft_weights: str | None) -> str:
+    """A draft model's weights: as asked, and auto (the default) full: a target's auto (w4a8) is for targets."""
+    name = resolve_weights_name(draft_weights)
+    return "full" if name == "auto" else name
+
+
 def self_draft_weights(draft: str) -> str | None:
     """'self' -> 'int4', 'self:int8' -> 'int8'; None when draft does not name the target itself."""
     head, _, tail = draft.partition(":")
@@ -223,7 +229,7 @@ def _draft_model(
         spec = loaded.name if self_weights is not None else draft
         if self_weights is not None and not isinstance(spec, str):
             raise InvalidParameterError(f"draft {draft!r} needs a target named by string")
-        weights = self_weights or draft_weights
+        weights = self_weights or _draft_model_weights(draft_weights)
         try:
             dloaded = shared_model(spec, dtype=dtype, weights=weights, **options)
         except UnknownModelError as exc:  # most likely a drafter's name mistyped

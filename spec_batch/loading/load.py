@@ -114,13 +114,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str) -
     )
 
 
-def requested_precision(weights: str | None, dtype: str | None) -> tuple[str, str | None]:
-    """The (weights, dtype) names a queued job stores and is routed by, before any device is known: weights
-    resolved (auto -> its choice), dtype normalized, or None where the worker's device picks it (full weights).
-    Raises InvalidParameterError for an unknown name or a pair the kernels do not run (int4 with float16)."""
-    cpu = torch.device("cpu")
-    resolved = resolve_dtype(dtype, cpu)
-    precision = resolve_precision(weights, dtype, cpu, resolved)
+def requested_precision(
+    weights: str | None, dtype: str | None, device: str | torch.device = "cpu"
+) -> tuple[str, str | None]:
+    """The (weights, dtype) names a queued job stores and is routed by: weights resolved for `device` (auto -> its
+    choice there; a submitting machine does not know the worker's device and resolves as for the CPU), dtype
+    normalized, or None where the worker's device picks it (full weights). Raises InvalidParameterError for an
+    unknown name or a pair the kernels do not run (int4 with float16)."""
+    dev = torch.device(device)
+    resolved = resolve_dtype(dtype, dev)
+    precision = resolve_precision(weights, dtype, dev, resolved)
     if dtype_is_auto(dtype):
         return precision.weights, None
     return precision.weights, precision.dtype_name

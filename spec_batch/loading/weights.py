@@ -9,7 +9,10 @@
 - w4a8: as int4, but the Q4 blocks run in the native W4A8 kernel (block_linear.BlockLinear: activations rounded
   to int8 per block of 32, integer dot products), CPU only, where the native kernels build (kernels/); fastest on
   the CPUs measured (docs/weights.md). The LM head is int8 as for int4.
-- auto: what measured fastest here for the file (docs/weights.md): see `resolve_weights`.
+- auto: the fastest exact configuration measured (docs/benchmarks.md): w4a8 on the CPU where the native kernels
+  build and the compute dtype is float32 or bfloat16, full elsewhere (CUDA, no C++ compiler, float16); see
+  `auto_weights`. The default of SPEC_BATCH_WEIGHTS (the CLI, the server, workers); the Python API's `weights=None`
+  stays `full`, the reference.
 
 `dtype` stays the compute dtype (residual stream, norms, attention, KV cache). torch's int4 and int8 CPU kernels are
 fast with bfloat16 activations only (fp32 takes a reference path 10-25x slower, docs/weights.md), so the quantized
@@ -31,7 +34,7 @@ from ..errors import InvalidParameterError
 from .block_linear import BlockLinear
 from .quant_linear import Int4Linear, Int8Linear, QuantEmbedding
 
-__all__ = ["WEIGHT_CHOICES", "Precision", "quantize_model", "resolve_precision", "resolve_weights_name"]
+__all__ = ["WEIGHT_CHOICES", "Precision", "auto_weights", "quantize_model", "resolve_precision", "resolve_weights_name"]
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +78,10 @@ def resolve_precision(
     weights: str | None, dtype: str | torch.dtype | None, device: torch.device, resolved_dtype: torch.dtype
 ) -> Precision:
     """The effective pair for a requested (weights, dtype): resolved_dtype is dtype as load.resolve_dtype made it.
-    auto: full weights (docs/weights.md: on the CPUs measured, bf16/fp32 oneDNN beat the int4 kernel on the wide
-    verify steps speculation makes; int4 is the memory choice)."""
+    auto: `auto_weights`."""
     name = resolve_weights_name(weights)
     if name == "auto":
-        name = "full"
+        name = auto_weights(device, resolved_dtype)
     if name in QUANTIZED and resolved_dtype not in QUANTIZED_DTYPES:
         raise InvalidParameterError(
             f"weights={name!r} computes in float32 or bfloat16 (its kernels take bfloat16 activations), not "
@@ -88,6 +90,21 @@ def resolve_precision(
     if name in BLOCKS and device.type != "cpu":
         raise InvalidParameterError(f"weights={name!r} runs on the CPU only (its kernels are native CPU code)")
     return Precision(name, resolved_dtype)
+
+
+def auto_weights(device: torch.device, dtype: torch.dtype) -> str:
+    """What `auto` resolves to: w4a8 on the CPU where the native kernels load (settings' SPEC_BATCH_COMPILE) and
+    `dtype` is one they compute in; full otherwise. w4a8 decodes fastest here, plainly and speculatively, at batch 1
+    and 8 (docs/benchmarks.md); full is the only choice on CUDA without a C++ compiler."""
+    if device.type != "cpu" or dtype not in QUANTIZED_DTYPES:
+        return "full"
+    from ..settings import get_settings
+    from .kernels.build import KernelBuildError, native_ops
+
+    try:
+        return "w4a8" if native_ops(get_settings().compile) else "full"
+    except KernelBuildError:  # SPEC_BATCH_COMPILE=on without a working compiler: loading says so; auto is full
+        return "full"
 
 
 @dataclass

@@ -33,7 +33,7 @@ class Runtime:
         self.settings = get_settings()
         logging.getLogger("alembic").setLevel(logging.WARNING)  # SQLite migrating itself on open: not news
         self.session_factory = open_store(self.settings.database_url)
-        self.device = self.settings.device or _default_device()
+        self.device = self.settings.device or default_device()
         self._loaded: set[tuple[str, str]] = set()
         # the suffix drafter's memory of each job's outputs, kept across the job's chunks
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
@@ -120,7 +120,8 @@ class Runtime:
         return dec
 
 
-def _default_device() -> str:
+def default_device() -> str:
+    """A worker's device where none is set: cuda where available, else cpu."""
     try:
         import torch
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.processes import free_port, wait_for
+from bench.processes import caller_env, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = str(Path(__file__).with_name("batch_server.py"))
@@ -20,8 +20,8 @@ ENDED = ("completed", "failed", "cancelled", "expired")
 
 
 def api_env(**extra: str) -> dict[str, str]:
-    """The server's environment: this checkout first on PYTHONPATH, no SPEC_BATCH_* of the caller but the cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_BATCH_") or k == "SPEC_BATCH_CACHE"}
+    """The server's environment: this checkout first on PYTHONPATH, the caller's environment (bench.processes)."""
+    env = caller_env()
     env.update(
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
