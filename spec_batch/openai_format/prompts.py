@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.decoder_like import DecoderLike
 from ..errors import ChatTemplateError, SpecBatchError
 from .body import CHAT
 
 
-def build_prompt(decoder: Any, endpoint: str, prompt: Any) -> str | list[int]:
+def build_prompt(decoder: DecoderLike, endpoint: str, prompt: Any) -> str | list[int]:
     """The decoder's input for a request's prompt: chat messages through the target's chat template; a completion's
     text or token ids as they are."""
     if endpoint == CHAT:

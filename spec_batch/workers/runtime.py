@@ -7,8 +7,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any
 
+from spec_batch.core.decoder_like import DecoderLike
 from spec_batch.jobs import lease
 from spec_batch.jobs.heads import resolve_with_settings
 from spec_batch.jobs.job_memory_store import JobMemories
@@ -83,7 +83,7 @@ class Runtime:
                 rep.errors.append(f"orphans: {lease.brief(exc)}")
         return rep
 
-    def decoder(self, target: str, drafter: str, weights: str | None = None, dtype: str | None = None) -> Any:
+    def decoder(self, target: str, drafter: str, weights: str | None = None, dtype: str | None = None) -> DecoderLike:
         """The process's decoder for the pair at the job's precision: loaded on first use (spec_batch.loading's one
         cache), then kept."""
         key = (target, drafter, weights, dtype)

@@ -29,6 +29,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 
+from spec_batch.core.decoder_like import DecoderLike
 from spec_batch.errors import SpecBatchError
 from spec_batch.jobs import lease, lifecycle, measure_baseline
 from spec_batch.jobs.job_memory_store import uses_job_memory
@@ -254,7 +255,9 @@ def _fail_unloadable(
     lifecycle.after_run(rt.session_factory, work.job_id, RunOutcome.FINISHED)  # every request it had is done
 
 
-def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease, counted: metrics.ChunkMetrics) -> None:
+def _measure(
+    rt: Runtime, work: _ChunkWork, decoder: DecoderLike, holding: lease.Lease, counted: metrics.ChunkMetrics
+) -> None:
     try:
         measure_baseline(rt.session_factory, work.job_id, decoder, lease=holding, on_stored=counted.on_stored)
     except Exception as exc:
@@ -266,7 +269,7 @@ def _measure(rt: Runtime, work: _ChunkWork, decoder: Any, holding: lease.Lease, 
 def _run_chunk(
     rt: Runtime,
     work: _ChunkWork,
-    decoder: Any,
+    decoder: DecoderLike,
     chunk_id: str,
     holding: lease.Lease,
     counted: metrics.ChunkMetrics,
