@@ -1,4 +1,5 @@
-"""`spec-batch submit | worker | cancel | wait`: jobs through Redis to Celery workers (see README.md, "The queue")."""
+"""`spec-batch submit | worker`: jobs through Redis to Celery workers (see README.md, "The queue"); `cancel` and
+`wait` are in cli/wait.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ from typing import Any
 
 import click
 
-from ..store.models import JOB_CANCELLING, JOB_FAILED
+from ..store.models import JOB_FAILED
 from ._common import (
-    EXIT_CANCELLED,
-    EXIT_COMPLETED,
     EXIT_FAILED,
     WEIGHT_CHOICES,
     device_option,
@@ -20,7 +19,6 @@ from ._common import (
     max_tokens_option,
     open_store_or_exit,
     parse_metadata,
-    resolve_job,
     target_option,
     temperature_option,
 )
@@ -97,8 +95,9 @@ def _queue_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     "--weights",
     type=click.Choice(WEIGHT_CHOICES, case_sensitive=False),
     default=None,
-    help="The job's target weights (default: $SPEC_BATCH_WEIGHTS or full); with --dtype, part of the queue "
-    "name: workers started with the same --weights/--dtype serve it.",
+    help="The job's target weights (default: $SPEC_BATCH_WEIGHTS or auto, resolved here for $SPEC_BATCH_DEVICE or "
+    "the CPU: w4a8 where the native kernels build, else full); with --dtype, part of the queue name: workers "
+    "started with the same --weights/--dtype serve it.",
 )
 @click.option(
     "--dtype", default=None, help="The job's compute dtype (default: the worker device's; int4/int8: bfloat16)."
@@ -157,7 +156,7 @@ def submit_command(
         sys.exit(1)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    _print_submitted(res, file)
+    _print_submitted(res, file, session_factory)
     click.echo(res.job_id)
     if wait_after and res.status != JOB_FAILED:
         sys.exit(wait_for_job(session_factory, res.job_id, interval=1.0, timeout=None, output=None, quiet=False))
@@ -165,8 +164,9 @@ def submit_command(
         sys.exit(EXIT_FAILED)
 
 
-def _print_submitted(res: Any, file: Path) -> None:
-    """On stderr: what was stored and enqueued, the first invalid lines, and a job that failed outright."""
+def _print_submitted(res: Any, file: Path, session_factory: Any) -> None:
+    """On stderr: what was stored and enqueued, the first invalid lines, a job that failed outright, and a queue no
+    running worker consumes."""
     errors = list(getattr(res.parse_report, "errors", []) or [])
     err(
         f"job {res.job_id}: {res.n_requests} request(s) from {file}, {res.n_invalid} invalid; "
@@ -178,13 +178,29 @@ def _print_submitted(res: Any, file: Path) -> None:
         err(f"  ... and {len(errors) - 5} more (`spec-batch show {res.job_id}`)")
     if res.status == JOB_FAILED:
         err(f"job {res.job_id} failed: no valid request")
+    else:
+        _say_when_no_worker(session_factory, res.queue)
+
+
+def _say_when_no_worker(session_factory: Any, queue: str) -> None:
+    """A note on stderr when no running worker consumes the job's queue (store/servers.py): the job waits."""
+    from ..store import servers
+    from ..store.models import utcnow
+
+    try:
+        with session_factory() as s:
+            served = servers.queue_served(s, queue, utcnow())
+    except Exception:  # a note only: the job is stored and enqueued
+        return
+    if not served:
+        err(f"note: no running worker consumes queue {queue} now; the job waits for one (spec-batch worker -Q {queue})")
 
 
 def _job_models(settings, target, draft, weights, dtype, *, check: bool) -> tuple[str, str, str, str | None]:
     """The job's (target, drafter, weights, dtype) with the settings' defaults, checked here where asked."""
     target = target or settings.default_target
     draft = draft or settings.default_draft
-    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype)
+    job_weights, job_dtype = _requested_precision(weights or settings.weights, dtype, settings.device or "cpu")
     if check:
         _check_model(target, "target")
         _check_model(draft, "drafter")
@@ -360,34 +376,3 @@ def _check_database() -> None:
         )
         return
     session_factory.kw["bind"].dispose()
-
-
-# ---------------------------------------------------------------- cancel
-
-
-@main.command("cancel")
-@click.argument("job")
-@click.option("--wait", "wait_after", is_flag=True, help="Then wait until the job is cancelled.")
-def cancel_command(job: str, wait_after: bool) -> None:
-    """Cancel JOB: no new chunk starts, running chunks stop at their next decoding step, finished requests stay.
-
-    The job is `cancelling` until no request runs any more, then `cancelled`; requests that never ran are
-    `cancelled` (they are in the errors file of `spec-batch results`).
-    """
-    from ..jobs import JobStateError, cancel_job
-
-    session_factory = open_store_or_exit(must_exist=True)
-    job_id = resolve_job(session_factory, job)
-    try:
-        outcome = cancel_job(session_factory, job_id)
-    except JobStateError as exc:
-        raise click.ClickException(str(exc)) from exc
-    err(
-        f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next decoding step)"
-        if outcome.status == JOB_CANCELLING
-        else f"job {job_id}: {outcome.status}"
-    )
-    click.echo(outcome.status)
-    if wait_after and outcome.status == JOB_CANCELLING:
-        code = wait_for_job(session_factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
-        sys.exit(EXIT_COMPLETED if code == EXIT_CANCELLED else code)

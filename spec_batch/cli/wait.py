@@ -1,4 +1,5 @@
-"""`spec-batch wait`: a job's progress until it ends, then its status (and, with -o, its results)."""
+"""`spec-batch wait`: a job's progress until it ends, then its status (and, with -o, its results); `spec-batch
+cancel`, which can wait the same way."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import click
 
 from ..store.models import (
     JOB_CANCELLED,
+    JOB_CANCELLING,
     JOB_COMPLETED,
     JOB_EXPIRED,
     JOB_FAILED,
@@ -177,3 +179,34 @@ def wait_command(
         except OutputPathError as exc:
             raise click.ClickException(str(exc)) from exc
     sys.exit(wait_for_job(session_factory, job_id, interval=interval, timeout=timeout, output=output, quiet=quiet))
+
+
+# ---------------------------------------------------------------- cancel
+
+
+@main.command("cancel")
+@click.argument("job")
+@click.option("--wait", "wait_after", is_flag=True, help="Then wait until the job is cancelled.")
+def cancel_command(job: str, wait_after: bool) -> None:
+    """Cancel JOB: no new chunk starts, running chunks stop at their next decoding step, finished requests stay.
+
+    The job is `cancelling` until no request runs any more, then `cancelled`; requests that never ran are
+    `cancelled` (they are in the errors file of `spec-batch results`).
+    """
+    from ..jobs import JobStateError, cancel_job
+
+    session_factory = open_store_or_exit(must_exist=True)
+    job_id = resolve_job(session_factory, job)
+    try:
+        outcome = cancel_job(session_factory, job_id)
+    except JobStateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    err(
+        f"job {job_id}: {outcome.status} ({outcome.running} request(s) still running stop at their next decoding step)"
+        if outcome.status == JOB_CANCELLING
+        else f"job {job_id}: {outcome.status}"
+    )
+    click.echo(outcome.status)
+    if wait_after and outcome.status == JOB_CANCELLING:
+        code = wait_for_job(session_factory, job_id, interval=0.5, timeout=None, output=None, quiet=False)
+        sys.exit(EXIT_COMPLETED if code == EXIT_CANCELLED else code)

@@ -120,8 +120,11 @@ def requested_precision(
     """The (weights, dtype) names a queued job stores and is routed by: weights resolved for `device` (auto -> its
     choice there; a submitting machine does not know the worker's device and resolves as for the CPU), dtype
     normalized, or None where the worker's device picks it (full weights). Raises InvalidParameterError for an
-    unknown name or a pair the kernels do not run (int4 with float16)."""
-    dev = torch.device(device)
+    unknown name, a device torch does not know, or a pair the kernels do not run (int4 with float16)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidParameterError(f"device {device!r} is not a torch device ({exc})") from exc
     resolved = resolve_dtype(dtype, dev)
     precision = resolve_precision(weights, dtype, dev, resolved)
     if dtype_is_auto(dtype):

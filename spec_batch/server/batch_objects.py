@@ -179,21 +179,35 @@ def usage(session: Session, job: Job) -> dict[str, Any]:
 
 
 def no_server_error(session: Session, job: Job) -> dict[str, Any] | None:
-    """An entry of `errors` while a local batch waits and no live server runs its kind (store/servers.py)."""
-    if job.queue is not None or job.status not in (JOB_IN_PROGRESS, JOB_FINALIZING):
+    """An entry of `errors` while a batch waits and nothing running can run it (store/servers.py): a local batch
+    no live server runs the kind of, a queued batch no live worker consumes the queue of."""
+    if job.status not in (JOB_IN_PROGRESS, JOB_FINALIZING):
         return None
-    if servers.can_run(session, job, utcnow()):
-        return None
-    message = (
-        f"no running server runs batches for target {job.target!r}, drafter {job.drafter!r}, weights "
-        f"{job.weights or 'full'}, dtype {job.dtype or 'any'}: the batch waits until one starts"
-    )
-    return {"code": "no_matching_server", "message": message, "param": None, "line": None}
+    now = utcnow()
+    if job.queue is not None:
+        if servers.queue_served(session, job.queue, now):
+            return None
+        code = "no_matching_worker"
+        message = (
+            f"no running worker consumes queue {job.queue!r} (target {job.target!r}, drafter {job.drafter!r}, "
+            f"weights {job.weights or 'full'}, dtype {job.dtype or 'any'}): the batch waits until one starts "
+            f"(spec-batch worker -Q {job.queue})"
+        )
+    else:
+        if servers.can_run(session, job, now):
+            return None
+        code = "no_matching_server"
+        message = (
+            f"no running server runs batches for target {job.target!r}, drafter {job.drafter!r}, weights "
+            f"{job.weights or 'full'}, dtype {job.dtype or 'any'}: the batch waits until one starts"
+        )
+    return {"code": code, "message": message, "param": None, "line": None}
 
 
 def batch_object(session: Session, batch: Batch, job: Job, model: str | None = None) -> dict[str, Any]:
-    """OpenAI's Batch, mapped from the job (its statuses are OpenAI's), plus `speculative`. While no running
-    server can run the batch, `errors` says so (code no_matching_server) and the batch waits."""
+    """OpenAI's Batch, mapped from the job (its statuses are OpenAI's), plus `speculative`. While nothing running
+    can run the batch, `errors` says so (code no_matching_server, or no_matching_worker for a queued batch) and the
+    batch waits."""
     counts = queries.job_counts(session, job.id)
     output_file_id, error_file_id = result_files(job, counts, batch)
     waiting = no_server_error(session, job)

@@ -1,12 +1,17 @@
-"""Running servers (``servers``, migration 0011_servers): one row per `spec-batch serve` whose local batch runner
-is up, with the target, drafter, weights and dtype it runs batches for and when it was last seen. A batch object
-says when no live row can run its batch (issue 38: servers that share a database run only their own kind), rather
-than waiting silently. Rows are written by the runner (store.servers.heartbeat), deleted when it stops; a server
-killed leaves a row that stops counting after LIVE_S and is deleted after a day by any heartbeat.
+"""What runs batches now, so that a batch object says when nothing running can run it rather than waiting silently.
+
+- ``servers`` (migration 0011_servers): one row per `spec-batch serve` whose local batch runner is up, with the
+  target, drafter, weights and dtype it runs batches for (servers that share a database run only their own kind).
+- ``worker_queues`` (migration 0012_worker_queues): one row per (worker process, queue it consumes), for queued
+  batches.
+
+Rows are written by their process every HEARTBEAT_S and deleted when it stops; a process killed leaves rows that
+stop counting after LIVE_S and are deleted after a day by any heartbeat.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from sqlalchemy import String, delete, exists, or_, select
@@ -42,16 +47,29 @@ def heartbeat(
     now: datetime,
 ) -> None:
     """Writes (or refreshes) the server's row, and deletes rows of servers not seen for a day."""
-    row = session.get(RunningServer, server_id)
-    if row is None:
-        session.add(
-            RunningServer(
-                id=server_id, target=target, drafter=drafter, weights=weights, dtype=dtype, started_at=now, seen_at=now
-            )
-        )
-    else:
-        row.seen_at = now
+    _seen(
+        session,
+        RunningServer,
+        server_id,
+        now,
+        id=server_id,
+        target=target,
+        drafter=drafter,
+        weights=weights,
+        dtype=dtype,
+    )
     session.execute(delete(RunningServer).where(RunningServer.seen_at < now - FORGET_AFTER))
+
+
+def _seen(
+    session: Session, kind: type[RunningServer] | type[WorkerQueue], key: object, now: datetime, **row: object
+) -> None:
+    """The row with this key seen now: its seen_at refreshed, or the row added."""
+    found = session.get(kind, key)
+    if found is None:
+        session.add(kind(**row, started_at=now, seen_at=now))
+    else:
+        found.seen_at = now
 
 
 def remove(session: Session, server_id: str) -> None:
@@ -73,4 +91,43 @@ def can_run(session: Session, job: Job, now: datetime) -> bool:
     return bool(session.scalar(select(exists().where(*cond))))
 
 
-__all__ = ["FORGET_AFTER", "HEARTBEAT_S", "LIVE_S", "RunningServer", "can_run", "heartbeat", "remove"]
+class WorkerQueue(Base):
+    __tablename__ = "worker_queues"
+
+    worker: Mapped[str] = mapped_column(String(64), primary_key=True)  # host:pid:random of a worker process
+    queue: Mapped[str] = mapped_column(String(128), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+def worker_heartbeat(session: Session, worker: str, queues: Iterable[str], *, now: datetime) -> None:
+    """Writes (or refreshes) the worker process's rows, one per queue it consumes, and deletes rows of workers not
+    seen for a day."""
+    for queue in dict.fromkeys(queues):
+        _seen(session, WorkerQueue, (worker, queue), now, worker=worker, queue=queue)
+    session.execute(delete(WorkerQueue).where(WorkerQueue.seen_at < now - FORGET_AFTER))
+
+
+def remove_worker(session: Session, worker: str) -> None:
+    session.execute(delete(WorkerQueue).where(WorkerQueue.worker == worker))
+
+
+def queue_served(session: Session, queue: str, now: datetime) -> bool:
+    """Whether a live worker process consumes this queue."""
+    w = WorkerQueue
+    return bool(session.scalar(select(exists().where(w.queue == queue, w.seen_at >= now - timedelta(seconds=LIVE_S)))))
+
+
+__all__ = [
+    "FORGET_AFTER",
+    "HEARTBEAT_S",
+    "LIVE_S",
+    "RunningServer",
+    "WorkerQueue",
+    "can_run",
+    "heartbeat",
+    "queue_served",
+    "remove",
+    "remove_worker",
+    "worker_heartbeat",
+]

@@ -1,12 +1,16 @@
 """A worker process's runtime: its database engine (never shared across a fork), loaded decoders, the heartbeat
-thread with the reaper's tick. One per process, created lazily where tasks run."""
+thread with the reaper's tick and the process's row per queue it consumes (store/servers.py: a queued batch's
+object says when no running worker serves its queue). One per process, created lazily where tasks run."""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 import threading
 import time
+from collections.abc import Iterable
 
 from spec_batch.core.decoder_like import DecoderLike
 from spec_batch.jobs import lease
@@ -15,7 +19,8 @@ from spec_batch.jobs.job_memory_store import JobMemories
 from spec_batch.jobs.lifecycle import RunOutcome, after_run
 from spec_batch.loading import shared_decoder
 from spec_batch.settings import get_settings
-from spec_batch.store import chunks, open_store
+from spec_batch.store import chunks, open_store, servers
+from spec_batch.store.models import utcnow
 
 from . import reaper
 from .publish import publish_chunk
@@ -38,6 +43,9 @@ class Runtime:
         # the suffix drafter's memory of each job's outputs, kept across the job's chunks
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
         self._last_adopt = 0.0
+        self.worker_id = f"{socket.gethostname()[:40]}:{self.pid}:{secrets.token_hex(4)}"
+        self.queues: tuple[str, ...] = ()
+        self._announced_at = float("-inf")
         self.heartbeat = lease.Heartbeat(
             self.session_factory, lease_seconds=self.settings.lease_seconds, on_tick=self.reap_tick
         ).start()
@@ -50,8 +58,39 @@ class Runtime:
         """The reaper found nothing of the job left to run: lifecycle completes (or settles) it."""
         after_run(self.session_factory, job_id, RunOutcome.FINISHED)
 
+    def serve_queues(self, queues: Iterable[str]) -> None:
+        """The queues this process consumes: announced now, then at the heartbeat's ticks."""
+        self.queues = tuple(dict.fromkeys(queues))
+        self._announced_at = float("-inf")
+        self.announce()
+
+    def announce(self) -> None:
+        """Refreshes this process's rows in worker_queues, every servers.HEARTBEAT_S at most. The database briefly
+        away costs a warning: the rows stop counting only after servers.LIVE_S."""
+        if not self.queues or time.monotonic() - self._announced_at < servers.HEARTBEAT_S:
+            return
+        try:
+            with self.session_factory.begin() as s:
+                servers.worker_heartbeat(s, self.worker_id, self.queues, now=utcnow())
+            self._announced_at = time.monotonic()
+        except Exception as exc:
+            log.warning("worker queues not announced: %s", lease.brief(exc))
+
+    def withdraw(self) -> None:
+        """This process stops: its rows go (a process killed leaves them to expire)."""
+        if not self.queues:
+            return
+        self.queues = ()  # a heartbeat tick still under way announces nothing more
+        try:
+            with self.session_factory.begin() as s:
+                servers.remove_worker(s, self.worker_id)
+        except Exception as exc:
+            log.warning("worker queues not withdrawn: %s", lease.brief(exc))
+
     def reap_tick(self) -> None:
-        """The heartbeat's extra duty in a worker: one reaper pass, logged when it did something."""
+        """The heartbeat's extra duty in a worker: its queues announced, one reaper pass, logged when it did
+        something."""
+        self.announce()
         rep = self.reap()
         if rep.any():
             log.warning("reaper: %s", rep)
@@ -166,7 +205,9 @@ def runtime_of_this_process() -> Runtime | None:
 
 
 def stop_in_this_process() -> None:
-    """A pool child's shutdown: its heartbeat stops (the runtime of a parent process is left alone)."""
+    """A pool child's shutdown: its heartbeat stops and its queues are withdrawn (the runtime of a parent process is
+    left alone)."""
     rt = runtime_of_this_process()
     if rt is not None:
         rt.heartbeat.stop()
+        rt.withdraw()

@@ -69,7 +69,7 @@ def _on_process_init(**_: Any) -> None:
     """A new pool child: its own engine, heartbeat and reaper (an idle worker still recovers lost chunks)."""
     apply_torch_threads()
     try:
-        runtime()
+        _runtime()
     except Exception as exc:  # the database may be down now; the first task retries
         log.warning("worker process start: %s (will retry on the first task)", exc)
 
@@ -86,9 +86,18 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     if "solo" in name or "thread" in name:  # never prefork: its main process must own no engine to fork
         apply_torch_threads()
         try:
-            runtime()
+            _runtime()
         except Exception as exc:
             log.warning("worker start: %s (will retry on the first task)", exc)
+
+
+def _runtime() -> Runtime:
+    """This process's runtime, announcing the queues the worker consumes (celery's -Q, selected before the pool
+    forks) once it has one."""
+    rt = runtime()
+    if not rt.queues:
+        rt.serve_queues(app.amqp.queues.consume_from)
+    return rt
 
 
 @worker_process_shutdown.connect
@@ -99,6 +108,7 @@ def _on_process_shutdown(**_: Any) -> None:
 
 @worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
+    stop_in_this_process()  # solo/threads pools: the runtime is the main process's
     metrics.shutdown()
 
 
@@ -116,7 +126,7 @@ def _on_worker_shutdown(**_: Any) -> None:
 def process_chunk(self, chunk_id: str) -> dict[str, Any]:
     token = lease.new_token()
     try:
-        rt = runtime()
+        rt = _runtime()
     except Exception as exc:  # the database is down or not migrated yet: the environment, not the input
         delay = retry_delay(self.request.retries)
         log.error(

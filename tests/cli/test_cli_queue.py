@@ -8,7 +8,8 @@ from sqlalchemy import select
 
 from spec_batch.cli import main
 from spec_batch.jobs import create_job_from_file, run_job
-from spec_batch.store import Job, make_session_factory, queries
+from spec_batch.store import Job, make_session_factory, queries, servers
+from spec_batch.store.models import utcnow
 
 DEAD_BROKER = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
@@ -100,3 +101,24 @@ def test_queue_names_given_by_hand_are_validated(tmp_path, monkeypatch):
         assert res.exit_code == 2, res.output
         assert "is not allowed: use 1 to 120 characters among letters, digits and . _ : -" in res.output
     assert not (tmp_path / "cli.db").exists()  # refused before the database was opened
+
+
+def test_submit_notes_when_no_running_worker_consumes_the_queue(tmp_path, monkeypatch):
+    from spec_batch.workers import enqueue
+
+    monkeypatch.setattr(enqueue, "check_broker", lambda url=None: "e1")
+    monkeypatch.setattr(enqueue, "publish_chunk", lambda chunk_id, queue, broker_url=None: None)
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    monkeypatch.setenv("SPEC_BATCH_DATABASE_URL", url)
+    path = write_batch(tmp_path / "b.jsonl", [completion_line("a", "x")])
+    args = ["submit", str(path), "--no-model-check", "--queue", "jobs.q"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "note: no running worker consumes queue jobs.q now" in res.stderr
+    factory = make_session_factory(url)
+    with factory.begin() as s:  # a worker process that consumes it (workers/runtime.py writes this row)
+        servers.worker_heartbeat(s, "host:1:ab", ["jobs.q"], now=utcnow())
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "no running worker" not in res.stderr
+    factory.kw["bind"].dispose()

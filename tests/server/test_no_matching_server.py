@@ -1,4 +1,4 @@
-"""Issue 38: a batch that no running server can run says so. Servers sharing a database run only the batches made
+"""Issue 38: a batch that nothing running can run says so. Servers sharing a database run only the batches made
 for their own target, drafter, weights and dtype; while none that is running matches, the batch object's `errors`
 holds a `no_matching_server` entry (through the official `openai` client), which goes once a matching server runs.
 """
@@ -13,6 +13,7 @@ from datetime import timedelta
 import openai
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from spec_batch.server.app import create_app
 from spec_batch.server.serve import ServeOptions, build_context
@@ -94,4 +95,29 @@ def test_which_live_server_runs_a_job(db_url, row, runs):
     with factory.begin() as s:
         servers.remove(s, "srv")
         s.execute(Job.__table__.delete().where(Job.id.like("job_srv_%")))
+    factory.kw["bind"].dispose()
+
+
+@pytest.mark.parametrize(
+    ("queues", "seen", "served"),
+    [
+        (["spec-batch.tiny.ngram"], 0, True),
+        (["other", "spec-batch.tiny.ngram", "other"], 0, True),  # a queue listed twice: one row
+        (["spec-batch.tiny.none"], 0, False),  # another pair's queue
+        (["spec-batch.tiny.ngram"], -servers.LIVE_S - 5, False),  # not seen for too long: dead
+    ],
+)
+def test_which_live_worker_serves_a_queue(db_url, queues, seen, served):
+    factory = make_session_factory(db_url)
+    now = utcnow()
+    with factory.begin() as s:
+        s.execute(servers.WorkerQueue.__table__.delete())
+        servers.worker_heartbeat(s, "host:1:ab", queues, now=now + timedelta(seconds=seen))
+    with factory() as s:
+        assert servers.queue_served(s, "spec-batch.tiny.ngram", now) is served
+        assert len(s.scalars(select(servers.WorkerQueue)).all()) == len(set(queues))
+    with factory.begin() as s:
+        servers.remove_worker(s, "host:1:ab")
+    with factory() as s:
+        assert not servers.queue_served(s, "spec-batch.tiny.ngram", now)
     factory.kw["bind"].dispose()
