@@ -184,23 +184,22 @@ def no_server_error(session: Session, job: Job) -> dict[str, Any] | None:
     if job.status not in (JOB_IN_PROGRESS, JOB_FINALIZING):
         return None
     now = utcnow()
+    kind = (
+        f"target {job.target!r}, drafter {job.drafter!r}, weights {job.weights or 'full'}, dtype {job.dtype or 'any'}"
+    )
     if job.queue is not None:
         if servers.queue_served(session, job.queue, now):
             return None
         code = "no_matching_worker"
         message = (
-            f"no running worker consumes queue {job.queue!r} (target {job.target!r}, drafter {job.drafter!r}, "
-            f"weights {job.weights or 'full'}, dtype {job.dtype or 'any'}): the batch waits until one starts "
+            f"no running worker consumes queue {job.queue!r} ({kind}): the batch waits until one starts "
             f"(spec-batch worker -Q {job.queue})"
         )
     else:
         if servers.can_run(session, job, now):
             return None
         code = "no_matching_server"
-        message = (
-            f"no running server runs batches for target {job.target!r}, drafter {job.drafter!r}, weights "
-            f"{job.weights or 'full'}, dtype {job.dtype or 'any'}: the batch waits until one starts"
-        )
+        message = f"no running server runs batches for {kind}: the batch waits until one starts"
     return {"code": code, "message": message, "param": None, "line": None}
 
 

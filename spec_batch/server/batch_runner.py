@@ -14,11 +14,8 @@ that ServerContext.services starts with the app, and sets it as ``ctx.batches`` 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -81,7 +78,7 @@ class LocalBatchRunner:
         self._thread: threading.Thread | None = None
         self._failures: dict[str, int] = {}
         # Its row in `servers` (store/servers.py): batch objects say when no live server can run a batch.
-        self.server_id = f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.server_id = servers.process_id()
         self._beaten_at = 0.0
 
     def job_fields(self) -> JobFields:

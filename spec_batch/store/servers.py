@@ -11,6 +11,9 @@ stop counting after LIVE_S and are deleted after a day by any heartbeat.
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -34,6 +37,11 @@ class RunningServer(Base):
     dtype: Mapped[str | None] = mapped_column(String(16))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+def process_id() -> str:
+    """A new id for this process's rows (host:pid:random), unique across restarts and machines."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 def heartbeat(
@@ -126,6 +134,7 @@ __all__ = [
     "WorkerQueue",
     "can_run",
     "heartbeat",
+    "process_id",
     "queue_served",
     "remove",
     "remove_worker",

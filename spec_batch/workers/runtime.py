@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -43,7 +41,7 @@ class Runtime:
         # the suffix drafter's memory of each job's outputs, kept across the job's chunks
         self.memories = JobMemories(self.settings.suffix_memory_jobs, self.settings.suffix_memory_tokens)
         self._last_adopt = 0.0
-        self.worker_id = f"{socket.gethostname()[:40]}:{self.pid}:{secrets.token_hex(4)}"
+        self.worker_id = servers.process_id()
         self.queues: tuple[str, ...] = ()
         self._announced_at = float("-inf")
         self.heartbeat = lease.Heartbeat(
