@@ -8,7 +8,10 @@ layers over the same loaded modules (no second copy of any weight) in one flat l
 - the fused q/k/v and gate/up groups are called once each (loading/fused_projections.py),
 - the visibility of each query is built once per forward, as a bool [B, 1, n, L], and the native attention kernel
   reads it directly (loading/kernels/cpu_attention.cpp),
-- norms, rotary embeddings and the activation are the model's own functions, called in Hugging Face's order.
+- between the matmuls, one native call each (loading/kernels/layer_glue.cpp) replaces a Python sequence of 5-8
+  operators: residual add + RMSNorm, the rotary embedding of q's and k's heads, SiLU(gate) * up. Each computes
+  Hugging Face's operators in its order: torch's own kernels for the reductions and the activation, single IEEE
+  operations rounded where torch rounds for the rest. Other norms and activations run the model's own modules.
 
 **The same bits as Hugging Face's forward.** Every operator is the one Hugging Face runs, on the same inputs in the
 same order, and the native kernel's result depends only on which columns a query sees, never on how the mask was
@@ -28,11 +31,15 @@ from typing import Any
 
 import torch
 
+from ..core.kv import padding
+from .block_linear import TILE, BlockLinear
 from .cpu_attention import attention_kind
 
 FORWARD_CHOICES = ("auto", "own", "hf")
 FAMILY = ("llama", "mistral", "qwen2")
 _NO_BIAS = torch.empty(0)
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # the same forward, kernels/layer_glue.cpp's
+_SILU = ("SiLUActivation", "SiLU")
 
 
 @dataclass
@@ -61,6 +68,32 @@ def why_not(model: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's modules, looked up once; `plain` holds its W4A8 layers that the kernel alone computes."""
+
+    attn: Any
+    mlp: Any
+    input_norm: Any
+    post_norm: Any
+    qkv: Any  # the fused q/k/v group, or None
+    gate_up: Any  # the fused gate/up group, or None
+    plain: dict[str, BlockLinear]  # "qkv", "o", "gate_up", "down" -> the layer, where _plain_w4a8 says so
+
+    @classmethod
+    def of(cls, layer: Any) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = getattr(attn, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
+        modules = {
+            "qkv": qkv.fused if qkv is not None else None,
+            "o": attn.o_proj,
+            "gate_up": gate_up.fused if gate_up is not None else None,
+            "down": mlp.down_proj,
+        }
+        plain = {name: m for name, m in modules.items() if _plain_w4a8(m)}
+        return cls(attn, mlp, layer.input_layernorm, layer.post_attention_layernorm, qkv, gate_up, plain)
+
+
 class LlamaForward:
     """A callable with the keyword signature KVBatch uses for a model call, over `model`'s own modules."""
 
@@ -68,11 +101,13 @@ class LlamaForward:
         self.model = model
         inner = model.model
         self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
+        self.parts = [_Layer.of(layer) for layer in self.layers]
         self.rotary, self.lm_head = inner.rotary_emb, model.lm_head
         module = sys.modules[type(self.layers[0].self_attn).__module__]
         self.apply_rotary, self.rotate_half = module.apply_rotary_pos_emb, module.rotate_half
         attn = self.layers[0].self_attn
         self.head_dim, self.scale = attn.head_dim, attn.scaling
+        self.glue = _glue_applies(self.layers)
 
     def usable(self, model_kwargs: dict[str, Any]) -> bool:
         """Whether this call can run here: no extra model arguments and no hooks that expect HF's module calls."""
@@ -93,47 +128,103 @@ class LlamaForward:
         x = self.embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
         visible = _visible(attention_mask, input_ids.shape[1], past_key_values.get_seq_length())
-        for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, (cos, sin), visible, past_key_values)
-        x = self.norm(x)  # through __call__: core/heads/hidden.py's hook reads it
+        # the kernel alone where the module's forward would add nothing: fp32 activations and no padded positions
+        # to skip (core/kv/padding.py: then the layers compute real positions only)
+        direct = x.dtype == torch.float32 and padding.current() is None
+        delta = None  # each layer's last residual term, added where the next norm reads the sum
+        for i, part in enumerate(self.parts):
+            x, delta = self._layer(i, part, x, delta, (cos, sin), visible, past_key_values, direct)
+        x = self.norm(x + delta)  # through __call__: core/heads/hidden.py's hook reads it
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return ForwardOutput(logits=self.lm_head(kept), past_key_values=past_key_values)
 
-    def _layer(self, index: int, layer: Any, x: torch.Tensor, rotary: tuple, visible: torch.Tensor, cache: Any):
+    def _layer(
+        self,
+        index: int,
+        part: _Layer,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        rotary: tuple,
+        visible: torch.Tensor,
+        cache: Any,
+        direct: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder layer: (its residual stream before the MLP's term, the MLP's term)."""
         rows, width, _ = x.shape
-        attn, mlp = layer.self_attn, layer.mlp
-        h = layer.input_layernorm.forward(x)
-        q, k, v = self._queries_keys_values(attn, h, rotary)
+        x, h = self._add_norm(part.input_norm, x, delta)
+        q, k, v = self._queries_keys_values(part, h, rotary, direct)
         keys, values = cache.update(k, v, index)
         out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
-        x = x + attn.o_proj(out.reshape(rows, width, -1).contiguous())
-        h = layer.post_attention_layernorm.forward(x)
-        gate, up = _projections(mlp, ("gate_proj", "up_proj"), "gate_up_proj", h)
-        return x + mlp.down_proj(mlp.act_fn(gate) * up)
+        attended = _linear(part, "o", part.attn.o_proj, out.reshape(rows, width, -1), direct)
+        x, h = self._add_norm(part.post_norm, x, attended)
+        return x, self._mlp(part, h, direct)
 
-    def _queries_keys_values(self, attn: Any, h: torch.Tensor, rotary: tuple) -> tuple[torch.Tensor, ...]:
+    def _add_norm(self, norm: Any, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """(x + delta, norm(x + delta)); one native call for the family's RMSNorm (the same bits)."""
+        if not self.glue:
+            x = x if delta is None else x + delta
+            return x, norm.forward(x)
+        if delta is None:
+            return x, torch.ops.spec_batch.rms_norm(x, norm.weight, norm.variance_epsilon)
+        return torch.ops.spec_batch.add_rms_norm(x, delta, norm.weight, norm.variance_epsilon)
+
+    def _mlp(self, part: _Layer, h: torch.Tensor, direct: bool) -> torch.Tensor:
+        mlp, group = part.mlp, part.gate_up
+        if group is None:
+            gated = mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h)
+        else:
+            both = _linear(part, "gate_up", group.fused, h, direct)
+            if self.glue:
+                gated = torch.ops.spec_batch.silu_mul(both, group.sizes[0])
+            else:
+                gate, up = both.split(group.sizes, dim=-1)
+                gated = mlp.act_fn(gate) * up
+        return _linear(part, "down", mlp.down_proj, gated, direct)
+
+    def _queries_keys_values(self, part: _Layer, h: torch.Tensor, rotary: tuple, direct: bool) -> tuple:
         """q, k, v [B, heads, n, D] with the rotary embedding applied to q and k. With a fused q/k/v group, q's and
         k's heads rotate in one pass over the group's output: elementwise, so the same bits as one pass each."""
         rows, width, _ = h.shape
-        group = getattr(attn, "qkv_proj", None)
+        attn, group = part.attn, part.qkv
         if group is None:
             shape = (rows, width, -1, self.head_dim)
             q, k, v = (getattr(attn, name)(h).view(shape).transpose(1, 2) for name in ("q_proj", "k_proj", "v_proj"))
             return (*self.apply_rotary(q, k, *rotary), v)
-        heads = group.fused(h).view(rows, width, -1, self.head_dim)  # [B, n, Hq + 2 Hkv, D]
+        heads = _linear(part, "qkv", group.fused, h, direct).view(rows, width, -1, self.head_dim)  # [B, n, H, D]
         nq, nk = group.sizes[0] // self.head_dim, group.sizes[1] // self.head_dim
+        if self.glue:
+            return torch.ops.spec_batch.rotary_heads(heads, *rotary, nq, nk)
         cos, sin = (t.unsqueeze(2) for t in rotary)
         qk = heads[:, :, : nq + nk]
         qk = (qk * cos) + (self.rotate_half(qk) * sin)  # Hugging Face's apply_rotary_pos_emb, both at once
         return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), heads[:, :, nq + nk :].transpose(1, 2)
 
 
-def _projections(parent: Any, names: tuple[str, ...], fused_name: str, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The projections of one input: one call of the fused group where there is one (the same bits as its parts)."""
-    group = getattr(parent, fused_name, None)
-    if group is not None:
-        return group.fused(h).split(group.sizes, dim=-1)
-    return tuple(getattr(parent, name)(h) for name in names)
+def _plain_w4a8(module: Any) -> bool:
+    """A W4A8 layer whose forward on fp32 activations is the kernel's fp32 output as it is: no bias to add and
+    whole tiles (no columns to cut)."""
+    return (
+        isinstance(module, BlockLinear) and module.bias is None and module.packed.shape[0] * TILE == module.out_features
+    )
+
+
+def _linear(part: _Layer, name: str, module: Any, x: torch.Tensor, direct: bool) -> torch.Tensor:
+    """module(x); a plain W4A8 layer on a direct call runs the kernel with no Python between (the same bits as its
+    forward, which calls the same kernel and then changes nothing)."""
+    plain = part.plain.get(name) if direct else None
+    if plain is None:
+        return module(x)
+    flat = torch.ops.spec_batch.w4a8_linear(x.reshape(-1, x.shape[-1]), plain.packed, plain.scales, plain.minimums)
+    return flat.view(*x.shape[:-1], plain.out_features)
+
+
+def _glue_applies(layers: list[Any]) -> bool:
+    """Whether the layers are the family's own RMSNorm and SiLU modules, with no hooks on the norms: then
+    kernels/layer_glue.cpp runs the operators between the matmuls (the same bits as Hugging Face's)."""
+    norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    return all(
+        type(n).__name__ in _RMS_NORMS and not (n._forward_hooks or n._forward_pre_hooks) for n in norms
+    ) and all(type(layer.mlp.act_fn).__name__ in _SILU for layer in layers)
 
 
 def _visible(mask: torch.Tensor, width: int, past: int) -> torch.Tensor:

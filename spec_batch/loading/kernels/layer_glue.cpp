@@ -1,0 +1,194 @@
+// The small operators between a Llama layer's matmuls, one call each instead of a Python sequence of 5-8 operators.
+//
+// Each computes the same bits as the Hugging Face code it replaces (loading/llama_forward.py names it):
+// - reductions stay torch's own kernels (the mean of squares in RMSNorm): a hand-written sum would change them;
+// - elementwise steps are a single IEEE operation each (add, multiply, 1/sqrt), rounded to the tensor's dtype
+//   where torch rounds (bf16 after every operator, fp32 opmath), with contraction into fused multiply-adds off
+//   (build.py's -ffp-contract=off). Such steps give the same bits in any order of elements and any vector width.
+// Anything else (other dtypes, a weight of another dtype) runs the same sequence through ATen from here.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+using at::Tensor;
+using c10::BFloat16;
+
+constexpr int64_t kGrainElements = 1 << 15;  // below this a parallel region costs more than its work
+
+int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, width)); }
+
+// Hugging Face's LlamaRMSNorm: weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype), rows along the last dim.
+// torch's mean on the CPU is its sum kernel followed by a division by the count; the sum stays torch's (`sums`).
+template <typename T, typename W, typename O>
+void scale_rows(const Tensor& x, const Tensor& sums, const Tensor& weight, double eps, Tensor& out) {
+  const int64_t width = x.size(-1), rows = x.numel() / width;
+  const T* xp = x.data_ptr<T>();
+  const float* sp = sums.data_ptr<float>();
+  const W* wp = weight.data_ptr<W>();
+  O* op = out.data_ptr<O>();
+  const float count = static_cast<float>(width), feps = static_cast<float>(eps);  // both as torch casts them
+  at::parallel_for(0, rows, grain_rows(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float variance = sp[r] / count;
+      const float inv = 1.0f / std::sqrt(variance + feps);  // torch.rsqrt on the CPU: 1 / sqrt, both correctly rounded
+      const T* xr = xp + r * width;
+      O* orow = op + r * width;
+      for (int64_t i = 0; i < width; ++i) {
+        const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);  // .to(input_dtype)
+        orow[i] = static_cast<O>(static_cast<float>(wp[i]) * static_cast<float>(normed));
+      }
+    }
+  });
+}
+
+// The row sums of x_f32^2 [..., 1]: the squares by hand (pow(2) is one correctly rounded product), the sum torch's.
+template <typename T>
+Tensor sums_of_squares(const Tensor& x) {
+  Tensor squares = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  const T* xp = x.data_ptr<T>();
+  float* sq = squares.data_ptr<float>();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(xp[i]);
+    sq[i] = v * v;
+  }
+  return at::sum(squares, {-1}, /*keepdim=*/true);
+}
+
+Tensor rms_norm_composite(const Tensor& x, const Tensor& weight, double eps) {
+  const Tensor xf = x.to(at::kFloat);
+  const Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
+  const Tensor x = x_in.contiguous();
+  const auto xt = x.scalar_type(), wt = weight.scalar_type();
+  const bool handled = weight.dim() == 1 && weight.is_contiguous() && weight.size(0) == x.size(-1) &&
+                       ((xt == at::kFloat && wt == at::kFloat) || (xt == at::kBFloat16 && wt == at::kBFloat16) ||
+                        (xt == at::kBFloat16 && wt == at::kFloat));
+  if (!handled) return rms_norm_composite(x, weight, eps);
+  Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(xt, wt)));
+  if (xt == at::kFloat) {
+    scale_rows<float, float, float>(x, sums_of_squares<float>(x).contiguous(), weight, eps, out);
+  } else {
+    const Tensor sums = sums_of_squares<BFloat16>(x).contiguous();
+    if (wt == at::kBFloat16) {
+      scale_rows<BFloat16, BFloat16, BFloat16>(x, sums, weight, eps, out);
+    } else {
+      scale_rows<BFloat16, float, float>(x, sums, weight, eps, out);
+    }
+  }
+  return out;
+}
+
+template <typename T>
+Tensor add_same(const Tensor& x, const Tensor& delta) {
+  const Tensor a = x.contiguous(), b = delta.contiguous();
+  Tensor sum = at::empty(a.sizes(), a.options());
+  const T* ap = a.data_ptr<T>();
+  const T* bp = b.data_ptr<T>();
+  T* sp = sum.data_ptr<T>();
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) sp[i] = static_cast<T>(static_cast<float>(ap[i]) + static_cast<float>(bp[i]));
+  return sum;
+}
+
+// x + delta (the residual), then RMSNorm of the sum: (sum, normed). The sum rounds once per element, as torch's.
+std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps) {
+  Tensor sum;
+  if (x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type() && x.scalar_type() == at::kFloat) {
+    sum = add_same<float>(x, delta);
+  } else if (x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type() &&
+             x.scalar_type() == at::kBFloat16) {
+    sum = add_same<BFloat16>(x, delta);
+  } else {
+    sum = x + delta;
+  }
+  return {sum, rms_norm(sum, weight, eps)};
+}
+
+// Hugging Face's apply_rotary_pos_emb on the query and key heads of a fused q/k/v output: out = h * cos +
+// rotate_half(h) * sin, with rotate_half(h) = cat(-h[D/2:], h[:D/2]); each product and the sum rounded to T.
+template <typename T>
+void rotate(const Tensor& heads, const Tensor& cos, const Tensor& sin, int64_t rotated, Tensor& out) {
+  const int64_t positions = heads.size(0) * heads.size(1), dim = heads.size(3), half = dim / 2;
+  const int64_t group = heads.size(2);
+  const T* hp = heads.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, positions, grain_rows(rotated * dim), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T* c = cp + p * dim;
+      const T* s = sp + p * dim;
+      for (int64_t h = 0; h < rotated; ++h) {
+        const T* x = hp + (p * group + h) * dim;
+        T* o = op + (p * rotated + h) * dim;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float turned = d < half ? -static_cast<float>(x[d + half]) : static_cast<float>(x[d - half]);
+          const T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(c[d]));
+          const T b = static_cast<T>(turned * static_cast<float>(s[d]));
+          o[d] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+        }
+      }
+    }
+  });
+}
+
+// heads [B, n, Hq + 2 Hkv, D] (the fused q/k/v output), cos and sin [B, n, D]: q [B, Hq, n, D] and k [B, Hkv, n, D]
+// rotated, v [B, Hkv, n, D] as given (views with the layout Hugging Face's transposes give).
+std::tuple<Tensor, Tensor, Tensor> rotary_heads(const Tensor& heads_in, const Tensor& cos_in, const Tensor& sin_in,
+                                                int64_t query_heads, int64_t key_heads) {
+  const Tensor heads = heads_in.contiguous();
+  const int64_t rotated = query_heads + key_heads, dim = heads.size(3);
+  const auto dtype = heads.scalar_type();
+  Tensor qk;
+  if ((dtype == at::kFloat || dtype == at::kBFloat16) && cos_in.scalar_type() == dtype &&
+      sin_in.scalar_type() == dtype && dim % 2 == 0) {
+    const Tensor cos = cos_in.expand({heads.size(0), heads.size(1), dim}).contiguous();
+    const Tensor sin = sin_in.expand({heads.size(0), heads.size(1), dim}).contiguous();
+    qk = at::empty({heads.size(0), heads.size(1), rotated, dim}, heads.options());
+    if (dtype == at::kFloat) {
+      rotate<float>(heads, cos, sin, rotated, qk);
+    } else {
+      rotate<BFloat16>(heads, cos, sin, rotated, qk);
+    }
+  } else {
+    const Tensor x = heads.narrow(2, 0, rotated);
+    const Tensor turned = at::cat({-x.narrow(-1, dim / 2, dim - dim / 2), x.narrow(-1, 0, dim / 2)}, -1);
+    qk = x * cos_in.unsqueeze(2) + turned * sin_in.unsqueeze(2);
+  }
+  return {qk.narrow(2, 0, query_heads).transpose(1, 2), qk.narrow(2, query_heads, key_heads).transpose(1, 2),
+          heads.narrow(2, rotated, key_heads).transpose(1, 2)};
+}
+
+// Hugging Face's LlamaMLP between its projections, on a fused gate/up output [..., 2 I]: silu(gate) * up, both
+// through torch's kernels (silu's exp is torch's vectorized one).
+Tensor silu_mul(const Tensor& gate_up, int64_t size) {
+  Tensor out = at::silu(gate_up.narrow(-1, 0, size));
+  out.mul_(gate_up.narrow(-1, size, size));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rotary_heads(Tensor heads, Tensor cos, Tensor sin, int query_heads, int key_heads) -> (Tensor, Tensor, Tensor)");
+  m.def("silu_mul(Tensor gate_up, int size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
+  m.impl("rms_norm", rms_norm);
+  m.impl("add_rms_norm", add_rms_norm);
+  m.impl("rotary_heads", rotary_heads);
+  m.impl("silu_mul", silu_mul);
+}
