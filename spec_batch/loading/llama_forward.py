@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -68,6 +68,15 @@ def why_not(model: Any) -> str | None:
     return None
 
 
+class _W4A8(NamedTuple):
+    """A W4A8 layer's kernel inputs, read once: the forward is attached after the weights are final (load.py)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor
+    out_features: int
+
+
 @dataclass(frozen=True)
 class _Layer:
     """One decoder layer's modules, looked up once; `plain` holds its W4A8 layers that the kernel alone computes."""
@@ -78,7 +87,7 @@ class _Layer:
     post_norm: Any
     qkv: Any  # the fused q/k/v group, or None
     gate_up: Any  # the fused gate/up group, or None
-    plain: dict[str, BlockLinear]  # "qkv", "o", "gate_up", "down" -> the layer, where _plain_w4a8 says so
+    plain: dict[str, _W4A8]  # "qkv", "o", "gate_up", "down" -> the layer's kernel inputs, where _plain_w4a8 says so
 
     @classmethod
     def of(cls, layer: Any) -> _Layer:
@@ -90,7 +99,9 @@ class _Layer:
             "gate_up": gate_up.fused if gate_up is not None else None,
             "down": mlp.down_proj,
         }
-        plain = {name: m for name, m in modules.items() if _plain_w4a8(m)}
+        plain = {
+            name: _W4A8(m.packed, m.scales, m.minimums, m.out_features) for name, m in modules.items() if _plain_w4a8(m)
+        }
         return cls(attn, mlp, layer.input_layernorm, layer.post_attention_layernorm, qkv, gate_up, plain)
 
 
