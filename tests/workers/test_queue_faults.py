@@ -115,14 +115,23 @@ def _assert_exactly_once(factory, job_id: str, n: int) -> list[Request]:
     with factory() as s:
         rs = list(s.scalars(select(Request).where(Request.job_id == job_id)))
         job = queries.get_job(s, job_id)
-        chunks = qstore.job_chunks(s, job_id)
     assert len(rs) == n and len({r.custom_id for r in rs}) == n
     assert all(r.status == "completed" and r.output is not None and r.completed_at for r in rs), [
         (r.custom_id, r.status, r.error) for r in rs
     ]
     assert job.status == "completed" and job.completed_at is not None
-    assert {c.state for c in chunks} <= {"done", "split"}
+    # A chunk whose holder lost the database as the job ended stays running until its lease expires and a reaper
+    # finishes it (workers/reaper.py: lease time is the only wait); every other chunk is closed already.
+    wait_for(lambda: _chunks_closed(factory, job_id), CHUNKS_SETTLE_S, 0.25, what="the job's chunks to close")
     return rs
+
+
+CHUNKS_SETTLE_S = 20.0  # a few leases of these tests' workers (3-4 s) and a reaper's period
+
+
+def _chunks_closed(factory, job_id: str) -> bool:
+    with factory() as s:
+        return {c.state for c in qstore.job_chunks(s, job_id)} <= {"done", "split"}
 
 
 def _progress(factory, job_id: str) -> bool:
