@@ -82,6 +82,11 @@ class BlockLinear(_RowsLinear):
             return super().forward(x)
         return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
 
+    def kernel_is_forward(self) -> bool:
+        """Whether `_rows` on fp32 rows returns the kernel's output unchanged: no bias to add, whole tiles (no
+        columns to cut). Then a caller with fp32 rows may call the kernel itself (loading/llama_forward.py)."""
+        return self.bias is None and self.packed.shape[0] * TILE == self.out_features
+
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         out = torch.ops.spec_batch.w4a8_linear(rows, self.packed, self.scales, self.minimums)
         if out.shape[1] != self.out_features:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.kv import padding
-from .block_linear import TILE, BlockLinear
+from .block_linear import BlockLinear
 from .cpu_attention import attention_kind
 
 FORWARD_CHOICES = ("auto", "own", "hf")
@@ -87,7 +87,7 @@ class _Layer:
     post_norm: Any
     qkv: Any  # the fused q/k/v group, or None
     gate_up: Any  # the fused gate/up group, or None
-    plain: dict[str, _W4A8]  # "qkv", "o", "gate_up", "down" -> the layer's kernel inputs, where _plain_w4a8 says so
+    plain: dict[str, _W4A8]  # "qkv", "o", "gate_up", "down" -> its kernel inputs, where BlockLinear.kernel_is_forward
 
     @classmethod
     def of(cls, layer: Any) -> _Layer:
@@ -100,7 +100,9 @@ class _Layer:
             "down": mlp.down_proj,
         }
         plain = {
-            name: _W4A8(m.packed, m.scales, m.minimums, m.out_features) for name, m in modules.items() if _plain_w4a8(m)
+            name: _W4A8(m.packed, m.scales, m.minimums, m.out_features)
+            for name, m in modules.items()
+            if isinstance(m, BlockLinear) and m.kernel_is_forward()
         }
         return cls(attn, mlp, layer.input_layernorm, layer.post_attention_layernorm, qkv, gate_up, plain)
 
@@ -211,14 +213,6 @@ class LlamaForward:
         return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), heads[:, :, nq + nk :].transpose(1, 2)
 
 
-def _plain_w4a8(module: Any) -> bool:
-    """A W4A8 layer whose forward on fp32 activations is the kernel's fp32 output as it is: no bias to add and
-    whole tiles (no columns to cut)."""
-    return (
-        isinstance(module, BlockLinear) and module.bias is None and module.packed.shape[0] * TILE == module.out_features
-    )
-
-
 def _linear(part: _Layer, name: str, module: Any, x: torch.Tensor, direct: bool) -> torch.Tensor:
     """module(x); a plain W4A8 layer on a direct call runs the kernel with no Python between (the same bits as its
     forward, which calls the same kernel and then changes nothing)."""
@@ -230,12 +224,12 @@ def _linear(part: _Layer, name: str, module: Any, x: torch.Tensor, direct: bool)
 
 
 def _glue_applies(layers: list[Any]) -> bool:
-    """Whether the layers are the family's own RMSNorm and SiLU modules, with no hooks on the norms: then
-    kernels/layer_glue.cpp runs the operators between the matmuls (the same bits as Hugging Face's)."""
+    """Whether the layers are the family's own RMSNorm and SiLU modules: then kernels/layer_glue.cpp runs the
+    operators between the matmuls (the same bits as Hugging Face's). Neither path calls a norm's hooks."""
     norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-    return all(
-        type(n).__name__ in _RMS_NORMS and not (n._forward_hooks or n._forward_pre_hooks) for n in norms
-    ) and all(type(layer.mlp.act_fn).__name__ in _SILU for layer in layers)
+    return all(type(n).__name__ in _RMS_NORMS for n in norms) and all(
+        type(layer.mlp.act_fn).__name__ in _SILU for layer in layers
+    )
 
 
 def _visible(mask: torch.Tensor, width: int, past: int) -> torch.Tensor:

@@ -102,15 +102,11 @@ Tensor add_same(const Tensor& x, const Tensor& delta) {
 
 // x + delta (the residual), then RMSNorm of the sum: (sum, normed). The sum rounds once per element, as torch's.
 std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps) {
-  Tensor sum;
-  if (x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type() && x.scalar_type() == at::kFloat) {
-    sum = add_same<float>(x, delta);
-  } else if (x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type() &&
-             x.scalar_type() == at::kBFloat16) {
-    sum = add_same<BFloat16>(x, delta);
-  } else {
-    sum = x + delta;
-  }
+  const bool same = x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type();
+  const Tensor sum = !same                            ? x + delta
+                     : x.scalar_type() == at::kFloat    ? add_same<float>(x, delta)
+                     : x.scalar_type() == at::kBFloat16 ? add_same<BFloat16>(x, delta)
+                                                        : x + delta;
   return {sum, rms_norm(sum, weight, eps)};
 }
 
