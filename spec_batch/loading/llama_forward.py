@@ -141,13 +141,21 @@ class LlamaForward:
         x = self.embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
         visible = _visible(attention_mask, input_ids.shape[1], past_key_values.get_seq_length())
-        # the kernel alone where the module's forward would add nothing: fp32 activations and no padded positions
-        # to skip (core/kv/padding.py: then the layers compute real positions only)
-        direct = x.dtype == torch.float32 and padding.current() is None
+        real = padding.current()
+        if real is not None and real.shape != tuple(input_ids.shape):
+            real = None  # not this call's hint
+        # the kernel alone where the module's forward would add nothing: fp32 activations (the layers see packed
+        # real positions only, or no padding at all)
+        direct = x.dtype == torch.float32
+        if real is not None:  # a padded step: the layers run on the real positions alone, packed as [1, N, H]
+            x = _pack(x, real)
         delta = None  # each layer's last residual term, added where the next norm reads the sum
         for i, part in enumerate(self.parts):
-            x, delta = self._layer(i, part, x, delta, (cos, sin), visible, past_key_values, direct)
-        x = self.norm(x + delta)  # through __call__: core/heads/hidden.py's hook reads it
+            x, delta = self._layer(i, part, x, delta, (cos, sin), visible, past_key_values, direct, real)
+        x = x + delta
+        if real is not None:  # back to [B, n, H] (zeros at the padded positions) for the norm's hooks and the head
+            x = _unpack(x, real)
+        x = self.norm(x)  # through __call__: core/heads/hidden.py's hook reads it
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return ForwardOutput(logits=self.lm_head(kept), past_key_values=past_key_values)
 
@@ -161,14 +169,16 @@ class LlamaForward:
         visible: torch.Tensor,
         cache: Any,
         direct: bool,
+        real: padding.RealPositions | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decoder layer: (its residual stream before the MLP's term, the MLP's term)."""
-        rows, width, _ = x.shape
+        """One decoder layer: (its residual stream before the MLP's term, the MLP's term). real: x holds only these
+        positions, packed; attention runs on the step's [B, n] layout, its padded queries seeing nothing."""
         x, h = self._add_norm(part.input_norm, x, delta)
-        q, k, v = self._queries_keys_values(part, h, rotary, direct)
+        q, k, v = self._queries_keys_values(part, h, rotary, direct, real)
         keys, values = cache.update(k, v, index)
         out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
-        attended = _linear(part, "o", part.attn.o_proj, out.reshape(rows, width, -1), direct)
+        out = out.reshape(*out.shape[:2], -1)
+        attended = _linear(part, "o", part.attn.o_proj, out if real is None else _pack(out, real), direct)
         x, h = self._add_norm(part.post_norm, x, attended)
         return x, self._mlp(part, h, direct)
 
@@ -194,16 +204,23 @@ class LlamaForward:
                 gated = mlp.act_fn(gate) * up
         return _linear(part, "down", mlp.down_proj, gated, direct)
 
-    def _queries_keys_values(self, part: _Layer, h: torch.Tensor, rotary: tuple, direct: bool) -> tuple:
+    def _queries_keys_values(
+        self, part: _Layer, h: torch.Tensor, rotary: tuple, direct: bool, real: padding.RealPositions | None
+    ) -> tuple:
         """q, k, v [B, heads, n, D] with the rotary embedding applied to q and k. With a fused q/k/v group, q's and
-        k's heads rotate in one pass over the group's output: elementwise, so the same bits as one pass each."""
-        rows, width, _ = h.shape
+        k's heads rotate in one pass over the group's output: elementwise, so the same bits as one pass each.
+        real: h holds these positions, packed; q, k and v come back in the step's layout, zeros where padded (what
+        the layers that skip padding return there)."""
+        rows, width = rotary[0].shape[:2]
         attn, group = part.attn, part.qkv
+
+        def spread(t: torch.Tensor) -> torch.Tensor:  # [B, n, heads, D]
+            return (t if real is None else _unpack(t, real)).view(rows, width, -1, self.head_dim)
+
         if group is None:
-            shape = (rows, width, -1, self.head_dim)
-            q, k, v = (getattr(attn, name)(h).view(shape).transpose(1, 2) for name in ("q_proj", "k_proj", "v_proj"))
+            q, k, v = (spread(getattr(attn, name)(h)).transpose(1, 2) for name in ("q_proj", "k_proj", "v_proj"))
             return (*self.apply_rotary(q, k, *rotary), v)
-        heads = _linear(part, "qkv", group.fused, h, direct).view(rows, width, -1, self.head_dim)  # [B, n, H, D]
+        heads = spread(_linear(part, "qkv", group.fused, h, direct))  # [B, n, H, D]
         nq, nk = group.sizes[0] // self.head_dim, group.sizes[1] // self.head_dim
         if self.glue:
             return torch.ops.spec_batch.rotary_heads(heads, *rotary, nq, nk)
@@ -223,6 +240,18 @@ def _linear(part: _Layer, name: str, module: Any, x: torch.Tensor, direct: bool)
     return flat.view(*x.shape[:-1], plain.out_features)
 
 
+def _pack(x: torch.Tensor, real: padding.RealPositions) -> torch.Tensor:
+    """x [B, n, ...] -> [1, N, ...]: the real positions only, in row-major order."""
+    return x.reshape(-1, *x.shape[2:]).index_select(0, real.index).unsqueeze(0)
+
+
+def _unpack(x: torch.Tensor, real: padding.RealPositions) -> torch.Tensor:
+    """x [1, N, ...] -> [B, n, ...] with zeros at the padded positions."""
+    out = x.new_zeros(real.shape[0] * real.shape[1], *x.shape[2:])
+    out.index_copy_(0, real.index, x[0])
+    return out.view(*real.shape, *x.shape[2:])
+
+
 def _glue_applies(layers: list[Any]) -> bool:
     """Whether the layers are the family's own RMSNorm and SiLU modules: then kernels/layer_glue.cpp runs the
     operators between the matmuls (the same bits as Hugging Face's). Neither path calls a norm's hooks."""
@@ -234,13 +263,16 @@ def _glue_applies(layers: list[Any]) -> bool:
 
 def _visible(mask: torch.Tensor, width: int, past: int) -> torch.Tensor:
     """Which key columns each query sees, [B, 1, n, L]: a 4-D bool mask as given (a tree's); a 2-D mask [B, L]
-    of the row's columns, causal by cache column (query i is column past + i), as masking_utils builds it."""
+    of the row's columns, causal by cache column (query i is column past + i), as masking_utils builds it, except
+    that a padded query (its own column masked) sees nothing: the kernel skips it (its output is zeros, which
+    nothing reads), where attending to the row's context would cost a real query's time for each padded one."""
     if mask.dim() == 4:
         return mask.bool()
     length = mask.shape[1]
     columns = torch.arange(length, device=mask.device)
     causal = columns.unsqueeze(0) <= torch.arange(past, past + width, device=mask.device).unsqueeze(1)  # [n, L]
-    return (mask.bool().unsqueeze(1) & causal.unsqueeze(0)).unsqueeze(1)
+    seen = mask.bool()
+    return (seen.unsqueeze(1) & causal.unsqueeze(0) & seen[:, length - width :].unsqueeze(2)).unsqueeze(1)
 
 
 def use_own_forward(model: Any, choice: str) -> str:

@@ -106,3 +106,24 @@ def test_compile_off_selects_the_float64_path_and_a_bad_choice_is_refused():
     assert native_ops("off") is False
     with pytest.raises(ValueError, match="compile='sometimes'"):
         native_ops("sometimes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 128, 72, 16])
+def test_the_vector_path_gives_the_portable_paths_bits(dtype, dim):
+    """The AVX-512 path (dot products, exp, weighted sums in registers; where the CPU has it) against the plain C++
+    one, whose exp is the C library's: the same bits, with and without a bias, with masks per head, with padded
+    queries that see nothing, and with scores spread far enough that exp leaves its vector range."""
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    torch.manual_seed(dim)
+    q = (torch.randn(3, 6, 5, dim) * 4).to(dtype)
+    k, v = torch.randn(3, 2, 70, dim).to(dtype), torch.randn(3, 2, 70, dim).to(dtype)
+    shared, per_head = torch.rand(3, 1, 5, 70) > 0.3, torch.rand(3, 6, 5, 70) > 0.5
+    shared[1, 0, :3] = False  # padded queries
+    bias = torch.randn(3, 1, 5, 70) * 30
+    for visible, extra in [(shared, torch.empty(0)), (per_head, torch.empty(0)), (shared, bias)]:
+        fast = torch.ops.spec_batch.attend(q, k, v, visible, extra, 0.3)
+        plain = torch.ops.spec_batch.attend(q, k, v, visible, extra, 0.3, True)
+        assert torch.equal(fast, plain) and torch.equal(fast.signbit(), plain.signbit())
+    assert not fast[1, :3].any()  # a query that sees nothing gets zeros

@@ -188,13 +188,14 @@ class KVBatch:
         hidden_columns [B, n, L] bool: cache columns a position must not see (a drafter's own tree nodes from earlier
         forwards that are not its ancestors); None: it sees every valid column. The new entries count as valid
         until `keep_last` or `rollback` says which stay."""
-        cached = self.mask.bool().unsqueeze(1).expand(-1, input_ids.shape[1], -1)  # [B, n, L]
+        # a padded position sees only itself: never empty, and no attention work spent on what nothing reads
+        cached = self.mask.bool().unsqueeze(1) & valid.unsqueeze(2)  # [B, n, L]
         if hidden_columns is not None:
             cached = cached & ~hidden_columns
-        mask = torch.cat([cached, attend & valid.unsqueeze(1)], dim=2)
+        mask = torch.cat([cached, attend & valid.unsqueeze(1) & valid.unsqueeze(2)], dim=2)
         n = input_ids.shape[1]
         cols = torch.arange(n, device=mask.device)
-        mask[:, cols, self.length + cols] = True  # a padded position sees itself: never empty
+        mask[:, cols, self.length + cols] = True
         # 4-D: used as it is (transformers' masking_utils)
         return self._append(input_ids, valid, mask.unsqueeze(1), positions, logits_to_keep, **model_kwargs)
 

@@ -7,6 +7,12 @@
 // (masked columns after a rollback or beside longer rows) or its batch. That is the guarantee speculative
 // decoding needs for greedy output to equal plain decoding; it holds in the compute dtype (fp32 or bf16 inputs,
 // fp32 accumulation), so the KV cache stays in the model's dtype.
+//
+// Where the CPU has AVX-512, the same arithmetic runs in vectors: a score's 16 lanes are one register, exp is
+// the C library's expf computed 8 at a time (checked against it), and a query's weighted sum of values stays in
+// registers across the columns. `portable` selects the plain C++ path (tests compare the two). A query that sees
+// no column (a padded position of a verify step) costs nothing and gets zeros, and the threads split the queries
+// by the columns they see, since a verify step's real queries crowd into the rows that drafted most.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,6 +22,12 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
+#define SPEC_BATCH_ATTENTION_AVX512 1
+#include <immintrin.h>
+#endif
+#include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -36,9 +48,177 @@ inline float dot(const float* q, const T* k, int64_t dim) {
   return part[0];
 }
 
+// acc[d] += p * v[d], each a product rounded and then a sum rounded (no contraction: -ffp-contract=off)
+template <typename T>
+inline void axpy(float p, const T* v, float* acc, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) acc[d] += p * static_cast<float>(v[d]);
+}
+
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const c10::BFloat16* x) {  // bf16 -> fp32 is exact: the 16 bits moved up
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const float* x, __mmask16 m) { return _mm512_maskz_loadu_ps(m, x); }
+inline __m512 load16(const c10::BFloat16* x, __mmask16 m) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(m, x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// `dot`'s bits: lane l sums q[d] * k[d] over d = l mod 16 in order (a masked add for a ragged tail leaves the
+// other lanes as they were), then the same pairwise tree (8, 4, 2, 1)
+template <typename T>
+inline float dot_avx512(const float* q, const T* k, int64_t dim) {
+  __m512 part = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) part = _mm512_add_ps(part, _mm512_mul_ps(_mm512_loadu_ps(q + d), load16(k + d)));
+  if (d < dim) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (dim - d)) - 1);
+    part = _mm512_mask_add_ps(part, m, part, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + d), load16(k + d, m)));
+  }
+  const __m256 w8 = _mm256_add_ps(_mm512_castps512_ps256(part), _mm512_extractf32x8_ps(part, 1));
+  const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(w8), _mm256_extractf128_ps(w8, 1));
+  const __m128 w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
+  return _mm_cvtss_f32(_mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1)));
+}
+
+template <typename T>
+inline void axpy_avx512(float p, const T* v, float* acc, int64_t dim) {
+  const __m512 pv = _mm512_set1_ps(p);
+  int64_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) {
+    _mm512_storeu_ps(acc + d, _mm512_add_ps(_mm512_loadu_ps(acc + d), _mm512_mul_ps(pv, load16(v + d))));
+  }
+  for (; d < dim; ++d) acc[d] += p * static_cast<float>(v[d]);
+}
+
+// acc[d] += p[c] * v[c][d] over the columns c in order, `axpy`'s arithmetic, with acc held in registers across
+// the columns (Chunks * 16 = dim) instead of stored and reloaded for each
+template <int Chunks, typename T>
+inline void weighted_sum(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc) {
+  __m512 sum[Chunks];
+  for (int i = 0; i < Chunks; ++i) sum[i] = _mm512_loadu_ps(acc + 16 * i);
+  for (int64_t c = 0; c < count; ++c) {
+    const __m512 pv = _mm512_set1_ps(p[c]);
+    const T* row = v + cols[c] * stride;
+    for (int i = 0; i < Chunks; ++i) sum[i] = _mm512_add_ps(sum[i], _mm512_mul_ps(pv, load16(row + 16 * i)));
+  }
+  for (int i = 0; i < Chunks; ++i) _mm512_storeu_ps(acc + 16 * i, sum[i]);
+}
+
+// exp of 8 floats in [-87.5, 0], the C library's expf bit for bit: glibc's (since 2.28) table-driven method in
+// double precision, N = 32: 2^(k/N) from a table of 2^(i/N), a cubic in the remainder, one rounding to float at
+// the end. The table holds the doubles nearest 2^(i/32) less i << 47 (so that adding k << 47 scales by 2^(k/32)).
+// Checked against the system's expf on every float in [-87.5, 0] (docs/benchmarks.md); `exp_matches_libm` checks
+// a sample on every machine, and where the C library computes otherwise the kernel calls it instead.
+constexpr uint64_t kExpTable[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+constexpr double kExpSteps = 32.0;
+constexpr float kExpLowest = -87.5f;  // below it (and for NaN) the C library's own special cases apply
+
+inline __m256 exp8(__m256 x) {
+  const __m512d xd = _mm512_cvtps_pd(x), scaled = _mm512_set1_pd(0x1.71547652b82fep+0 * kExpSteps);
+  const __m512d shift = _mm512_set1_pd(0x1.8p+52);  // rounds x * N / ln2 to an integer k in the low bits
+  const __m512d shifted = _mm512_fmadd_pd(scaled, xd, shift);
+  const __m512d k = _mm512_sub_pd(shifted, shift);
+  const __m512d r = _mm512_fmsub_pd(scaled, xd, k);  // x * N / ln2 - k, in [-1/2, 1/2]
+  const __m512i bits = _mm512_castpd_si512(shifted);
+  const __m512i entry = _mm512_i64gather_epi64(_mm512_and_si512(bits, _mm512_set1_epi64(31)),
+                                               reinterpret_cast<const long long*>(kExpTable), 8);
+  const __m512d scale = _mm512_castsi512_pd(_mm512_add_epi64(entry, _mm512_slli_epi64(bits, 47)));
+  const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-5 / (kExpSteps * kExpSteps * kExpSteps));
+  const __m512d c1 = _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / (kExpSteps * kExpSteps));
+  const __m512d c2 = _mm512_set1_pd(0x1.62e42ff0c52d6p-1 / kExpSteps);
+  const __m512d upper = _mm512_fmadd_pd(c0, r, c1);
+  const __m512d lower = _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0));
+  const __m512d poly = _mm512_fmadd_pd(upper, _mm512_mul_pd(r, r), lower);
+  return _mm512_cvtpd_ps(_mm512_mul_pd(poly, scale));
+}
+
+// whether exp8 gives this machine's expf bits: every 4099th float of [-87.5, 0] and the edges, once a process
+bool exp_matches_libm() {
+  static const bool matches = [] {
+    alignas(32) float in[8], out[8];
+    auto same = [&](int lanes) {
+      _mm256_store_ps(out, exp8(_mm256_load_ps(in)));
+      for (int l = 0; l < lanes; ++l) {
+        const float want = std::exp(in[l]);
+        if (std::memcmp(&want, &out[l], sizeof(float)) != 0) return false;
+      }
+      return true;
+    };
+    const float edges[8] = {0.f, -0.f, kExpLowest, -0x1.f8cbb2p+5f, -1e-30f, -0.5f, -1.f, -87.49f};
+    std::memcpy(in, edges, sizeof(in));
+    if (!same(8)) return false;
+    uint32_t lowest;
+    std::memcpy(&lowest, &kExpLowest, sizeof(lowest));
+    int lane = 0;
+    for (uint64_t u = 0x80000000u; u <= lowest; u += 4099) {
+      const uint32_t v = static_cast<uint32_t>(u);
+      std::memcpy(&in[lane++], &v, sizeof(float));
+      if (lane == 8) {
+        if (!same(8)) return false;
+        lane = 0;
+      }
+    }
+    return true;
+  }();
+  return matches;
+}
+
+// scores[c] = exp(scores[c] - top) for c < count, eight at a time where all eight lie in exp8's range
+inline void exp_shifted(float* scores, int64_t count, float top) {
+  const __m256 topv = _mm256_set1_ps(top), lowest = _mm256_set1_ps(kExpLowest), zero = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= count; c += 8) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(scores + c), topv);
+    const __mmask8 in_range = _mm256_cmp_ps_mask(x, lowest, _CMP_GE_OQ) & _mm256_cmp_ps_mask(x, zero, _CMP_LE_OQ);
+    if (in_range == 0xFF) {
+      _mm256_storeu_ps(scores + c, exp8(x));
+    } else {
+      for (int64_t j = c; j < c + 8; ++j) scores[j] = std::exp(scores[j] - top);
+    }
+  }
+  for (; c < count; ++c) scores[c] = std::exp(scores[c] - top);
+}
+#endif
+
+// The (row, head, query) tasks split into one contiguous run per thread of about equal work (visible columns,
+// plus one for the scan), not of equal count: in a verify step the real queries crowd into the rows that
+// drafted most (a padded query sees nothing), and an even split by count would leave one thread all the work.
+template <typename F>
+void parallel_by_work(const std::vector<int64_t>& work_before, int64_t dim, const F& run) {
+  const int64_t tasks = static_cast<int64_t>(work_before.size()) - 1, total = work_before.back();
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, tasks));
+  // a small step (one row of one token) runs on the calling thread: a parallel region costs more than its work,
+  // and far more on a busy machine, where it waits for a descheduled thread
+  if (threads == 1 || total * dim < (int64_t{1} << 18)) {
+    run(0, tasks);
+    return;
+  }
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      auto cut = [&](int64_t i) {
+        return i == threads ? tasks
+                            : std::lower_bound(work_before.begin(), work_before.end(), total * i / threads) -
+                                  work_before.begin();
+      };
+      const int64_t lo = std::min(cut(t), tasks), hi = std::min(cut(t + 1), tasks);
+      if (lo < hi) run(lo, hi);
+    }
+  });
+}
+
 template <typename T>
 void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                   const at::Tensor& visible, const at::Tensor& bias, bool has_bias, double scale,
+                   const at::Tensor& visible, const at::Tensor& bias, bool has_bias, double scale, bool portable,
                    at::Tensor& out) {
   const int64_t rows = query.size(0), heads = query.size(1), n = query.size(2), dim = query.size(3);
   const int64_t kv_heads = key.size(1), length = key.size(2), group = heads / kv_heads;
@@ -51,37 +231,98 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const auto qs = query.strides(), ks = key.strides(), vs = value.strides(), ms = visible.strides();
   const auto os = out.strides();
   const float fscale = static_cast<float>(scale);
-  // a small step (one row of one token) runs on the calling thread: a parallel region costs more than its work,
-  // and far more on a busy machine, where it waits for a descheduled thread
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, length * dim));
-  at::parallel_for(0, rows * heads * n, grain, [&](int64_t begin, int64_t end) {
+  auto visible_row = [&](int64_t b, int64_t h, int64_t i) {
+    return vis_ptr + (visible.size(0) == 1 ? 0 : b * ms[0]) + (visible.size(1) == 1 ? 0 : h * ms[1]) + i * ms[2];
+  };
+  // each task's work: its visible columns, counted once per mask row (heads share a broadcast mask)
+  const int64_t tasks = rows * heads * n;
+  std::vector<int64_t> work_before(tasks + 1, 0);
+  {
+    const bool per_head = visible.size(1) != 1;
+    std::vector<int64_t> seen(per_head ? 0 : n);
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / (heads * n), h = (task / n) % heads, i = task % n;
+      int64_t count = 0;
+      if (!per_head && h > 0) {
+        count = seen[i];
+      } else {
+        const bool* vis = visible_row(b, h, i);
+        for (int64_t j = 0; j < length; ++j) count += vis[j * ms[3]];
+        if (!per_head) seen[i] = count;
+      }
+      work_before[task + 1] = work_before[task] + count + 1;
+    }
+  }
+  bool vector_path = false, vector_exp = false;
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+  vector_path = !portable;
+  vector_exp = vector_path && exp_matches_libm();
+#endif
+  parallel_by_work(work_before, dim, [&](int64_t begin, int64_t end) {
     std::vector<float> q(dim), acc(dim), scores(length);
     std::vector<int64_t> cols(length);
     for (int64_t task = begin; task < end; ++task) {
+      if (work_before[task + 1] - work_before[task] == 1) {  // sees nothing (a padded query): zeros
+        const int64_t b = task / (heads * n), h = (task / n) % heads, i = task % n;
+        T* orow = o_ptr + b * os[0] + i * os[1] + h * os[2];
+        for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(0.f);
+        continue;
+      }
       const int64_t b = task / (heads * n), h = (task / n) % heads, i = task % n, kvh = h / group;
       const T* qrow = q_ptr + b * qs[0] + h * qs[1] + i * qs[2];
       for (int64_t d = 0; d < dim; ++d) q[d] = static_cast<float>(qrow[d]);
-      const bool* vis = vis_ptr + (visible.size(0) == 1 ? 0 : b * ms[0]) + (visible.size(1) == 1 ? 0 : h * ms[1]) +
-                        i * ms[2];
+      const bool* vis = visible_row(b, h, i);
       const float* brow = has_bias ? bias_ptr + (vis - vis_ptr) : nullptr;  // same layout as visible
       int64_t count = 0;
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < length; ++j) {
         if (!vis[j * ms[3]]) continue;
         const T* krow = k_ptr + b * ks[0] + kvh * ks[1] + j * ks[2];
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+        float s = (vector_path ? dot_avx512(q.data(), krow, dim) : dot(q.data(), krow, dim)) * fscale;
+#else
         float s = dot(q.data(), krow, dim) * fscale;
+#endif
         if (brow) s += brow[j * ms[3]];
         scores[count] = s;
         cols[count++] = j;
         top = s > top ? s : top;
       }
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+      if (vector_exp) {
+        exp_shifted(scores.data(), count, top);
+      } else {
+        for (int64_t c = 0; c < count; ++c) scores[c] = std::exp(scores[c] - top);
+      }
+#else
+      for (int64_t c = 0; c < count; ++c) scores[c] = std::exp(scores[c] - top);
+#endif
       for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
       float total = 0.f;
-      for (int64_t c = 0; c < count; ++c) {
-        const float p = std::exp(scores[c] - top);
+      bool summed = false;
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+      if (vector_path && (dim == 64 || dim == 128)) {
+        for (int64_t c = 0; c < count; ++c) total += scores[c];
+        const T* vbase = v_ptr + b * vs[0] + kvh * vs[1];
+        if (dim == 64) {
+          weighted_sum<4>(scores.data(), cols.data(), count, vbase, vs[2], acc.data());
+        } else {
+          weighted_sum<8>(scores.data(), cols.data(), count, vbase, vs[2], acc.data());
+        }
+        summed = true;
+      }
+#endif
+      for (int64_t c = 0; !summed && c < count; ++c) {
+        const float p = scores[c];
         total += p;
         const T* vrow = v_ptr + b * vs[0] + kvh * vs[1] + cols[c] * vs[2];
-        for (int64_t d = 0; d < dim; ++d) acc[d] += p * static_cast<float>(vrow[d]);
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+        if (vector_path) {
+          axpy_avx512(p, vrow, acc.data(), dim);
+          continue;
+        }
+#endif
+        axpy(p, vrow, acc.data(), dim);
       }
       T* orow = o_ptr + b * os[0] + i * os[1] + h * os[2];
       const float inv = count > 0 ? 1.f / total : 0.f;
@@ -93,7 +334,7 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
 // query [B, H, n, D]; key, value [B, Hkv, L, D] (last dim contiguous); visible: bool, broadcastable to
 // [B, H, n, L]; bias: float32 of visible's shape added to visible scores, or empty. Returns [B, n, H, D].
 at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& visible,
-                  const at::Tensor& bias, double scale) {
+                  const at::Tensor& bias, double scale, bool portable) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && visible.dim() == 4, "4-d inputs expected");
   TORCH_CHECK(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(),
               "query, key and value must share a dtype");
@@ -108,9 +349,9 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
   at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
   auto out = at::empty({query.size(0), query.size(2), query.size(1), query.size(3)}, query.options());
   if (q.scalar_type() == at::kFloat) {
-    attend_kernel<float>(q, k, v, vis, b, has_bias, scale, out);
+    attend_kernel<float>(q, k, v, vis, b, has_bias, scale, portable, out);
   } else if (q.scalar_type() == at::kBFloat16) {
-    attend_kernel<c10::BFloat16>(q, k, v, vis, b, has_bias, scale, out);
+    attend_kernel<c10::BFloat16>(q, k, v, vis, b, has_bias, scale, portable, out);
   } else {
     TORCH_CHECK(false, "attend: float32 or bfloat16 expected, got ", q.scalar_type());
   }
@@ -120,7 +361,7 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
-  m.def("attend(Tensor query, Tensor key, Tensor value, Tensor visible, Tensor bias, float scale) -> Tensor");
+  m.def("attend(Tensor query, Tensor key, Tensor value, Tensor visible, Tensor bias, float scale, bool portable=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) { m.impl("attend", attend); }
