@@ -62,7 +62,10 @@ def run_level(base_url: str, clients: int, prompts: list[str], requests: int, ma
 
 
 def bench_drafter(workdir: Path, args: argparse.Namespace, draft: str, prompts: list[str]) -> list[Level]:
-    server = ServeProcess(workdir, "--target", args.target, "--draft", draft, "--max-batch", str(args.max_batch))
+    slack = ["--latency-slack", args.latency_slack] if args.latency_slack and draft != "none" else []
+    server = ServeProcess(
+        workdir, "--target", args.target, "--draft", draft, "--max-batch", str(args.max_batch), *slack
+    )
     server.start()
     try:
         run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
@@ -97,6 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=16, help="the engine's rows at once (spec-batch serve)")
     parser.add_argument("--set", dest="prompt_set", default="edits", choices=sorted(SETS))
+    parser.add_argument(
+        "--latency-slack", default=None, help="the speculation-on server's --latency-slack (default: the server's)"
+    )
     args = parser.parse_args(argv)
     prompts = SETS[args.prompt_set]
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         off = bench_drafter(Path(tmp), args, "none", prompts)
     print(
         f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
-        f"{args.max_tokens}, engine max_batch {args.max_batch}"
+        f"{args.max_tokens}, engine max_batch {args.max_batch}, latency slack {args.latency_slack or 'default'}"
     )
     print(report(on, off, args.draft))
     print(f"median latency over levels: {statistics.median(x.latency(0.5) for x in on):.2f} s ({args.draft})")

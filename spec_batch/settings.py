@@ -78,6 +78,9 @@ class Settings:
     api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)
     api_port: int = DEFAULT_API_PORT
     api_runner: str = "local"  # where batches run: local (in the server process) | queue (Celery workers)
+    # The server's draft policy: no row's expected tokens/s below plain decoding's by more than this share (a row
+    # that drafts little beside rows that draft much; core/policy.py). None ("off"): tokens/s alone, as jobs run.
+    latency_slack: float | None = 0.1
     api_keys: tuple[str, ...] = ()  # bearer keys; empty: no auth (only sensible on 127.0.0.1)
     api_max_file_bytes: int = DEFAULT_API_MAX_FILE_BYTES  # a larger upload is refused with a 413
     api_max_file_lines: int = DEFAULT_API_MAX_FILE_LINES  # a file with more lines is refused with a 413
@@ -146,6 +149,7 @@ def get_settings() -> Settings:
         api_host=(os.environ.get("SPEC_BATCH_API_HOST") or "").strip() or "127.0.0.1",
         api_port=_int_env("SPEC_BATCH_API_PORT", DEFAULT_API_PORT),
         api_runner=_api_runner(),
+        latency_slack=_latency_slack(),
         api_keys=_api_keys(),
         api_max_file_bytes=_int_env("SPEC_BATCH_API_MAX_FILE_BYTES", DEFAULT_API_MAX_FILE_BYTES),
         api_max_file_lines=_int_env("SPEC_BATCH_API_MAX_FILE_LINES", DEFAULT_API_MAX_FILE_LINES),
@@ -166,6 +170,25 @@ def _retention_days() -> float | None:
     if not days > 0 or days == float("inf"):
         raise SettingsError(f"SPEC_BATCH_RETENTION_DAYS={raw!r} must be a positive number of days (0 or unset: off)")
     return days
+
+
+def _latency_slack() -> float | None:
+    raw = os.environ.get("SPEC_BATCH_LATENCY_SLACK") or ""
+    return parse_latency_slack(raw, "SPEC_BATCH_LATENCY_SLACK") if raw.strip() else Settings.latency_slack
+
+
+def parse_latency_slack(raw: str, source: str) -> float | None:
+    """A latency slack as written (a share such as 0.1, or off / none); `source` names where in an error."""
+    text = raw.strip().lower()
+    if text in ("off", "none"):
+        return None
+    try:
+        slack = float(text)
+    except ValueError:
+        raise SettingsError(f"{source}={raw!r} is not a number (a share such as 0.1, or off)") from None
+    if not 0 <= slack < float("inf"):
+        raise SettingsError(f"{source}={raw!r} must be a share >= 0 (or off)")
+    return slack
 
 
 def _compile_choice() -> str:

@@ -123,3 +123,27 @@ def test_retention_and_docs_settings(monkeypatch):
         monkeypatch.setenv("SPEC_BATCH_RETENTION_DAYS", bad)
         with pytest.raises(SettingsError, match="SPEC_BATCH_RETENTION_DAYS"):
             get_settings()
+
+
+def test_the_servers_latency_slack_comes_from_the_environment_and_the_flag(monkeypatch):
+    from spec_batch.cli import main
+
+    monkeypatch.delenv("SPEC_BATCH_LATENCY_SLACK", raising=False)
+    assert get_settings().latency_slack == 0.1  # the server's default
+    monkeypatch.setenv("SPEC_BATCH_LATENCY_SLACK", "0.25")
+    assert get_settings().latency_slack == 0.25
+    monkeypatch.setenv("SPEC_BATCH_LATENCY_SLACK", "off")
+    assert get_settings().latency_slack is None  # tokens/s alone, as jobs run
+    monkeypatch.setenv("SPEC_BATCH_LATENCY_SLACK", "-1")
+    with pytest.raises(ValueError, match="SPEC_BATCH_LATENCY_SLACK='-1' must be a share >= 0"):
+        get_settings()
+    monkeypatch.delenv("SPEC_BATCH_LATENCY_SLACK")
+    result = CliRunner().invoke(main, ["serve", "--latency-slack", "soon"])
+    assert result.exit_code == 2 and "--latency-slack='soon' is not a number" in result.output
+
+
+def test_a_decoders_latency_slack_reaches_its_policy_and_its_copies(tiny_decoder):
+    dec = tiny_decoder("ngram", latency_slack=0.2)
+    assert dec.policy.latency_slack == 0.2
+    assert dec.with_drafter(dec.drafter_factory).policy.latency_slack == 0.2
+    assert tiny_decoder("ngram").policy.latency_slack is None  # a bulk job's: tokens/s alone

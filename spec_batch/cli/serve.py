@@ -44,6 +44,13 @@ from ._group import main
     help="Longest draft per step.  [default: the drafter's]",
 )
 @click.option(
+    "--latency-slack",
+    default=None,
+    help="The draft policy's bound on a request's slowdown beside requests that draft more: no row's expected "
+    "tokens/s below plain decoding's by more than this share, or 'off' (tokens/s alone, as jobs run) "
+    "(default: $SPEC_BATCH_LATENCY_SLACK or 0.1).",
+)
+@click.option(
     "--require-keys",
     is_flag=True,
     help="Refuse to start without SPEC_BATCH_API_KEYS or "
@@ -61,6 +68,7 @@ def serve(
     runner: str | None,
     max_batch: int,
     num_draft_tokens: int | None,
+    latency_slack: str | None,
     require_keys: bool,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/models (and the Files and Batches API) over HTTP."""
@@ -68,9 +76,16 @@ def serve(
 
     from ..errors import SpecBatchError
     from ..server.serve import ServeOptions, build_context, run
-    from ..settings import get_settings
+    from ..settings import SettingsError, get_settings, parse_latency_slack
 
     settings = get_settings()
+    if latency_slack is not None:
+        try:
+            settings = dataclasses.replace(
+                settings, latency_slack=parse_latency_slack(latency_slack, "--latency-slack")
+            )
+        except SettingsError as exc:
+            raise click.BadParameter(str(exc), param_hint="--latency-slack") from None
     if runner is not None:
         settings = dataclasses.replace(settings, api_runner=runner)
     host = host or settings.api_host
@@ -92,6 +107,7 @@ def serve(
         adaptive=settings.adaptive,
         max_batch=max_batch,
         tree_width=settings.tree_width,
+        latency_slack=settings.latency_slack,
     )
     session_factory = open_store_or_exit()
     try:

@@ -87,6 +87,7 @@ class Decoder:
         uses_memory: bool = False,
         clock: StepClock = WALL_CLOCK,
         precision: Any = None,
+        latency_slack: float | None = None,
     ):
         why = supports_model(target)
         if why:
@@ -102,12 +103,18 @@ class Decoder:
         self.precision = precision  # the effective weights and dtypes it runs at (loading's DecoderPrecision) or None
         self.clock = clock  # what each step is recorded to cost (the policy learns from it; tests choose it)
         self._drafter_factory = drafter_factory
-        self._settings = {"num_draft_tokens": num_draft_tokens, "adaptive": adaptive, "tree_width": tree_width}
+        self._settings = {
+            "num_draft_tokens": num_draft_tokens,
+            "adaptive": adaptive,
+            "tree_width": tree_width,
+            "latency_slack": latency_slack,
+        }
         self.policy = DraftPolicy(
             k_max=num_draft_tokens if DRAFTERS.drafts(draft_name) else 0,
             adaptive=adaptive,
             ragged=skips_padding(target),
             tree_width=tree_width,
+            latency_slack=latency_slack,
         )
         self._lock = threading.Lock()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]

@@ -18,6 +18,12 @@ to get there is at least a threshold shared by the batch; the threshold with the
 second wins. Its cost is looked up at an effective width between 1 + the mean draft (padding free) and 1 + the
 longest (padding as dear as a real token), weighted by what a padded position is measured to cost (PaddedCosts).
 
+A latency bound (`latency_slack`, a server's: online clients wait on their own rows) admits only plans under
+which every row's expected tokens a second stay within 1 + slack of plain decoding's: a row that drafts little
+would otherwise pay, in a longer step, for the rows beside it that draft much, and the slowest requests would
+finish later than without speculation while the batch's tokens a second rose. A bulk job (None) maximizes
+tokens a second alone.
+
 Draft trees (a head's, at small batches) are chosen after they are grown: each node's calibrated confidence times
 its ancestors' is its reach, and the nodes of highest reach are verified, as many as the same rule finds best
 (`tree_nodes`); every grown node is judged against the emitted tokens (`observe_tree`).
@@ -124,9 +130,15 @@ class DraftPolicy:
         margin: float = 1.1,
         tree_width: int = 1,
         tree_batch: int = 1,
+        latency_slack: float | None = None,
     ):
         if k_max < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
+        if latency_slack is not None and latency_slack < 0:
+            raise ValueError(f"latency_slack must be >= 0 or None, got {latency_slack}")
+        # None: tokens a second alone; else a plan may make no row's expected rate slower than plain decoding's
+        # by more than this share (module docstring)
+        self.latency_slack = latency_slack
         if tree_width < 1:
             raise ValueError(f"tree_width must be >= 1, got {tree_width}")
         self.k_max = k_max
@@ -308,8 +320,10 @@ class DraftPolicy:
         best_width, best_rate = 1, -1.0
         for k in sorted({min(c, longest) for c in self.candidates} - ({0} if drafting else set())):
             cost = self.costs.estimate(batch, [k])
-            tokens = sum(1.0 + g[min(k, len(g) - 1)] for g in gains)
-            rate = tokens / cost * (self.margin if k == 0 else 1.0)  # type: ignore[operator]
+            each = [1.0 + g[min(k, len(g) - 1)] for g in gains]
+            if k and not self._within_latency(batch, cost, min(each)):  # type: ignore[arg-type]
+                continue
+            rate = sum(each) / cost * (self.margin if k == 0 else 1.0)  # type: ignore[operator]
             if rate > best_rate * 1.0001:
                 best_width, best_rate = 1 + k, rate
         return best_width
@@ -323,11 +337,22 @@ class DraftPolicy:
         for threshold in thresholds:
             ks = [sum(1 for p in r if p >= threshold) for r in reach]
             cost = self.costs.estimate(batch, ks)
-            rate = sum(1.0 + g[k] for g, k in zip(gains, ks)) / cost  # type: ignore[operator]
+            each = [1.0 + g[k] for g, k in zip(gains, ks)]
+            if any(ks) and not self._within_latency(batch, cost, min(each)):  # type: ignore[arg-type]
+                continue
+            rate = sum(each) / cost  # type: ignore[operator]
             rate *= self.margin if not any(ks) else 1.0
             if rate > best_rate * 1.0001:
                 best, best_rate = ks, rate
         return best
+
+    def _within_latency(self, batch: int, cost: float, fewest_tokens: float) -> bool:
+        """Whether a drafting step of this cost keeps its slowest row (fewest expected tokens) within the latency
+        slack of a plain step's rate; always, without a slack or before a plain step is measured."""
+        plain = self.costs.estimate(batch, [0])
+        if self.latency_slack is None or plain is None:
+            return True
+        return cost <= plain * (1.0 + self.latency_slack) * fewest_tokens
 
     def observe_row(self, acceptance: RowAcceptance, confidence: list[float] | None, run: int, checked: int) -> None:
         """A row's proposal matched the step's emitted tokens for `run` tokens of the `checked` compared."""

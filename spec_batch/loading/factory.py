@@ -52,13 +52,15 @@ def build_decoder(
     tree_width: int | None = None,
     precision: DecoderPrecision | None = None,
     draft_alias: str | None = None,
+    latency_slack: float | None = None,
 ) -> Decoder:
     """A decoder over already-loaded models. draft: "suffix" | "ngram" | "none" | a loaded draft model | a head
     (EagleHead, HybridHead); draft_weights: how a head drafts, full | int8 | auto (None: auto, int8 on the CPU);
     tree_width: a head's draft trees at batch 1 (None: its default); num_draft_tokens: the longest draft per step
     (None: the drafter's default); drafter_options: the suffix drafter's (`SuffixDrafter.OPTIONS`), checked now;
     precision: what the decoder reports as `precision` (load_decoder's); draft_alias: the name the decoder reports
-    as `draft_name` instead of its drafter's (a head as jobs and queues know it, head:NAME, not by its directory)."""
+    as `draft_name` instead of its drafter's (a head as jobs and queues know it, head:NAME, not by its directory);
+    latency_slack: the draft policy's bound on any row's slowdown (core/policy.py; None, a bulk job's: none)."""
     max_context = context_length(target_model)
     kind = drafter_kind(draft)
     tree_width = kind.tree_width(tree_width)  # a kind that grows no trees drafts chains whatever is asked
@@ -88,6 +90,7 @@ def build_decoder(
         tree_width=tree_width,
         uses_memory=kind.drafts_from_memory,
         precision=precision,
+        latency_slack=latency_slack,
     )
 
 
@@ -122,6 +125,7 @@ def load_decoder(
     draft_weights: str | None = None,
     tree_width: int | None = None,
     draft_alias: str | None = None,
+    latency_slack: float | None = None,
 ) -> Decoder:
     """target: "default" | hub id | local dir | .gguf path | a loaded HF model (then tokenizer= is required).
     draft: "suffix" | "ngram" | "none" | "self[:WEIGHTS]" (the target's own file at other weights, int4 when
@@ -131,7 +135,7 @@ def load_decoder(
     dtype stays the compute dtype; tree_width as build_decoder's. Models named by string are loaded once per process
     and shared (`shared_model`); the decoder itself is new: `shared_decoder` is the cached form.
     The decoder's `precision` attribute holds the effective (weights, dtype) pairs of its target and draft model;
-    draft_alias: build_decoder's. `DecoderSpec.of(...)` is the hashable form of these arguments, for names."""
+    draft_alias, latency_slack: build_decoder's. `DecoderSpec.of(...)` is the hashable form of these arguments, for names."""
     device = torch.device(device)
     target, draft = _fspath(target), _fspath(draft)
     options = dict(device=device, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
@@ -153,6 +157,7 @@ def load_decoder(
         tree_width=tree_width,
         precision=DecoderPrecision(_precision_of(loaded), draft_precision),
         draft_alias=draft_alias,
+        latency_slack=latency_slack,
     )
 
 

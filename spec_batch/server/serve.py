@@ -43,6 +43,8 @@ class ServeOptions:
     adaptive: bool = True
     tree_width: int | None = None  # a head's draft trees (load_decoder's); None: its default
     max_batch: int = 8  # rows decoding at once in the shared engine (online requests and batch rows together)
+    # the draft policy's bound on a row's slowdown beside rows that draft more (core/policy.py); None: tokens/s alone
+    latency_slack: float | None = 0.1
 
 
 def served_model(options: ServeOptions, decoder: DecoderLike) -> ServedModel:
@@ -79,6 +81,7 @@ def build_context(
             tree_width=options.tree_width,
             # a head keeps the name jobs and queues know it by (head:NAME), not its cache dir
             draft_alias=options.draft if split_head(options.draft) else None,
+            latency_slack=options.latency_slack,
         )
     engine = Engine(decoder, max_batch=options.max_batch)
     served = served_model(options, decoder)

@@ -470,3 +470,49 @@ def test_a_level_grows_where_its_beam_pays_for_the_head_forward():
     assert p.worth_growing(1, [0.5, 0.2])  # 0.7 * 0.2 = 0.14 >= 0.05 * 1.7
     assert not p.worth_growing(1, [0.2])  # 0.04 < 0.05 * 1.2
     assert DraftPolicy(adaptive=False).worth_growing(1, [0.0])
+
+
+# ---------------------------------------------------------------- a latency bound (a server's)
+
+
+def test_a_latency_bound_keeps_every_rows_rate_within_its_slack():
+    """The case of test_ragged_plan_cuts_every_row_at_one_threshold: unbounded, the confident row drafts 8 and the
+    step costs 1.0 + 0.1 * (8 + k1) / 3 plain steps, so the hopeless row's tokens a second fall by a third. With a
+    slack of 0.1 the plan keeps that row (1 expected token) within 10% of a plain step's rate: the step may cost at
+    most 1.1 plain steps, so the rows draft 3 tokens between them."""
+    costs = {1 + j / 3: 1.0 + 0.1 * j / 3 for j in range(0, 25)}
+    offers = [[0.95] * 8, [0.7] * 8, [0.02] * 8]
+    free = _ragged_policy(costs, batch=3).plan(3, offers)
+    bounded = _ragged_policy(costs, batch=3)
+    bounded.latency_slack = 0.1
+    ks = bounded.plan(3, offers)
+    assert sum(free) > 3 and ks[2] == 0 and 0 < sum(ks) <= 3
+    assert bounded.costs.estimate(3, ks) <= 1.1 * bounded.costs.estimate(3, [0, 0, 0]) + 1e-9
+
+
+def test_a_latency_bound_leaves_a_lone_row_its_best_plan():
+    """At batch 1 the only row is the slowest: its expected rate beats plain decoding's whenever drafting is
+    chosen at all, so the bound changes nothing there."""
+    costs = {1: 1.0, 2: 1.05, 3: 1.1, 5: 1.2, 9: 1.5}
+    offers = [[0.9] * 8]
+    free = _policy_with_costs(costs).plan(1, offers)
+    bounded = DraftPolicy(k_max=8, latency_slack=0.0)
+    for width, seconds in costs.items():
+        bounded.costs.observe_width(1, width, seconds)
+    assert bounded.plan(1, offers) == free and free[0] > 0
+
+
+def test_a_dense_step_under_a_latency_bound_drafts_only_what_the_slowest_row_can_pay_for():
+    """Every row pays the width (a dense target): with one row copying and one not, the width is cut to what keeps
+    the row that drafts nothing within the slack."""
+    costs = {1: 1.0, 2: 1.08, 3: 1.16, 5: 1.32, 9: 1.64}
+    offers = [[0.95] * 8, [0.01] * 8]  # the second row's offer is below min_reach: it drafts nothing
+    free = _policy_with_costs(costs, batch=2).plan(2, offers)
+    bounded = _policy_with_costs(costs, batch=2)
+    bounded.latency_slack = 0.1
+    assert max(free) > 1 and bounded.plan(2, offers) == [1, 0]
+
+
+def test_a_latency_slack_must_be_a_share():
+    with pytest.raises(ValueError, match="latency_slack"):
+        DraftPolicy(latency_slack=-0.1)
