@@ -18,6 +18,12 @@ to get there is at least a threshold shared by the batch; the threshold with the
 second wins. Its cost is looked up at an effective width between 1 + the mean draft (padding free) and 1 + the
 longest (padding as dear as a real token), weighted by what a padded position is measured to cost (PaddedCosts).
 
+What the plans realize is checked too: per batch size, the tokens a second of the steps that drafted against
+those of the steps that did not, as decayed sums (`RealizedRates`). Where drafting steps realize less than plain
+ones, the estimates are wrong somewhere (the costs a drafted width was measured at, the acceptance a drafter's
+confidence promised), and the margin drafting must beat plain decoding by grows at that batch size, so the policy
+drafts only its surest plans there; where they realize more, the margin falls back. The probes keep measuring.
+
 A latency bound (`latency_slack`, a server's: online clients wait on their own rows) admits only plans under
 which every row's expected tokens a second stay within 1 + slack of plain decoding's: a row that drafts little
 would otherwise pay, in a longer step, for the rows beside it that draft much, and the slowest requests would
@@ -99,6 +105,32 @@ class DepthSurvival:
         return out
 
 
+@dataclass
+class RealizedRates:
+    """Tokens a second that one batch size's steps realized, drafting and plain, as decayed sums, and the margin
+    drafting must beat plain decoding by there (DraftPolicy.margin at least). Each drafting step whose evidence
+    says drafting realized less than plain decoding raises the margin by `step` (up to `most`); each saying more
+    lowers it back. Evidence: at least `evidence` tokens of each kind in the decayed sums."""
+
+    margin: float
+    drafted: list[float] = field(default_factory=lambda: [0.0, 0.0])  # tokens, seconds
+    plain: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    decay: float = 0.95
+    step: float = 1.05
+    most: float = 2.0
+    evidence: float = 32.0
+
+    def observe(self, drafted: bool, tokens: int, seconds: float, least: float) -> None:
+        sums = self.drafted if drafted else self.plain
+        sums[0] = sums[0] * self.decay + tokens
+        sums[1] = sums[1] * self.decay + seconds
+        if not drafted or min(self.drafted[0], self.plain[0]) < self.evidence or not self.plain[1] > 0:
+            return
+        ratio = (self.drafted[0] / self.drafted[1]) / (self.plain[0] / self.plain[1])
+        # slow to raise (one bad spell of steps is noise), quicker to lower (drafting that pays again is wanted back)
+        self.margin = min(self.most, self.margin * self.step) if ratio < 1.0 else max(least, self.margin / self.step**2)
+
+
 def expected_tokens(accept_probs: list[float], k: int) -> float:
     """Expected tokens from one step drafting the first k of a proposal: the accepted run + the target's token."""
     total, alive = 1.0, 1.0
@@ -156,6 +188,7 @@ class DraftPolicy:
         # drafting must beat plain decoding's expected rate by this much: the estimates are noisy, and a wrong
         # "on" costs part of a step on every row, a wrong "off" a few tokens (docs/core.md, "Adaptive draft length")
         self.margin = margin
+        self.realized: dict[int, RealizedRates] = {}  # by batch size: what drafting realized against plain steps
         # learned across calls (the workload's): step costs, run lengths, what stated confidence is worth
         self.costs = PaddedCosts(ragged)
         self.survival = DepthSurvival(depth=max(1, k_max) + 1)
@@ -323,7 +356,7 @@ class DraftPolicy:
             each = [1.0 + g[min(k, len(g) - 1)] for g in gains]
             if k and not self._within_latency(batch, cost, min(each)):  # type: ignore[arg-type]
                 continue
-            rate = sum(each) / cost * (self.margin if k == 0 else 1.0)  # type: ignore[operator]
+            rate = sum(each) / cost * (self.margin_at(batch) if k == 0 else 1.0)  # type: ignore[operator]
             if rate > best_rate * 1.0001:
                 best_width, best_rate = 1 + k, rate
         return best_width
@@ -341,7 +374,7 @@ class DraftPolicy:
             if any(ks) and not self._within_latency(batch, cost, min(each)):  # type: ignore[arg-type]
                 continue
             rate = sum(each) / cost  # type: ignore[operator]
-            rate *= self.margin if not any(ks) else 1.0
+            rate *= self.margin_at(batch) if not any(ks) else 1.0
             if rate > best_rate * 1.0001:
                 best, best_rate = ks, rate
         return best
@@ -363,7 +396,16 @@ class DraftPolicy:
         acceptance.observe(run, rejected=run < checked)
         self.survival.observe(checked, run)
 
-    def observe_step(self, batch: int, lengths: list[int], seconds: float) -> None:
-        """A step of `batch` rows drafting these lengths took `seconds` (the step plan() planned last)."""
+    def margin_at(self, batch: int) -> float:
+        """What drafting must beat plain decoding's expected rate by at this batch size (RealizedRates)."""
+        realized = self.realized.get(batch)
+        return self.margin if realized is None else realized.margin
+
+    def observe_step(self, batch: int, lengths: list[int], seconds: float, emitted: int | None = None) -> None:
+        """A step of `batch` rows drafting these lengths took `seconds` (the step plan() planned last) and added
+        `emitted` tokens to its rows (None: not told; the realized rates learn nothing)."""
+        if emitted is not None and self.adaptive and seconds > 0:
+            realized = self.realized.setdefault(batch, RealizedRates(self.margin))
+            realized.observe(any(lengths), emitted, seconds, self.margin)
         self.costs.observe(batch, lengths, seconds, replace=self._probing)
         self._probing = False

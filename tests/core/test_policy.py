@@ -516,3 +516,33 @@ def test_a_dense_step_under_a_latency_bound_drafts_only_what_the_slowest_row_can
 def test_a_latency_slack_must_be_a_share():
     with pytest.raises(ValueError, match="latency_slack"):
         DraftPolicy(latency_slack=-0.1)
+
+
+# ---------------------------------------------------------------- what the plans realize
+
+
+def test_drafting_that_realizes_less_than_plain_steps_raises_the_margin_until_it_stops_and_pays_back():
+    """The estimates say drafting pays at batch 8 (steps measured cheap, acceptance 0.5: 1.6x plain's rate at best),
+    but the drafting steps realize fewer tokens a second than the plain ones: the margin at batch 8 grows until the
+    plan is plain decoding, other batch sizes keep theirs, and drafting that realizes more brings it back."""
+    p = _policy_with_costs({1: 1.0, 2: 1.05, 3: 1.1, 5: 1.2, 9: 1.4}, batch=8)
+    offers = [[0.5] * 8] * 8
+    assert any(p.plan(8, offers))
+    p.observe_step(8, [0] * 8, 1.0, emitted=8)
+    for _ in range(40):  # plain steps: 8 tokens a second; drafting steps: 9 tokens in 1.4 s
+        p.observe_step(8, [0] * 8, 1.0, emitted=8)
+        p.observe_step(8, [8] * 8, 1.4, emitted=9)
+    assert p.margin_at(8) == 2.0 and p.margin_at(1) == p.margin
+    assert p.plan(8, offers) == [0] * 8
+    for _ in range(40):  # drafting realizes 40 tokens in 1.4 s
+        p.observe_step(8, [8] * 8, 1.4, emitted=40)
+        p.observe_step(8, [0] * 8, 1.0, emitted=8)
+    assert p.margin_at(8) == p.margin and any(p.plan(8, offers))
+
+
+def test_a_step_without_its_emitted_tokens_teaches_no_realized_rate():
+    p = _policy_with_costs({1: 1.0, 2: 1.05}, batch=2)
+    for _ in range(50):
+        p.observe_step(2, [4, 4], 5.0)
+        p.observe_step(2, [0, 0], 1.0)
+    assert p.realized == {} and p.margin_at(2) == p.margin

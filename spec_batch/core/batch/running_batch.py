@@ -212,7 +212,8 @@ class RunningBatch(Generic[S]):
         kv.maybe_compact()
 
         events = self._append(grammar, draft, proposed, chains, drafted, accepted, next_tokens, logprobs)
-        policy.observe_step(len(rows), drafted, decoder.clock.step(started, len(rows), drafted))
+        seconds = decoder.clock.step(started, len(rows), drafted)
+        policy.observe_step(len(rows), drafted, seconds, emitted=sum(accepted) + len(rows))
         return events
 
     def _append(
