@@ -319,6 +319,7 @@ CORE_LEAVES = (
     "logits_processing",
     "policy",
     "step_costs",
+    "realized_rates",
     "calibration",
 )
 CORE_FRONT = ("decoder", "decoder_like", "engine", "engine_batch")

@@ -76,16 +76,9 @@ def serve(
 
     from ..errors import SpecBatchError
     from ..server.serve import ServeOptions, build_context, run
-    from ..settings import SettingsError, get_settings, parse_latency_slack
+    from ..settings import get_settings
 
-    settings = get_settings()
-    if latency_slack is not None:
-        try:
-            settings = dataclasses.replace(
-                settings, latency_slack=parse_latency_slack(latency_slack, "--latency-slack")
-            )
-        except SettingsError as exc:
-            raise click.BadParameter(str(exc), param_hint="--latency-slack") from None
+    settings = _with_latency_slack(get_settings(), latency_slack)
     if runner is not None:
         settings = dataclasses.replace(settings, api_runner=runner)
     host = host or settings.api_host
@@ -120,3 +113,17 @@ def serve(
         err=True,
     )
     run(ctx, host, port)
+
+
+def _with_latency_slack(settings, raw: str | None):
+    """settings with --latency-slack's value where given (read as SPEC_BATCH_LATENCY_SLACK is)."""
+    import dataclasses
+
+    from ..settings import SettingsError, parse_latency_slack
+
+    if raw is None:
+        return settings
+    try:
+        return dataclasses.replace(settings, latency_slack=parse_latency_slack(raw, "--latency-slack"))
+    except SettingsError as exc:
+        raise click.BadParameter(str(exc), param_hint="--latency-slack") from None
