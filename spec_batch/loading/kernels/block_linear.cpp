@@ -25,7 +25,7 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32, kTile = 8, kRowChunk = 4;
+constexpr int64_t kBlock = 32, kTile = 8;
 
 struct QuantRows {
   std::vector<int8_t> q;     // [rows, K]
@@ -92,55 +92,42 @@ void tile_portable(const uint8_t* w, const float* d, const float* m, const Quant
 }
 
 #ifdef __AVX2__
-void tile_avx2(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t rows, int64_t k,
-               float* out, int64_t out_stride) {
-  const int64_t blocks = k / kBlock;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
-    const int64_t n = std::min(kRowChunk, rows - r0);
-    __m256 acc[kRowChunk];
-    for (int64_t i = 0; i < kRowChunk; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m256i wq[8];
-      for (int64_t p = 0; p < 4; ++p) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 128 + p * 32));
-        wq[p] = _mm256_and_si256(v, low);
-        wq[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
-      const __m256 dv = _mm256_loadu_ps(d + b * kTile), mv = _mm256_loadu_ps(m + b * kTile);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = r0 + i;
-        int32_t groups[8];
-        std::memcpy(groups, xr.q.data() + r * k + b * kBlock, sizeof(groups));
-        __m256i s16 = _mm256_maddubs_epi16(wq[0], _mm256_set1_epi32(groups[0]));
-        for (int64_t p = 1; p < 8; ++p) {
-          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[p], _mm256_set1_epi32(groups[p])));
-        }
-        const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
-        const __m256 scale = _mm256_mul_ps(dv, _mm256_set1_ps(xr.scale[r * blocks + b]));
-        acc[i] = _mm256_fmadd_ps(sums, scale, acc[i]);
-        acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xr.shift[r * blocks + b]), acc[i]);
-      }
-    }
-    for (int64_t i = 0; i < n; ++i) _mm256_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
+// One row's 8 integer block sums (one per output of the tile) from the block's unpacked weights wq[p] (input group
+// p of the 8 outputs) and the row's 8 groups of 4 int8 activations: AVX2 pairs u8 x s8 products into int16
+// (no overflow: 8 * 2 * 15 * 127 < 2^15), then widens them.
+struct SumsAvx2 {
+  static constexpr int64_t kRows = 4;  // rows a chunk: a block's unpacked weights serve them all
+  static __m256i of(const __m256i* wq, const int32_t* groups) {
+    __m256i s16 = _mm256_maddubs_epi16(wq[0], _mm256_set1_epi32(groups[0]));
+    for (int64_t p = 1; p < 8; ++p) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[p], _mm256_set1_epi32(groups[p])));
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
   }
-}
-#endif
+};
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-// As tile_avx2, with each block's integer sums from VNNI's dot products of 4 bytes (u8 x s8 into int32): the
-// same integers (exact in any order), fewer instructions, and 8 rows a chunk (32 vector registers) so a block's
-// unpacked weights serve more rows
-constexpr int64_t kVnniRows = 8;
+// The same integers (exact in any order) from VNNI's dot products of 4 bytes (u8 x s8 into int32), in two chains;
+// with 32 vector registers a chunk takes 8 rows.
+struct SumsVnni {
+  static constexpr int64_t kRows = 8;
+  static __m256i of(const __m256i* wq, const int32_t* groups) {
+    __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int64_t p = 0; p < 8; ++p) part[p & 1] = _mm256_dpbusd_epi32(part[p & 1], wq[p], _mm256_set1_epi32(groups[p]));
+    return _mm256_add_epi32(part[0], part[1]);
+  }
+};
+#endif
 
-void tile_vnni(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t rows, int64_t k,
+// One tile of 8 outputs for every row, `Sums` giving each block's integer sums; the float steps are the portable
+// path's, so every Sums gives the same bits.
+template <typename Sums>
+void tile_simd(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t rows, int64_t k,
                float* out, int64_t out_stride) {
   const int64_t blocks = k / kBlock;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int64_t r0 = 0; r0 < rows; r0 += kVnniRows) {
-    const int64_t n = std::min(kVnniRows, rows - r0);
-    __m256 acc[kVnniRows];
-    for (int64_t i = 0; i < kVnniRows; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t r0 = 0; r0 < rows; r0 += Sums::kRows) {
+    const int64_t n = std::min(Sums::kRows, rows - r0);
+    __m256 acc[Sums::kRows];
+    for (int64_t i = 0; i < Sums::kRows; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       __m256i wq[8];
       for (int64_t p = 0; p < 4; ++p) {
@@ -153,9 +140,7 @@ void tile_vnni(const uint8_t* w, const float* d, const float* m, const QuantRows
         const int64_t r = r0 + i;
         int32_t groups[8];
         std::memcpy(groups, xr.q.data() + r * k + b * kBlock, sizeof(groups));
-        __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // two chains: integers, any order
-        for (int64_t p = 0; p < 8; ++p) part[p & 1] = _mm256_dpbusd_epi32(part[p & 1], wq[p], _mm256_set1_epi32(groups[p]));
-        const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(part[0], part[1]));
+        const __m256 sums = _mm256_cvtepi32_ps(Sums::of(wq, groups));
         const __m256 scale = _mm256_mul_ps(dv, _mm256_set1_ps(xr.scale[r * blocks + b]));
         acc[i] = _mm256_fmadd_ps(sums, scale, acc[i]);
         acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xr.shift[r * blocks + b]), acc[i]);
@@ -164,6 +149,12 @@ void tile_vnni(const uint8_t* w, const float* d, const float* m, const QuantRows
     for (int64_t i = 0; i < n; ++i) _mm256_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
   }
 }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+using FastSums = SumsVnni;
+#else
+using FastSums = SumsAvx2;
+#endif
 #endif
 
 // x [rows, K] float32 or bfloat16; weight uint8 [tiles, blocks, 4, 8, 4]; d, m float32 [tiles, blocks, 8].
@@ -188,14 +179,9 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * blocks * 128;
       const float *dt = dp + t * blocks * kTile, *mt = mp + t * blocks * kTile;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#ifdef __AVX2__
       if (!portable) {
-        tile_vnni(wt, dt, mt, xr, rows, k, op + t * kTile, tiles * kTile);
-        continue;
-      }
-#elif defined(__AVX2__)
-      if (!portable) {
-        tile_avx2(wt, dt, mt, xr, rows, k, op + t * kTile, tiles * kTile);
+        tile_simd<FastSums>(wt, dt, mt, xr, rows, k, op + t * kTile, tiles * kTile);
         continue;
       }
 #endif
