@@ -66,10 +66,7 @@ class PackedLinear(nn.Module):
             if x.numel() >= MIN_ROWS * x.shape[-1]:
                 return self._kernel(x)  # any leading dims, any strides
             return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
-        rows = x.reshape(-1, x.shape[-1]).index_select(0, real.index)
-        out = x.new_zeros(x.shape[0] * x.shape[1], self.out_features)
-        out.index_copy_(0, real.index, self._rows(rows))
-        return out.view(*x.shape[:-1], self.out_features)
+        return real.scatter(self._rows(real.gather(x)))
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [n, in] -> [n, out], with at least MIN_ROWS rows in the kernel call."""

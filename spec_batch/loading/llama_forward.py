@@ -148,13 +148,13 @@ class LlamaForward:
         # real positions only, or no padding at all)
         direct = x.dtype == torch.float32
         if real is not None:  # a padded step: the layers run on the real positions alone, packed as [1, N, H]
-            x = _pack(x, real)
+            x = real.gather(x).unsqueeze(0)
         delta = None  # each layer's last residual term, added where the next norm reads the sum
         for i, part in enumerate(self.parts):
             x, delta = self._layer(i, part, x, delta, (cos, sin), visible, past_key_values, direct, real)
         x = x + delta
         if real is not None:  # back to [B, n, H] (zeros at the padded positions) for the norm's hooks and the head
-            x = _unpack(x, real)
+            x = real.scatter(x[0])
         x = self.norm(x)  # through __call__: core/heads/hidden.py's hook reads it
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return ForwardOutput(logits=self.lm_head(kept), past_key_values=past_key_values)
@@ -178,7 +178,7 @@ class LlamaForward:
         keys, values = cache.update(k, v, index)
         out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
         out = out.reshape(*out.shape[:2], -1)
-        attended = _linear(part, "o", part.attn.o_proj, out if real is None else _pack(out, real), direct)
+        attended = _linear(part, "o", part.attn.o_proj, out if real is None else real.gather(out).unsqueeze(0), direct)
         x, h = self._add_norm(part.post_norm, x, attended)
         return x, self._mlp(part, h, direct)
 
@@ -215,7 +215,7 @@ class LlamaForward:
         attn, group = part.attn, part.qkv
 
         def spread(t: torch.Tensor) -> torch.Tensor:  # [B, n, heads, D]
-            return (t if real is None else _unpack(t, real)).view(rows, width, -1, self.head_dim)
+            return (t if real is None else real.scatter(t[0])).view(rows, width, -1, self.head_dim)
 
         if group is None:
             q, k, v = (spread(getattr(attn, name)(h)).transpose(1, 2) for name in ("q_proj", "k_proj", "v_proj"))
@@ -238,18 +238,6 @@ def _linear(part: _Layer, name: str, module: Any, x: torch.Tensor, direct: bool)
         return module(x)
     flat = torch.ops.spec_batch.w4a8_linear(x.reshape(-1, x.shape[-1]), plain.packed, plain.scales, plain.minimums)
     return flat.view(*x.shape[:-1], plain.out_features)
-
-
-def _pack(x: torch.Tensor, real: padding.RealPositions) -> torch.Tensor:
-    """x [B, n, ...] -> [1, N, ...]: the real positions only, in row-major order."""
-    return x.reshape(-1, *x.shape[2:]).index_select(0, real.index).unsqueeze(0)
-
-
-def _unpack(x: torch.Tensor, real: padding.RealPositions) -> torch.Tensor:
-    """x [1, N, ...] -> [B, n, ...] with zeros at the padded positions."""
-    out = x.new_zeros(real.shape[0] * real.shape[1], *x.shape[2:])
-    out.index_copy_(0, real.index, x[0])
-    return out.view(*real.shape, *x.shape[2:])
 
 
 def _glue_applies(layers: list[Any]) -> bool:

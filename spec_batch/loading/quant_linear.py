@@ -83,9 +83,7 @@ class _RowsLinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if real is None or tuple(x.shape[:-1]) != real.shape:
             return self._rows(flat).view(*x.shape[:-1], self.out_features)
-        out = x.new_zeros(flat.shape[0], self.out_features)
-        out.index_copy_(0, real.index, self._rows(flat.index_select(0, real.index)))
-        return out.view(*x.shape[:-1], self.out_features)
+        return real.scatter(self._rows(real.gather(x)))
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [n, in] in the model's dtype -> [n, out] in the same dtype (the kernel runs in act_dtype)."""

@@ -25,6 +25,16 @@ class RealPositions:
     shape: tuple[int, int]  # [rows, width] of the forward's input
     index: torch.Tensor  # flat indices (row * width + column) of the real tokens
 
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, width, ...] -> [N, ...]: the real positions only, in row-major order."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.index)
+
+    def scatter(self, real: torch.Tensor) -> torch.Tensor:
+        """gather's inverse: real [N, ...] -> [rows, width, ...] with zeros at the padded positions."""
+        out = real.new_zeros(self.shape[0] * self.shape[1], *real.shape[1:])
+        out.index_copy_(0, self.index, real)
+        return out.view(*self.shape, *real.shape[1:])
+
 
 def current() -> RealPositions | None:
     """The real positions of the forward in progress on this thread, or None (every position is real)."""
