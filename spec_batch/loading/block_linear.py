@@ -1,5 +1,7 @@
 """W4A8 linear layers (weights: w4a8): 4-bit weight blocks as GGUF Q4_0/Q4_1 ship them, activations quantized to
-int8 per block of 32, integer dot products in the native kernel (kernels/block_linear.cpp).
+int8 per block of 32, integer dot products in the native kernel (kernels/block_linear.cpp). The precision's LM head
+(and any Q8_0 tensor) runs as W8A8: 8-bit weight blocks as GGUF Q8_0 ships them against the same int8 activations,
+what llama.cpp computes for such a tensor.
 
 Nothing of the file is re-quantized: a block's q, d and m are the file's. A row's outputs are the same bits at
 every row count, because the block sums are integers and the float steps per row are fixed (the kernel's header
@@ -31,7 +33,54 @@ def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tens
     return packed.contiguous(), scales, minimums
 
 
-class BlockLinear(_RowsLinear):
+def _pack_q8(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [out, K] in -127..127, d [out, K / 32] -> the W8A8 kernel's tiles: q + 128 as [tiles, blocks, 8, 8, 4]."""
+    out, k = q.shape
+    pad = -out % TILE
+    q, d = F.pad(q.to(torch.int16) + 128, (0, 0, 0, pad), value=128), F.pad(d.float(), (0, 0, 0, pad))
+    tiles, blocks = q.shape[0] // TILE, k // BLOCK
+    grouped = q.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [t, b, p, o, j]
+    return grouped.contiguous(), d.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
+
+
+class _TiledLinear(_RowsLinear):
+    """What the block layers share: the kernel computes whole tiles of outputs in float32 from rows of the model's
+    dtype (no rows added: a row's outputs do not depend on the others)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if padding.current() is not None:  # a padded verify step: real positions only (_RowsLinear)
+            return super().forward(x)
+        return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        out = self._kernel(rows)
+        if out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(rows.dtype)
+
+    @classmethod
+    def _concat_tiles(cls, layers: list, buffers: tuple[str, ...], what: str):
+        """One layer computing `layers` side by side: tiles concatenate where every layer but the last fills
+        its tiles."""
+        require_concatenable(layers, ("in_features", "act_dtype"), what)
+        if any(layer.out_features % TILE for layer in layers[:-1]):
+            raise ValueError(f"{what} layers concatenate only at multiples of {TILE} outputs")
+        fused = cls.__new__(cls)
+        torch.nn.Module.__init__(fused)
+        fused.in_features, fused.act_dtype, fused.min_rows = layers[0].in_features, layers[0].act_dtype, 1
+        fused.out_features = sum(layer.out_features for layer in layers)
+        for name in buffers:
+            fused.register_buffer(name, torch.cat([getattr(layer, name) for layer in layers]))
+        fused.bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+        return fused
+
+
+class BlockLinear(_TiledLinear):
     """A linear layer of Q4 weight blocks (w = d q + m per block of 32 inputs) run by the W4A8 kernel."""
 
     def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None, act_dtype):
@@ -63,37 +112,16 @@ class BlockLinear(_RowsLinear):
 
     @classmethod
     def concat(cls, layers: list[BlockLinear]) -> BlockLinear:
-        """One layer computing `layers` side by side: tiles concatenate where every layer but the last fills
-        its tiles."""
-        require_concatenable(layers, ("in_features", "act_dtype"), "w4a8")
-        if any(layer.out_features % TILE for layer in layers[:-1]):
-            raise ValueError(f"w4a8 layers concatenate only at multiples of {TILE} outputs")
-        fused = cls.__new__(cls)
-        torch.nn.Module.__init__(fused)
-        fused.in_features, fused.act_dtype, fused.min_rows = layers[0].in_features, layers[0].act_dtype, 1
-        fused.out_features = sum(layer.out_features for layer in layers)
-        for name in ("packed", "scales", "minimums"):
-            fused.register_buffer(name, torch.cat([getattr(layer, name) for layer in layers]))
-        fused.bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-        return fused
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if padding.current() is not None:  # a padded verify step: real positions only (_RowsLinear)
-            return super().forward(x)
-        return self._rows(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+        """One layer computing `layers` side by side (_TiledLinear._concat_tiles)."""
+        return cls._concat_tiles(layers, ("packed", "scales", "minimums"), "w4a8")
 
     def kernel_is_forward(self) -> bool:
         """Whether `_rows` on fp32 rows returns the kernel's output unchanged: no bias to add, whole tiles (no
         columns to cut). Then a caller with fp32 rows may call the kernel itself (loading/llama_forward.py)."""
         return self.bias is None and self.packed.shape[0] * TILE == self.out_features
 
-    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.spec_batch.w4a8_linear(rows, self.packed, self.scales, self.minimums)
-        if out.shape[1] != self.out_features:
-            out = out[:, : self.out_features]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.to(rows.dtype)
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.spec_batch.w4a8_linear(rows, self.packed, self.scales, self.minimums)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [out, in] in fp32 (the activations' rounding aside, what the kernel multiplies by)."""
@@ -105,3 +133,53 @@ class BlockLinear(_RowsLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w4a8 blocks of {BLOCK}"
+
+
+class Q8BlockLinear(_TiledLinear):
+    """A linear layer of Q8_0 weight blocks (w = d q per block of 32 inputs, q in -127..127) run by the W8A8 kernel:
+    the w4a8 precision's LM head, and any Q8_0 tensor of its file, kept as shipped."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None, act_dtype):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        if self.in_features % BLOCK:
+            raise ValueError(f"w8a8: {self.in_features} input features are not a multiple of {BLOCK}")
+        self.act_dtype, self.min_rows = act_dtype, 1
+        packed, scales = _pack_q8(q, d)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+        self.bias = None if bias is None else bias.detach().float()
+
+    @classmethod
+    def from_q8_0(cls, q, d, bias, act_dtype) -> Q8BlockLinear:
+        return cls(q, d, bias, act_dtype)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bias, act_dtype) -> Q8BlockLinear:
+        """Q8_0's scheme on a float weight [out, in]: per block, d = max|w| / 127 and q = round(w / d)."""
+        w = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
+        d = w.abs().amax(-1) / 127
+        q = (w / d.clamp_min(1e-30)[..., None]).round().clamp(-127, 127).to(torch.int8)
+        return cls(q.reshape(weight.shape), d, bias, act_dtype)
+
+    @classmethod
+    def concat(cls, layers: list[Q8BlockLinear]) -> Q8BlockLinear:
+        """One layer computing `layers` side by side (_TiledLinear._concat_tiles)."""
+        return cls._concat_tiles(layers, ("packed", "scales"), "w8a8")
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.spec_batch.w8a8_linear(rows, self.packed, self.scales)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows `ids` (any shape) in fp32, read from the tiles: a tied input embedding's lookup."""
+        q = self.packed[ids // TILE, :, :, ids % TILE]  # [..., blocks, 8, 4]
+        d = self.scales[ids // TILE, :, ids % TILE]  # [..., blocks]
+        w = (q.to(torch.int16) - 128).float().flatten(-2) * d.unsqueeze(-1)
+        return w.flatten(-2)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [out, in] in fp32."""
+        return self.embedding_rows(torch.arange(self.out_features, device=self.packed.device))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8 blocks of {BLOCK}"

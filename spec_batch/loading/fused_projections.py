@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .block_linear import BlockLinear
+from .block_linear import BlockLinear, Q8BlockLinear
 from .cpu_linear import PackedLinear
 from .quant_linear import Int4Linear, Int8Linear, require_concatenable
 
@@ -61,6 +61,7 @@ _CONCAT: dict[type, Callable[[list], nn.Module]] = {
     Int4Linear: Int4Linear.concat,
     Int8Linear: Int8Linear.concat,
     BlockLinear: BlockLinear.concat,
+    Q8BlockLinear: Q8BlockLinear.concat,
 }
 
 
@@ -111,7 +112,7 @@ class FusedPart(nn.Module):
 
 def _probe_input(layer: nn.Module) -> tuple[torch.dtype, torch.device]:
     """The dtype and device of inputs the layer takes: its weight's (quantized layers: their activations')."""
-    if isinstance(layer, BlockLinear):
+    if isinstance(layer, (BlockLinear, Q8BlockLinear)):
         return layer.act_dtype, layer.scales.device
     if isinstance(layer, (Int4Linear, Int8Linear)):
         return layer.act_dtype, layer.scales_and_zeros.device if isinstance(layer, Int4Linear) else layer.scales.device

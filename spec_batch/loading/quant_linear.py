@@ -253,6 +253,10 @@ class Int8Linear(_RowsLinear):
     def dequantized(self) -> torch.Tensor:
         return self.weight_int8.float() * self.scales.float()[:, None]
 
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows `ids` (any shape) in fp32: a tied input embedding's lookup."""
+        return self.weight_int8[ids].to(torch.float32) * self.scales.float()[ids].unsqueeze(-1)
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, "
@@ -261,8 +265,8 @@ class Int8Linear(_RowsLinear):
 
 
 class QuantEmbedding(nn.Module):
-    """Input embeddings read from an Int8Linear's rows (a tied LM head): the rows looked up are dequantized,
-    so the table is kept once, in int8."""
+    """Input embeddings read from a quantized LM head's rows (a tied one: Int8Linear, block_linear.Q8BlockLinear,
+    anything with `embedding_rows`): the rows looked up are dequantized, so the table is kept once, in int8."""
 
     def __init__(self, table: Int8Linear, out_dtype: torch.dtype, padding_idx: int | None = None):
         super().__init__()
@@ -275,5 +279,4 @@ class QuantEmbedding(nn.Module):
         return torch.empty(self.num_embeddings, self.embedding_dim, device="meta", dtype=self.out_dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.table.weight_int8[ids].to(torch.float32)
-        return (rows * self.table.scales.float()[ids].unsqueeze(-1)).to(self.out_dtype)
+        return self.table.embedding_rows(ids).to(self.out_dtype)

@@ -8,7 +8,8 @@
   scale per row (the kernel takes no group scales); everything else is quantized at load.
 - w4a8: as int4, but the Q4 blocks run in the native W4A8 kernel (block_linear.BlockLinear: activations rounded
   to int8 per block of 32, integer dot products), CPU only, where the native kernels build (kernels/); fastest on
-  the CPUs measured (docs/weights.md). The LM head is int8 as for int4.
+  the CPUs measured (docs/weights.md). The LM head and any Q8_0 tensor run as W8A8 (block_linear.Q8BlockLinear:
+  Q8_0 blocks as shipped, or quantized so at load, against the same int8 activations; llama.cpp's computation).
 - auto: the fastest exact configuration measured (docs/benchmarks.md): w4a8 on the CPU where the native kernels
   build and the compute dtype is float32 or bfloat16, full elsewhere (CUDA, no C++ compiler, float16); see
   `auto_weights`. The default of SPEC_BATCH_WEIGHTS (the CLI, the server, workers); the Python API's `weights=None`
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidParameterError
-from .block_linear import BlockLinear
+from .block_linear import BlockLinear, Q8BlockLinear
 from .quant_linear import Int4Linear, Int8Linear, QuantEmbedding
 
 __all__ = ["WEIGHT_CHOICES", "Precision", "auto_weights", "quantize_model", "resolve_precision", "resolve_weights_name"]
@@ -138,6 +139,8 @@ def _from_file(name: str, linear: nn.Linear, tensor, weights: str, act_dtype, de
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())):
         return None
     bias = linear.bias
+    if tensor.kind == "Q8_0" and weights == "w4a8" and linear.in_features % 32 == 0:
+        return Q8BlockLinear.from_q8_0(tensor.q, tensor.d, bias, act_dtype)
     if tensor.kind == "Q8_0":
         return Int8Linear.from_q8_0(tensor.q, tensor.d, bias, act_dtype, device=device)
     if weights == "int8" or name == "lm_head":
@@ -152,7 +155,9 @@ def _from_file(name: str, linear: nn.Linear, tensor, weights: str, act_dtype, de
 
 
 def _from_weight(name: str, linear: nn.Linear, weights: str, act_dtype, device) -> tuple[nn.Module, str]:
-    if weights == "w4a8" and name != "lm_head" and linear.in_features % 32 == 0:
+    if weights == "w4a8" and linear.in_features % 32 == 0:
+        if name == "lm_head":
+            return Q8BlockLinear.quantize(linear.weight, linear.bias, act_dtype), "w8a8"
         return BlockLinear.quantize(linear.weight, linear.bias, act_dtype), "w4a8"
     if weights == "int4" and name != "lm_head" and linear.in_features % 32 == 0:
         return Int4Linear.quantize(linear.weight, linear.bias, act_dtype, device=device), "int4"
@@ -189,7 +194,7 @@ def quantize_model(
             kind = f"{kind} quantized at load" + (f" (GGUF {others[name]})" if name in others else "")
         setattr(parent, attr, layer)
         report.add(kind)
-    if tied and isinstance(model.get_output_embeddings(), Int8Linear):
+    if tied and isinstance(model.get_output_embeddings(), (Int8Linear, Q8BlockLinear)):
         model.set_input_embeddings(QuantEmbedding(model.get_output_embeddings(), model_dtype, embeddings.padding_idx))
     if others:
         types = sorted(set(others.values()))

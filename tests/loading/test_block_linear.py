@@ -1,39 +1,52 @@
-"""The W4A8 kernel (loading/kernels/block_linear.cpp): it computes the blocks' own weights, a row's outputs are the
-same bits at every row count and beside any other rows, its AVX2 and portable paths agree bit for bit, and layers
-concatenate (fused q/k/v, gate/up) without changing a bit."""
+"""The W4A8 and W8A8 kernels (loading/kernels/block_linear.cpp): they compute the blocks' own weights, a row's
+outputs are the same bits at every row count and beside any other rows, the SIMD paths (VNNI or AVX2, whichever this
+CPU runs; AVX2 also when built without VNNI) and the portable one agree bit for bit, and layers concatenate (fused
+q/k/v, gate/up) without changing a bit."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from spec_batch.loading.block_linear import BlockLinear
+from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
 from spec_batch.loading.kernels import native_ops
 
 pytestmark = pytest.mark.skipif(not native_ops(), reason="no C++ compiler: the native kernels cannot be built here")
 
 
-def _layer(out_features: int, in_features: int, seed: int = 0) -> BlockLinear:
+def _layer(out_features: int, in_features: int, seed: int = 0, kind: type = BlockLinear) -> BlockLinear:
     gen = torch.Generator().manual_seed(seed)
-    return BlockLinear.quantize(torch.randn(out_features, in_features, generator=gen) * 0.05, None, torch.float32)
+    return kind.quantize(torch.randn(out_features, in_features, generator=gen) * 0.05, None, torch.float32)
 
 
+def _portable(layer, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(layer, Q8BlockLinear):
+        return torch.ops.spec_batch.w8a8_linear(x, layer.packed, layer.scales, True)
+    return torch.ops.spec_batch.w4a8_linear(x, layer.packed, layer.scales, layer.minimums, True)
+
+
+@pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(576, 576), (200, 96), (64, 1536)])
-def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(dtype, shape):
-    layer = _layer(*shape)
+def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype, shape):
+    layer = _layer(*shape, kind=kind)
     x = torch.randn(37, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     every = layer(x)
     assert every.dtype == dtype and every.shape == (37, shape[0])
-    for n in (1, 2, 3, 4, 5, 8, 17):
+    for n in (1, 2, 3, 4, 5, 8, 9, 17):
         assert torch.equal(layer(x[:n]), every[:n]), n
     assert torch.equal(layer(x[20:21]), every[20:21])
-    portable = torch.ops.spec_batch.w4a8_linear(x, layer.packed, layer.scales, layer.minimums, True)
-    assert torch.equal(portable[:, : shape[0]].to(dtype), every)
+    assert torch.equal(_portable(layer, x)[:, : shape[0]].to(dtype), every)
 
 
-def test_it_computes_the_blocks_weights_up_to_the_activations_int8_rounding():
-    layer = _layer(576, 1536)
+@pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])
+def test_it_computes_the_blocks_weights_up_to_the_activations_int8_rounding(kind):
+    layer = _layer(576, 1536, kind=kind)
     x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(2))
     want = x @ layer.dequantized().t()
     assert (layer(x) - want).abs().max() < 0.02 * want.abs().max()
@@ -50,10 +63,49 @@ def test_q4_0_and_q4_1_blocks_are_taken_as_they_are():
     assert torch.equal(q4_0, ((blocks - 8) * d.float()[..., None]).view(16, 64))
 
 
-def test_concatenated_layers_give_the_same_bits_as_each_layer():
-    parts = [_layer(576, 576, 4), _layer(192, 576, 5), _layer(192, 576, 6)]
-    fused = BlockLinear.concat(parts)
+def test_q8_0_blocks_are_taken_as_they_are_and_read_back_as_embedding_rows():
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randint(-127, 128, (20, 64), generator=gen).to(torch.int8)
+    d = torch.rand(20, 2, generator=gen).half()
+    layer = Q8BlockLinear.from_q8_0(q, d, None, torch.float32)
+    want = (q.float().view(20, 2, 32) * d.float()[..., None]).view(20, 64)
+    assert torch.equal(layer.dequantized(), want)
+    ids = torch.tensor([[19, 0, 7], [8, 8, 3]])
+    assert torch.equal(layer.embedding_rows(ids), want[ids])
+
+
+@pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])
+def test_concatenated_layers_give_the_same_bits_as_each_layer(kind):
+    parts = [_layer(576, 576, 4, kind), _layer(192, 576, 5, kind), _layer(192, 576, 6, kind)]
+    fused = kind.concat(parts)
     x = torch.randn(5, 576, generator=torch.Generator().manual_seed(7))
     assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
     with pytest.raises(ValueError, match="multiples of 8"):
-        BlockLinear.concat([_layer(12, 64), _layer(8, 64)])
+        kind.concat([_layer(12, 64, kind=kind), _layer(8, 64, kind=kind)])
+
+
+_AVX2_CHECK = """
+import torch
+from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
+from spec_batch.loading.kernels import native_ops
+assert native_ops("on")
+gen = torch.Generator().manual_seed(9)
+for kind in (BlockLinear, Q8BlockLinear):
+    layer = kind.quantize(torch.randn(72, 96, generator=gen) * 0.05, None, torch.float32)
+    x = torch.randn(13, 96, generator=gen) * 3
+    fast = layer(x)
+    if kind is Q8BlockLinear:
+        portable = torch.ops.spec_batch.w8a8_linear(x, layer.packed, layer.scales, True)
+    else:
+        portable = torch.ops.spec_batch.w4a8_linear(x, layer.packed, layer.scales, layer.minimums, True)
+    assert torch.equal(fast, portable), kind
+print("same bits")
+"""
+
+
+@pytest.mark.skipif("avx512_vnni" not in Path("/proc/cpuinfo").read_text(), reason="the default build already is AVX2")
+def test_the_avx2_paths_built_on_a_vnni_cpu_give_the_portable_bits(tmp_path):
+    """The AVX2 paths (what a CPU without VNNI runs) in a library built with -mno-avx512vnni, in its own process."""
+    env = dict(os.environ, SPEC_BATCH_KERNEL_FLAGS="-mno-avx512vnni", SPEC_BATCH_CACHE=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]

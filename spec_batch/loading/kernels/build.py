@@ -29,6 +29,12 @@ SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 
 
+def _flags() -> tuple[str, ...]:
+    """FLAGS and SPEC_BATCH_KERNEL_FLAGS after them (e.g. -mno-avx512vnni: the AVX2 paths on a VNNI CPU, or one
+    library for a fleet of older CPUs); every path computes the same bits."""
+    return FLAGS + tuple(os.environ.get("SPEC_BATCH_KERNEL_FLAGS", "").split())
+
+
 class KernelBuildError(RuntimeError):
     """The native kernels could not be compiled or loaded here; the message says why."""
 
@@ -74,7 +80,7 @@ def _cpu_flags() -> str:
 def _key(cxx: str) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     h = hashlib.sha256()
-    for part in (torch.__version__, version, _cpu_flags(), " ".join(FLAGS)):
+    for part in (torch.__version__, version, _cpu_flags(), " ".join(_flags())):
         h.update(part.encode() + b"\0")
     for src in SOURCES:
         h.update(src.read_bytes())
@@ -119,7 +125,7 @@ def _compile(cxx: str, out: Path) -> None:
     abi = cxx11_abi()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         partial = Path(tmp) / out.name
-        cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
+        cmd = [cxx, *_flags(), f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
         cmd += [f"-I{sysconfig.get_paths()['include']}", *map(str, SOURCES), "-o", str(partial)]
         cmd += [f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
