@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -38,8 +39,60 @@ struct QuantRows {
   std::vector<int32_t> total;  // [rows, blocks]: sum(qx)
 };
 
+// One block of 32 activations onto int8: dx = max|x| / 127, q = round-to-even(x / dx) clamped to +-127; returns
+// sum(q) and sets dx. (A NaN is skipped by the max, and clamps to 127.)
 template <typename T>
-QuantRows quantize_rows(const T* x, int64_t rows, int64_t k) {
+int32_t quantize_block(const T* src, int8_t* dst, float& dx) {
+  float amax = 0.f;
+  for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(static_cast<float>(src[j])));
+  dx = amax / 127.f;
+  int32_t total = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    const float v = dx > 0.f ? std::nearbyint(static_cast<float>(src[j]) / dx) : 0.f;
+    dst[j] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, v)));
+    total += dst[j];
+  }
+  return total;
+}
+
+#ifdef __AVX2__
+// The same bits, 8 lanes at a time: the max is exact in any order, the division and the rounding are IEEE's (the
+// operands ordered so that a NaN is skipped and clamps as above), the packing is llama.cpp's quantize_row_q8_0's.
+inline int32_t quantize_block(const float* src, int8_t* dst, float& dx, std::true_type /* vector */) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4], amax = _mm256_setzero_ps();
+  for (int64_t i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(src + 8 * i);
+    amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  dx = _mm_cvtss_f32(m4) / 127.f;
+  if (!(dx > 0.f)) {
+    std::memset(dst, 0, kBlock);
+    return 0;
+  }
+  const __m256 d = _mm256_set1_ps(dx), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  __m256i q[4], total = _mm256_setzero_si256();
+  for (int64_t i = 0; i < 4; ++i) {
+    const __m256 r = _mm256_round_ps(_mm256_div_ps(v[i], d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q[i] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, hi), lo));
+    total = _mm256_add_epi32(total, q[i]);
+  }
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), ordered);
+  __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+  t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+  return _mm_cvtsi128_si32(t4);
+}
+#endif
+
+// vector: the SIMD quantization where there is one (float32 rows), else the scalar; both give the same bits.
+template <typename T>
+QuantRows quantize_rows(const T* x, int64_t rows, int64_t k, bool vector) {
   const int64_t blocks = k / kBlock;
   QuantRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
                 std::vector<int32_t>(rows * blocks)};
@@ -47,16 +100,18 @@ QuantRows quantize_rows(const T* x, int64_t rows, int64_t k) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
         const T* src = x + r * k + b * kBlock;
-        float amax = 0.f;
-        for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(static_cast<float>(src[j])));
-        const float dx = amax / 127.f;
-        int32_t total = 0;
         int8_t* dst = out.q.data() + r * k + b * kBlock;
-        for (int64_t j = 0; j < kBlock; ++j) {
-          const float v = dx > 0.f ? std::nearbyint(static_cast<float>(src[j]) / dx) : 0.f;
-          dst[j] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, v)));
-          total += dst[j];
+        float dx;
+        int32_t total;
+#ifdef __AVX2__
+        if constexpr (std::is_same_v<T, float>) {
+          total = vector ? quantize_block(src, dst, dx, std::true_type{}) : quantize_block(src, dst, dx);
+        } else {
+          total = quantize_block(src, dst, dx);
         }
+#else
+        total = quantize_block(src, dst, dx);
+#endif
         out.scale[r * blocks + b] = dx;
         out.shift[r * blocks + b] = dx * static_cast<float>(total);
         out.total[r * blocks + b] = total;
@@ -133,42 +188,83 @@ inline void unpack(Q8Blocks, const uint8_t* w, __m256i* wq) {
   for (int64_t p = 0; p < 8; ++p) wq[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
 }
 
-// One row's 8 integer block sums (one per output of the tile) from the unpacked weights and the row's 8 groups of 4
-// int8 activations. Q4: AVX2 pairs u8 x s8 products into int16 (no overflow: 8 * 2 * 15 * 127 < 2^15), then widens
-// them. Q8: q + 128 would overflow those pairs, so the signs move onto the weights (|x| * sign(x) q, as llama.cpp
-// does: 2 * 127 * 127 < 2^15) and each group widens at once.
+// A row's 4 activations of input group p, as the int32 every lane multiplies with.
+inline __m256i group(const int8_t* x, int64_t p) {
+  int32_t g;
+  std::memcpy(&g, x + 4 * p, sizeof(g));
+  return _mm256_set1_epi32(g);
+}
+
+// N rows' 8 integer block sums each (one per output of the tile) from the unpacked weights and the rows' blocks of
+// int8 activations (row i at x + i * k). The rows' chains are interleaved, so the products of independent rows
+// overlap instead of waiting on one another's latency; the sums are integers, the same in any order.
+// Q4 on AVX2: u8 x s8 products paired into int16 (no overflow: 8 * 2 * 15 * 127 < 2^15), then widened. Q8 on AVX2:
+// q + 128 would overflow those pairs, so the signs move onto the weights (|x| * sign(x) q, as llama.cpp does:
+// 2 * 127 * 127 < 2^15) and each group widens at once.
 struct SumsAvx2 {
-  static constexpr int64_t kRows = 4;  // rows a chunk: a block's unpacked weights serve them all
-  static __m256i of(Q4Blocks, const __m256i* wq, const int32_t* groups, int32_t) {
-    __m256i s16 = _mm256_maddubs_epi16(wq[0], _mm256_set1_epi32(groups[0]));
-    for (int64_t p = 1; p < 8; ++p) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[p], _mm256_set1_epi32(groups[p])));
-    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-  }
-  static __m256i of(Q8Blocks, const __m256i* wq, const int32_t* groups, int32_t) {
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
-    __m256i s32 = _mm256_setzero_si256();
-    for (int64_t p = 0; p < 8; ++p) {
-      const __m256i x = _mm256_set1_epi32(groups[p]), q = _mm256_xor_si256(wq[p], flip);
-      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x));
-      s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(pairs, ones));
+  static constexpr int kRows = 4;  // rows a chunk: a block's unpacked weights serve them all
+  template <int N>
+  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t*, __m256i* out) {
+    __m256i s16[N];
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) s16[i] = _mm256_maddubs_epi16(wq[0], group(x + i * k, 0));
+#pragma GCC unroll 8
+    for (int64_t p = 1; p < 8; ++p) {
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wq[p], group(x + i * k, p)));
     }
-    return s32;
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) out[i] = _mm256_madd_epi16(s16[i], _mm256_set1_epi16(1));
+  }
+  template <int N>
+  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t*, __m256i* out) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) out[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int64_t p = 0; p < 8; ++p) {
+      const __m256i q = _mm256_xor_si256(wq[p], flip);
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) {
+        const __m256i xg = group(x + i * k, p);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xg, xg), _mm256_sign_epi8(q, xg));
+        out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(pairs, ones));
+      }
+    }
   }
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-// The same integers (exact in any order) from VNNI's dot products of 4 bytes (u8 x s8 into int32), in two chains;
-// Q8 takes off the 128 * sum(x) its stored offset adds. With 32 vector registers a chunk takes 8 rows.
+// The same integers from VNNI's dot products of 4 bytes (u8 x s8 into int32); Q8 takes off the 128 * sum(x) its
+// stored offset adds. One row alone runs two chains; with 32 vector registers a chunk takes 8 rows.
 struct SumsVnni {
-  static constexpr int64_t kRows = 8;
-  static __m256i dots(const __m256i* wq, const int32_t* groups) {
-    __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int64_t p = 0; p < 8; ++p) part[p & 1] = _mm256_dpbusd_epi32(part[p & 1], wq[p], _mm256_set1_epi32(groups[p]));
-    return _mm256_add_epi32(part[0], part[1]);
+  static constexpr int kRows = 8;
+  template <int N>
+  static void dots(const __m256i* wq, const int8_t* x, int64_t k, __m256i* out) {
+    if constexpr (N == 1) {
+      __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+      for (int64_t p = 0; p < 8; ++p) part[p & 1] = _mm256_dpbusd_epi32(part[p & 1], wq[p], group(x, p));
+      out[0] = _mm256_add_epi32(part[0], part[1]);
+    } else {
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) out[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int64_t p = 0; p < 8; ++p) {
+#pragma GCC unroll 8
+        for (int i = 0; i < N; ++i) out[i] = _mm256_dpbusd_epi32(out[i], wq[p], group(x + i * k, p));
+      }
+    }
   }
-  static __m256i of(Q4Blocks, const __m256i* wq, const int32_t* groups, int32_t) { return dots(wq, groups); }
-  static __m256i of(Q8Blocks, const __m256i* wq, const int32_t* groups, int32_t total) {
-    return _mm256_sub_epi32(dots(wq, groups), _mm256_set1_epi32(128 * total));
+  template <int N>
+  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t*, __m256i* out) {
+    dots<N>(wq, x, k, out);
+  }
+  template <int N>
+  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t* totals, __m256i* out) {
+    dots<N>(wq, x, k, out);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) out[i] = _mm256_sub_epi32(out[i], _mm256_set1_epi32(128 * totals[i]));
   }
 };
 #endif
@@ -181,31 +277,43 @@ inline __m256 add(Q8Blocks, __m256 acc, __m256 sums, __m256 dv, __m256, float dx
   return _mm256_fmadd_ps(sums, _mm256_mul_ps(dv, _mm256_set1_ps(dx)), acc);
 }
 
-// One tile of 8 outputs for every row, `Sums` giving each block's integer sums; the float steps are the portable
-// path's, so every Sums gives the same bits.
+// N rows (from r0) of one tile of 8 outputs over every block: the weights unpacked once a block for all N, `Sums`
+// giving the integer sums; the float steps are the portable path's, so every Sums and every N give the same bits.
+template <typename Format, typename Sums, int N>
+void rows_of_tile(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t r0, int64_t k,
+                  float* out, int64_t out_stride) {
+  const int64_t blocks = k / kBlock;
+  __m256 acc[N];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
+  int32_t totals[N];
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i wq[8], sums[N];
+    unpack(Format{}, w + b * Format::kBytes, wq);
+    const __m256 dv = _mm256_loadu_ps(d + b * kTile);
+    const __m256 mv = m == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(m + b * kTile);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) totals[i] = xr.total[(r0 + i) * blocks + b];
+    Sums::template rows<N>(Format{}, wq, xr.q.data() + r0 * k + b * kBlock, k, totals, sums);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const int64_t at = (r0 + i) * blocks + b;
+      acc[i] = add(Format{}, acc[i], _mm256_cvtepi32_ps(sums[i]), dv, mv, xr.scale[at], xr.shift[at]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) _mm256_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
+}
+
+// One tile of 8 outputs for every row: chunks of Sums::kRows rows, the rest one at a time.
 template <typename Format, typename Sums>
 void tile_simd(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t rows, int64_t k,
                float* out, int64_t out_stride) {
-  const int64_t blocks = k / kBlock;
-  for (int64_t r0 = 0; r0 < rows; r0 += Sums::kRows) {
-    const int64_t n = std::min(Sums::kRows, rows - r0);
-    __m256 acc[Sums::kRows];
-    for (int64_t i = 0; i < Sums::kRows; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m256i wq[8];
-      unpack(Format{}, w + b * Format::kBytes, wq);
-      const __m256 dv = _mm256_loadu_ps(d + b * kTile);
-      const __m256 mv = m == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(m + b * kTile);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t at = (r0 + i) * blocks + b;
-        int32_t groups[8];
-        std::memcpy(groups, xr.q.data() + (r0 + i) * k + b * kBlock, sizeof(groups));
-        const __m256 sums = _mm256_cvtepi32_ps(Sums::of(Format{}, wq, groups, xr.total[at]));
-        acc[i] = add(Format{}, acc[i], sums, dv, mv, xr.scale[at], xr.shift[at]);
-      }
-    }
-    for (int64_t i = 0; i < n; ++i) _mm256_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
+  int64_t r0 = 0;
+  for (; r0 + Sums::kRows <= rows; r0 += Sums::kRows) {
+    rows_of_tile<Format, Sums, Sums::kRows>(w, d, m, xr, r0, k, out, out_stride);
   }
+  for (; r0 < rows; ++r0) rows_of_tile<Format, Sums, 1>(w, d, m, xr, r0, k, out, out_stride);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -229,8 +337,8 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   const at::Tensor xc = x.contiguous();
   const int64_t rows = xc.size(0), k = xc.size(1), tiles = weight.size(0), blocks = weight.size(1);
   QuantRows xr = xc.scalar_type() == at::kBFloat16
-                     ? quantize_rows(xc.data_ptr<c10::BFloat16>(), rows, k)
-                     : quantize_rows(xc.to(at::kFloat).data_ptr<float>(), rows, k);
+                     ? quantize_rows(xc.data_ptr<c10::BFloat16>(), rows, k, !portable)
+                     : quantize_rows(xc.to(at::kFloat).data_ptr<float>(), rows, k, !portable);
   auto out = at::empty({rows, tiles * kTile}, xc.options().dtype(at::kFloat));
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float *dp = d.data_ptr<float>(), *mp = m ? m->data_ptr<float>() : nullptr;
