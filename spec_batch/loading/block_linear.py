@@ -3,7 +3,8 @@ int8 per block of 32, integer dot products in the native kernel (kernels/block_l
 (and any Q8_0 tensor) runs as W8A8: 8-bit weight blocks as GGUF Q8_0 ships them against the same int8 activations,
 what llama.cpp computes for such a tensor.
 
-Nothing of the file is re-quantized: a block's q, d and m are the file's. A row's outputs are the same bits at
+Nothing of the file is re-quantized: a block's q, d and m are the file's (d and m in float16, as it ships them:
+a block's 32 weights stream in the file's 20 or 34 bytes). A row's outputs are the same bits at
 every row count, because the block sums are integers and the float steps per row are fixed (the kernel's header
 says how), so speculation stays exact. The activations' int8 rounding makes outputs differ from int4's and full's
 (docs/weights.md: agreement with full fp32).
@@ -24,7 +25,7 @@ def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tens
     """q [out, K] in 0..15, d and m [out, K / 32] -> the kernel's tiles (its header describes the layout)."""
     out, k = q.shape
     pad = -out % TILE
-    q, d, m = F.pad(q, (0, 0, 0, pad)), F.pad(d.float(), (0, 0, 0, pad)), F.pad(m.float(), (0, 0, 0, pad))
+    q, d, m = F.pad(q, (0, 0, 0, pad)), F.pad(d.half(), (0, 0, 0, pad)), F.pad(m.half(), (0, 0, 0, pad))
     tiles, blocks = q.shape[0] // TILE, k // BLOCK
     grouped = q.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [t, b, p, o, j]
     packed = grouped[:, :, :4] | (grouped[:, :, 4:] << 4)
@@ -37,7 +38,7 @@ def _pack_q8(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     """q [out, K] in -127..127, d [out, K / 32] -> the W8A8 kernel's tiles: q + 128 as [tiles, blocks, 8, 8, 4]."""
     out, k = q.shape
     pad = -out % TILE
-    q, d = F.pad(q.to(torch.int16) + 128, (0, 0, 0, pad), value=128), F.pad(d.float(), (0, 0, 0, pad))
+    q, d = F.pad(q.to(torch.int16) + 128, (0, 0, 0, pad), value=128), F.pad(d.half(), (0, 0, 0, pad))
     tiles, blocks = q.shape[0] // TILE, k // BLOCK
     grouped = q.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [t, b, p, o, j]
     return grouped.contiguous(), d.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
@@ -106,7 +107,8 @@ class BlockLinear(_TiledLinear):
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias, act_dtype) -> BlockLinear:
-        """Q4_1's scheme on a float weight [out, in]: per block, min/max onto 0..15."""
+        """Q4_1's scheme on a float weight [out, in]: per block, min/max onto 0..15; d and m kept in float16, as
+        the file format (and llama.cpp's quantizer) stores them."""
         q, scale, low = q4_1_groups(weight, BLOCK)
         return cls(q, scale, low, bias, act_dtype)
 
@@ -128,7 +130,8 @@ class BlockLinear(_TiledLinear):
         low = self.packed & 0x0F
         high = self.packed >> 4
         q = torch.cat([low, high], dim=2).permute(0, 3, 1, 2, 4).float()  # [t, o, b, p, j]
-        w = q * self.scales.permute(0, 2, 1)[..., None, None] + self.minimums.permute(0, 2, 1)[..., None, None]
+        d, m = self.scales.float().permute(0, 2, 1), self.minimums.float().permute(0, 2, 1)
+        w = q * d[..., None, None] + m[..., None, None]
         return w.reshape(-1, self.in_features)[: self.out_features]
 
     def extra_repr(self) -> str:
@@ -156,7 +159,8 @@ class Q8BlockLinear(_TiledLinear):
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias, act_dtype) -> Q8BlockLinear:
-        """Q8_0's scheme on a float weight [out, in]: per block, d = max|w| / 127 and q = round(w / d)."""
+        """Q8_0's scheme on a float weight [out, in]: per block, d = max|w| / 127 and q = round(w / d); d kept in
+        float16, as the file format stores it."""
         w = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
         d = w.abs().amax(-1) / 127
         q = (w / d.clamp_min(1e-30)[..., None]).round().clamp(-127, 127).to(torch.int8)
@@ -173,7 +177,7 @@ class Q8BlockLinear(_TiledLinear):
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The weight's rows `ids` (any shape) in fp32, read from the tiles: a tied input embedding's lookup."""
         q = self.packed[ids // TILE, :, :, ids % TILE]  # [..., blocks, 8, 4]
-        d = self.scales[ids // TILE, :, ids % TILE]  # [..., blocks]
+        d = self.scales[ids // TILE, :, ids % TILE].float()  # [..., blocks]
         w = (q.to(torch.int16) - 128).float().flatten(-2) * d.unsqueeze(-1)
         return w.flatten(-2)
 

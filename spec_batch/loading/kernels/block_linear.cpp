@@ -13,11 +13,15 @@
 //
 // Layout: outputs in tiles of 8; per (tile, block) of Q4 128 bytes [4][8 outputs][4 inputs], the low nibble holding
 // input group p (inputs 4p..4p+3 of the block) and the high nibble group p + 4; of Q8 256 bytes [8][8 outputs][4
-// inputs] holding q + 128 (unsigned, as VNNI multiplies); d and m as [tiles, blocks, 8].
+// inputs] holding q + 128 (unsigned, as VNNI multiplies); d and m as [tiles, blocks, 8] in float16, as GGUF ships
+// them (a block's 32 weights in 20 bytes for Q4, 34 for Q8, as in the file: the bytes a decode step streams).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "block_linear.h"
 
 #include <cmath>
 #include <cstdint>
@@ -156,7 +160,7 @@ struct Q8Blocks {  // w = d q, q in -127..127 stored as q + 128
 };
 
 template <typename Format>
-void tile_portable(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t rows, int64_t k,
+void tile_portable(const uint8_t* w, const at::Half* d, const at::Half* m, const QuantRows& xr, int64_t rows, int64_t k,
                    float* out, int64_t out_stride) {
   const int64_t blocks = k / kBlock;
   int32_t sums[kTile];
@@ -166,8 +170,8 @@ void tile_portable(const uint8_t* w, const float* d, const float* m, const Quant
       Format::block_sums(w + b * Format::kBytes, xr.q.data() + r * k + b * kBlock, sums);
       const float dx = xr.scale[r * blocks + b], shift = xr.shift[r * blocks + b];
       for (int64_t o = 0; o < kTile; ++o) {
-        const float mo = m == nullptr ? 0.f : m[b * kTile + o];
-        acc[o] = Format::add(acc[o], static_cast<float>(sums[o]), d[b * kTile + o], mo, dx, shift);
+        const float mo = m == nullptr ? 0.f : static_cast<float>(m[b * kTile + o]);
+        acc[o] = Format::add(acc[o], static_cast<float>(sums[o]), static_cast<float>(d[b * kTile + o]), mo, dx, shift);
       }
     }
     for (int64_t o = 0; o < kTile; ++o) out[r * out_stride + o] = acc[o];
@@ -269,6 +273,9 @@ struct SumsVnni {
 };
 #endif
 
+// 8 float16 scales as float32 (exact).
+inline __m256 halves(const at::Half* h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))); }
+
 inline __m256 add(Q4Blocks, __m256 acc, __m256 sums, __m256 dv, __m256 mv, float dx, float shift) {
   acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(dv, _mm256_set1_ps(dx)), acc);
   return _mm256_fmadd_ps(mv, _mm256_set1_ps(shift), acc);
@@ -280,7 +287,7 @@ inline __m256 add(Q8Blocks, __m256 acc, __m256 sums, __m256 dv, __m256, float dx
 // N rows (from r0) of one tile of 8 outputs over every block: the weights unpacked once a block for all N, `Sums`
 // giving the integer sums; the float steps are the portable path's, so every Sums and every N give the same bits.
 template <typename Format, typename Sums, int N>
-void rows_of_tile(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t r0, int64_t k,
+void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const QuantRows& xr, int64_t r0, int64_t k,
                   float* out, int64_t out_stride) {
   const int64_t blocks = k / kBlock;
   __m256 acc[N];
@@ -290,8 +297,7 @@ void rows_of_tile(const uint8_t* w, const float* d, const float* m, const QuantR
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i wq[8], sums[N];
     unpack(Format{}, w + b * Format::kBytes, wq);
-    const __m256 dv = _mm256_loadu_ps(d + b * kTile);
-    const __m256 mv = m == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(m + b * kTile);
+    const __m256 dv = halves(d + b * kTile), mv = m == nullptr ? _mm256_setzero_ps() : halves(m + b * kTile);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) totals[i] = xr.total[(r0 + i) * blocks + b];
     Sums::template rows<N>(Format{}, wq, xr.q.data() + r0 * k + b * kBlock, k, totals, sums);
@@ -307,7 +313,7 @@ void rows_of_tile(const uint8_t* w, const float* d, const float* m, const QuantR
 
 // One tile of 8 outputs for every row: chunks of Sums::kRows rows, the rest one at a time.
 template <typename Format, typename Sums>
-void tile_simd(const uint8_t* w, const float* d, const float* m, const QuantRows& xr, int64_t rows, int64_t k,
+void tile_simd(const uint8_t* w, const at::Half* d, const at::Half* m, const QuantRows& xr, int64_t rows, int64_t k,
                float* out, int64_t out_stride) {
   int64_t r0 = 0;
   for (; r0 + Sums::kRows <= rows; r0 += Sums::kRows) {
@@ -323,7 +329,7 @@ using FastSums = SumsAvx2;
 #endif
 #endif
 
-// x [rows, K] float32 or bfloat16; weight uint8 [tiles, blocks, Format::kBytes]; d (and m for Q4) float32 [tiles,
+// x [rows, K] float32 or bfloat16; weight uint8 [tiles, blocks, Format::kBytes]; d (and m for Q4) float16 [tiles,
 // blocks, 8]. portable: use the portable path (tests compare the two). Returns float32 [rows, tiles * 8].
 template <typename Format>
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& d,
@@ -332,8 +338,8 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() &&
                   weight.numel() == weight.size(0) * weight.size(1) * Format::kBytes, name, ": bad weight");
   TORCH_CHECK(weight.size(1) * kBlock == x.size(1), name, ": weight blocks do not match x's K");
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous(), name, ": d must be contiguous float32");
-  TORCH_CHECK(!m || (m->scalar_type() == at::kFloat && m->is_contiguous()), name, ": m must be contiguous float32");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous(), name, ": d must be contiguous float16");
+  TORCH_CHECK(!m || (m->scalar_type() == at::kHalf && m->is_contiguous()), name, ": m must be contiguous float16");
   const at::Tensor xc = x.contiguous();
   const int64_t rows = xc.size(0), k = xc.size(1), tiles = weight.size(0), blocks = weight.size(1);
   QuantRows xr = xc.scalar_type() == at::kBFloat16
@@ -341,12 +347,12 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
                      : quantize_rows(xc.to(at::kFloat).data_ptr<float>(), rows, k, !portable);
   auto out = at::empty({rows, tiles * kTile}, xc.options().dtype(at::kFloat));
   const uint8_t* w = weight.data_ptr<uint8_t>();
-  const float *dp = d.data_ptr<float>(), *mp = m ? m->data_ptr<float>() : nullptr;
+  const at::Half *dp = d.data_ptr<at::Half>(), *mp = m ? m->data_ptr<at::Half>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * blocks * Format::kBytes;
-      const float *dt = dp + t * blocks * kTile, *mt = mp == nullptr ? nullptr : mp + t * blocks * kTile;
+      const at::Half *dt = dp + t * blocks * kTile, *mt = mp == nullptr ? nullptr : mp + t * blocks * kTile;
 #ifdef __AVX2__
       if (!portable) {
         tile_simd<Format, FastSums>(wt, dt, mt, xr, rows, k, op + t * kTile, tiles * kTile);
@@ -359,11 +365,6 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   return out;
 }
 
-at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& d, const at::Tensor& m,
-                       bool portable) {
-  TORCH_CHECK(weight.dim() == 5, "w4a8_linear: weight must be [tiles, blocks, 4, 8, 4]");
-  return block_linear<Q4Blocks>(x, weight, d, m, portable, "w4a8_linear");
-}
 
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& d, bool portable) {
   TORCH_CHECK(weight.dim() == 5, "w8a8_linear: weight must be [tiles, blocks, 8, 8, 4]");
@@ -372,12 +373,20 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 
 }  // namespace
 
+namespace spec_batch_kernels {
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& d, const at::Tensor& m,
+                       bool portable) {
+  TORCH_CHECK(weight.dim() == 5, "w4a8_linear: weight must be [tiles, blocks, 4, 8, 4]");
+  return block_linear<Q4Blocks>(x, weight, d, m, portable, "w4a8_linear");
+}
+}  // namespace spec_batch_kernels
+
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("w4a8_linear(Tensor x, Tensor weight, Tensor d, Tensor m, bool portable=False) -> Tensor");
   m.def("w8a8_linear(Tensor x, Tensor weight, Tensor d, bool portable=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
-  m.impl("w4a8_linear", w4a8_linear);
+  m.impl("w4a8_linear", spec_batch_kernels::w4a8_linear);
   m.impl("w8a8_linear", w8a8_linear);
 }

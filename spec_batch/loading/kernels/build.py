@@ -26,6 +26,7 @@ from ..compat import cxx11_abi
 
 COMPILE_CHOICES = ("auto", "on", "off")
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
+HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))  # in the cache key with the sources
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 
 
@@ -82,7 +83,7 @@ def _key(cxx: str) -> str:
     h = hashlib.sha256()
     for part in (torch.__version__, version, _cpu_flags(), " ".join(_flags())):
         h.update(part.encode() + b"\0")
-    for src in SOURCES:
+    for src in (*SOURCES, *HEADERS):
         h.update(src.read_bytes())
     return h.hexdigest()[:16]
 

@@ -13,6 +13,9 @@
 
 #include <cmath>
 #include <tuple>
+#include <vector>
+
+#include "block_linear.h"
 
 namespace {
 
@@ -173,6 +176,49 @@ Tensor silu_mul(const Tensor& gate_up, int64_t size) {
   return out;
 }
 
+// A layer's steps around its attention, for the common case (float32 activations, fused q/k/v and gate/up groups,
+// every projection a whole-tile W4A8 layer): the same calls, in the same order, as llama_forward.py's Python path
+// makes one by one, so the same bits, without a Python round trip between them (a decode step's largest fixed
+// cost on a small model). A projection is (packed, scales, minimums).
+using spec_batch_kernels::w4a8_linear;
+
+Tensor project(const Tensor& x, const Tensor& packed, const Tensor& scales, const Tensor& minimums) {
+  const Tensor flat = w4a8_linear(x.reshape({-1, x.size(-1)}), packed, scales, minimums, false);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(flat.size(1));
+  return flat.view(shape);
+}
+
+// (x + delta, or x where there is no delta yet; q, k, v) of the layer's input norm, q/k/v projection and rotary
+// embedding. x [B, n, H]; cos, sin [B, n, D].
+std::tuple<Tensor, Tensor, Tensor, Tensor> layer_before_attention(
+    const Tensor& x, const c10::optional<Tensor>& delta, const Tensor& norm_weight, double eps, const Tensor& packed,
+    const Tensor& scales, const Tensor& minimums, const Tensor& cos, const Tensor& sin, int64_t query_heads,
+    int64_t key_heads, int64_t head_dim) {
+  Tensor sum = x, normed;
+  if (delta) {
+    std::tie(sum, normed) = add_rms_norm(x, *delta, norm_weight, eps);
+  } else {
+    normed = rms_norm(x, norm_weight, eps);
+  }
+  const Tensor heads = project(normed, packed, scales, minimums).view({cos.size(0), cos.size(1), -1, head_dim});
+  auto [q, k, v] = rotary_heads(heads, cos, sin, query_heads, key_heads);
+  return {sum, q, k, v};
+}
+
+// (x + the attention's term, the MLP's term) of the output projection, the post-attention norm and the MLP.
+// attended [B, n, heads, D], the attention's output.
+std::tuple<Tensor, Tensor> layer_after_attention(
+    const Tensor& x, const Tensor& attended, const Tensor& norm_weight, double eps, const Tensor& o_packed,
+    const Tensor& o_scales, const Tensor& o_minimums, const Tensor& gu_packed, const Tensor& gu_scales,
+    const Tensor& gu_minimums, int64_t gate_size, const Tensor& down_packed, const Tensor& down_scales,
+    const Tensor& down_minimums) {
+  const Tensor out = attended.reshape({attended.size(0), attended.size(1), -1});
+  auto [sum, normed] = add_rms_norm(x, project(out, o_packed, o_scales, o_minimums), norm_weight, eps);
+  const Tensor gated = silu_mul(project(normed, gu_packed, gu_scales, gu_minimums), gate_size);
+  return {sum, project(gated, down_packed, down_scales, down_minimums)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
@@ -180,6 +226,14 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary_heads(Tensor heads, Tensor cos, Tensor sin, int query_heads, int key_heads) -> (Tensor, Tensor, Tensor)");
   m.def("silu_mul(Tensor gate_up, int size) -> Tensor");
+  m.def(
+      "layer_before_attention(Tensor x, Tensor? delta, Tensor norm_weight, float eps, Tensor packed, Tensor scales, "
+      "Tensor minimums, Tensor cos, Tensor sin, int query_heads, int key_heads, int head_dim) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "layer_after_attention(Tensor x, Tensor attended, Tensor norm_weight, float eps, Tensor o_packed, "
+      "Tensor o_scales, Tensor o_minimums, Tensor gu_packed, Tensor gu_scales, Tensor gu_minimums, int gate_size, "
+      "Tensor down_packed, Tensor down_scales, Tensor down_minimums) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
@@ -187,4 +241,6 @@ TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rotary_heads", rotary_heads);
   m.impl("silu_mul", silu_mul);
+  m.impl("layer_before_attention", layer_before_attention);
+  m.impl("layer_after_attention", layer_after_attention);
 }
