@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,32 @@ def test_the_avx2_paths_built_on_a_vnni_cpu_give_the_portable_bits(tmp_path):
     env = dict(os.environ, SPEC_BATCH_KERNEL_FLAGS="-mno-avx512vnni", SPEC_BATCH_CACHE=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_thread_other_than_the_main_one_gets_the_same_bits():
+    """Off the main thread the kernels split their work on their own spinning threads (kernels/spin_pool.cpp), not
+    OpenMP's: a row's outputs stay the same bits, the attention's too, also with calls from two threads at once."""
+    layers = [_layer(576, 576, 10), _layer(3072, 576, 11, Q8BlockLinear)]
+    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(12))
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (
+        torch.randn(1, 9, 8, 64, generator=gen),
+        torch.randn(1, 3, 200, 64, generator=gen),
+        torch.randn(1, 3, 200, 64, generator=gen),
+    )
+    visible = torch.ones(1, 1, 8, 200, dtype=torch.bool)
+
+    def compute() -> list[torch.Tensor]:
+        attended = torch.ops.spec_batch.attend(q, k, v, visible, torch.empty(0), 0.125)
+        return [layer(x) for layer in layers] + [attended]
+
+    want = compute()
+    got: list[list[torch.Tensor]] = []
+    threads = [threading.Thread(target=lambda: got.append(compute())) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(got) == 2
+    for outputs in got:
+        assert all(torch.equal(a, b) for a, b in zip(outputs, want))

@@ -22,6 +22,7 @@
 #include <c10/util/Half.h>
 
 #include "block_linear.h"
+#include "spin_pool.h"
 
 #include <cmath>
 #include <cstdint>
@@ -100,7 +101,7 @@ QuantRows quantize_rows(const T* x, int64_t rows, int64_t k, bool vector) {
   const int64_t blocks = k / kBlock;
   QuantRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
                 std::vector<int32_t>(rows * blocks)};
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  spec_batch_kernels::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
         const T* src = x + r * k + b * kBlock;
@@ -349,7 +350,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const at::Half *dp = d.data_ptr<at::Half>(), *mp = m ? m->data_ptr<at::Half>() : nullptr;
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+  spec_batch_kernels::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * blocks * Format::kBytes;
       const at::Half *dt = dp + t * blocks * kTile, *mt = mp == nullptr ? nullptr : mp + t * blocks * kTile;

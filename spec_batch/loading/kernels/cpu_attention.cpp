@@ -16,6 +16,8 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include "spin_pool.h"
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -203,7 +205,7 @@ void parallel_by_work(const std::vector<int64_t>& work_before, int64_t dim, cons
     run(0, tasks);
     return;
   }
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+  spec_batch_kernels::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       auto cut = [&](int64_t i) {
         return i == threads ? tasks
