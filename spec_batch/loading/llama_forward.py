@@ -15,7 +15,8 @@ layers over the same loaded modules (no second copy of any weight) in one flat l
 - where every projection of a layer is a whole-tile W4A8 layer and the activations are float32 (w4a8's default),
   the steps before and after the attention are one native call each (`layer_before_attention`, `_after_`): the
   same kernels in the same order without a Python round trip between them (on a 135M model, each op call's fixed
-  cost adds up to a large part of a decode step).
+  cost adds up to a large part of a decode step); a padded step's gather and scatter of its real positions happen
+  inside them, as RealPositions does them.
 
 **The same bits as Hugging Face's forward.** Every operator is the one Hugging Face runs, on the same inputs in the
 same order, and the native kernel's result depends only on which columns a query sees, never on how the mask was
@@ -182,8 +183,8 @@ class LlamaForward:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer: (its residual stream before the MLP's term, the MLP's term). real: x holds only these
         positions, packed; attention runs on the step's [B, n] layout, its padded queries seeing nothing."""
-        if direct and real is None and self.glue and part.fused:
-            return self._native_layer(index, part, x, delta, rotary, visible, cache)
+        if direct and self.glue and part.fused:
+            return self._native_layer(index, part, x, delta, rotary, visible, cache, real)
         x, h = self._add_norm(part.input_norm, x, delta)
         q, k, v = self._queries_keys_values(part, h, rotary, direct, real)
         keys, values = cache.update(k, v, index)
@@ -202,20 +203,23 @@ class LlamaForward:
         rotary: tuple,
         visible: torch.Tensor,
         cache: Any,
+        real: padding.RealPositions | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_layer`'s calls for a `_Layer.fused` layer on unpadded float32 rows, in three native calls and the cache's
-        append: the same kernels in the same order, so the same bits."""
+        """`_layer`'s calls for a `_Layer.fused` layer on float32 rows, in three native calls and the cache's append:
+        the same kernels in the same order, and a padded step's gather and scatter as RealPositions does them, so
+        the same bits."""
+        positions = None if real is None else real.index
         qkv, o, gate_up, down = (part.plain[name] for name in ("qkv", "o", "gate_up", "down"))
         sizes = part.qkv.sizes
         x, q, k, v = torch.ops.spec_batch.layer_before_attention(
             x, delta, part.input_norm.weight, part.input_norm.variance_epsilon, *qkv[:3], *rotary,
-            sizes[0] // self.head_dim, sizes[1] // self.head_dim, self.head_dim,
+            sizes[0] // self.head_dim, sizes[1] // self.head_dim, self.head_dim, positions,
         )  # fmt: skip
         keys, values = cache.update(k, v, index)
         out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
         return torch.ops.spec_batch.layer_after_attention(
             x, out, part.post_norm.weight, part.post_norm.variance_epsilon, *o[:3], *gate_up[:3],
-            part.gate_up.sizes[0], *down[:3],
+            part.gate_up.sizes[0], *down[:3], positions,
         )  # fmt: skip
 
     def _add_norm(self, norm: Any, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

@@ -190,30 +190,38 @@ Tensor project(const Tensor& x, const Tensor& packed, const Tensor& scales, cons
 }
 
 // (x + delta, or x where there is no delta yet; q, k, v) of the layer's input norm, q/k/v projection and rotary
-// embedding. x [B, n, H]; cos, sin [B, n, D].
+// embedding. x [B, n, H]; cos, sin [B, n, D]. real: a padded step's real positions (flat indices into [B, n], as
+// core/kv/padding.py's RealPositions holds them): x holds only those, packed as [1, N, H], and q, k and v come back
+// in the step's [B, n] layout with zeros at the padded positions (RealPositions.scatter).
 std::tuple<Tensor, Tensor, Tensor, Tensor> layer_before_attention(
     const Tensor& x, const c10::optional<Tensor>& delta, const Tensor& norm_weight, double eps, const Tensor& packed,
     const Tensor& scales, const Tensor& minimums, const Tensor& cos, const Tensor& sin, int64_t query_heads,
-    int64_t key_heads, int64_t head_dim) {
+    int64_t key_heads, int64_t head_dim, const c10::optional<Tensor>& real) {
   Tensor sum = x, normed;
   if (delta) {
     std::tie(sum, normed) = add_rms_norm(x, *delta, norm_weight, eps);
   } else {
     normed = rms_norm(x, norm_weight, eps);
   }
-  const Tensor heads = project(normed, packed, scales, minimums).view({cos.size(0), cos.size(1), -1, head_dim});
+  Tensor projected = project(normed, packed, scales, minimums);
+  if (real) {
+    const Tensor flat = projected.reshape({-1, projected.size(-1)});
+    projected = at::zeros({cos.size(0) * cos.size(1), flat.size(1)}, flat.options()).index_copy_(0, *real, flat);
+  }
+  const Tensor heads = projected.view({cos.size(0), cos.size(1), -1, head_dim});
   auto [q, k, v] = rotary_heads(heads, cos, sin, query_heads, key_heads);
   return {sum, q, k, v};
 }
 
 // (x + the attention's term, the MLP's term) of the output projection, the post-attention norm and the MLP.
-// attended [B, n, heads, D], the attention's output.
+// attended [B, n, heads, D], the attention's output; real: as above (x packed, attended's real positions taken).
 std::tuple<Tensor, Tensor> layer_after_attention(
     const Tensor& x, const Tensor& attended, const Tensor& norm_weight, double eps, const Tensor& o_packed,
     const Tensor& o_scales, const Tensor& o_minimums, const Tensor& gu_packed, const Tensor& gu_scales,
     const Tensor& gu_minimums, int64_t gate_size, const Tensor& down_packed, const Tensor& down_scales,
-    const Tensor& down_minimums) {
-  const Tensor out = attended.reshape({attended.size(0), attended.size(1), -1});
+    const Tensor& down_minimums, const c10::optional<Tensor>& real) {
+  Tensor out = attended.reshape({attended.size(0), attended.size(1), -1});
+  if (real) out = out.reshape({-1, out.size(-1)}).index_select(0, *real).unsqueeze(0);  // RealPositions.gather
   auto [sum, normed] = add_rms_norm(x, project(out, o_packed, o_scales, o_minimums), norm_weight, eps);
   const Tensor gated = silu_mul(project(normed, gu_packed, gu_scales, gu_minimums), gate_size);
   return {sum, project(gated, down_packed, down_scales, down_minimums)};
@@ -228,12 +236,12 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("silu_mul(Tensor gate_up, int size) -> Tensor");
   m.def(
       "layer_before_attention(Tensor x, Tensor? delta, Tensor norm_weight, float eps, Tensor packed, Tensor scales, "
-      "Tensor minimums, Tensor cos, Tensor sin, int query_heads, int key_heads, int head_dim) "
+      "Tensor minimums, Tensor cos, Tensor sin, int query_heads, int key_heads, int head_dim, Tensor? real) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "layer_after_attention(Tensor x, Tensor attended, Tensor norm_weight, float eps, Tensor o_packed, "
       "Tensor o_scales, Tensor o_minimums, Tensor gu_packed, Tensor gu_scales, Tensor gu_minimums, int gate_size, "
-      "Tensor down_packed, Tensor down_scales, Tensor down_minimums) -> (Tensor, Tensor)");
+      "Tensor down_packed, Tensor down_scales, Tensor down_minimums, Tensor? real) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
