@@ -3,7 +3,7 @@
 - full: the weights in the model's dtype (GGUF files dequantized), packed for oneDNN on the CPU (cpu_linear.py).
 - int4: every linear layer group-wise int4 (quant_linear.Int4Linear). A GGUF file's Q4_0/Q4_1 tensors are used as
   they ship; its Q8_0 tensors stay int8; other tensors (and Hugging Face models) are quantized at load from
-  their float weights, with a notice. The LM head is int8 (as gpt-fast and llama.cpp keep it wider).
+  their float weights, with a notice. The LM head is int8 (as gpt-fast and llama.cpp keep it wider; w4a8's: W8A8).
 - int8: every linear layer per-channel int8 (quant_linear.Int8Linear); Q8_0 tensors are re-expressed with one
   scale per row (the kernel takes no group scales); everything else is quantized at load.
 - w4a8: as int4, but the Q4 blocks run in the native W4A8 kernel (block_linear.BlockLinear: activations rounded
