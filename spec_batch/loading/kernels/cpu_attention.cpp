@@ -276,19 +276,28 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       const bool* vis = visible_row(b, h, i);
       const float* brow = has_bias ? bias_ptr + (vis - vis_ptr) : nullptr;  // same layout as visible
       int64_t count = 0;
-      float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < length; ++j) {
-        if (!vis[j * ms[3]]) continue;
-        const T* krow = k_ptr + b * ks[0] + kvh * ks[1] + j * ks[2];
+        if (vis[j * ms[3]]) cols[count++] = j;
+      }
+      const T* kbase = k_ptr + b * ks[0] + kvh * ks[1];
+      int64_t c = 0;
 #ifdef SPEC_BATCH_ATTENTION_AVX512
-        float s = (vector_path ? dot_avx512(q.data(), krow, dim) : dot(q.data(), krow, dim)) * fscale;
-#else
-        float s = dot(q.data(), krow, dim) * fscale;
+      if (vector_path) {  // four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+        for (; c + 4 <= count; c += 4) {
+          const float s0 = dot_avx512(q.data(), kbase + cols[c] * ks[2], dim);
+          const float s1 = dot_avx512(q.data(), kbase + cols[c + 1] * ks[2], dim);
+          const float s2 = dot_avx512(q.data(), kbase + cols[c + 2] * ks[2], dim);
+          const float s3 = dot_avx512(q.data(), kbase + cols[c + 3] * ks[2], dim);
+          scores[c] = s0 * fscale, scores[c + 1] = s1 * fscale, scores[c + 2] = s2 * fscale, scores[c + 3] = s3 * fscale;
+        }
+        for (; c < count; ++c) scores[c] = dot_avx512(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
+      }
 #endif
-        if (brow) s += brow[j * ms[3]];
-        scores[count] = s;
-        cols[count++] = j;
-        top = s > top ? s : top;
+      for (; c < count; ++c) scores[c] = dot(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
+      float top = -std::numeric_limits<float>::infinity();
+      for (c = 0; c < count; ++c) {
+        if (brow) scores[c] += brow[cols[c] * ms[3]];
+        top = scores[c] > top ? scores[c] : top;
       }
 #ifdef SPEC_BATCH_ATTENTION_AVX512
       if (vector_exp) {
