@@ -21,27 +21,29 @@ from .quant_linear import _RowsLinear, q4_1_groups, require_concatenable
 BLOCK, TILE = 32, 8
 
 
-def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [out, K] in 0..15, d and m [out, K / 32] -> the kernel's tiles (its header describes the layout)."""
+def _tiles(q: torch.Tensor, *scales: torch.Tensor, fill: int = 0) -> tuple[torch.Tensor, ...]:
+    """q [out, K] (byte values) and per-block scales [out, K / 32], padded to whole tiles of outputs (q with `fill`)
+    -> q as uint8 [tiles, blocks, 8 input groups, 8 outputs, 4 inputs] and each scale as float16 [tiles, blocks, 8]:
+    the kernels' layout (their header)."""
     out, k = q.shape
     pad = -out % TILE
-    q, d, m = F.pad(q, (0, 0, 0, pad)), F.pad(d.half(), (0, 0, 0, pad)), F.pad(m.half(), (0, 0, 0, pad))
-    tiles, blocks = q.shape[0] // TILE, k // BLOCK
-    grouped = q.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [t, b, p, o, j]
+    tiles, blocks = (out + pad) // TILE, k // BLOCK
+    grouped = F.pad(q, (0, 0, 0, pad), value=fill).to(torch.uint8).view(tiles, TILE, blocks, 8, 4)
+    tiled = [F.pad(s.half(), (0, 0, 0, pad)).view(tiles, TILE, blocks).permute(0, 2, 1).contiguous() for s in scales]
+    return (grouped.permute(0, 2, 3, 1, 4), *tiled)  # [t, b, p, o, j]
+
+
+def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [out, K] in 0..15, d and m [out, K / 32] -> the W4A8 kernel's tiles: groups p and p + 4 share a byte."""
+    grouped, scales, minimums = _tiles(q, d, m)
     packed = grouped[:, :, :4] | (grouped[:, :, 4:] << 4)
-    scales = d.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
-    minimums = m.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
     return packed.contiguous(), scales, minimums
 
 
 def _pack_q8(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q [out, K] in -127..127, d [out, K / 32] -> the W8A8 kernel's tiles: q + 128 as [tiles, blocks, 8, 8, 4]."""
-    out, k = q.shape
-    pad = -out % TILE
-    q, d = F.pad(q.to(torch.int16) + 128, (0, 0, 0, pad), value=128), F.pad(d.half(), (0, 0, 0, pad))
-    tiles, blocks = q.shape[0] // TILE, k // BLOCK
-    grouped = q.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [t, b, p, o, j]
-    return grouped.contiguous(), d.view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()
+    grouped, scales = _tiles(q.to(torch.int16) + 128, d, fill=128)
+    return grouped.contiguous(), scales
 
 
 class _TiledLinear(_RowsLinear):

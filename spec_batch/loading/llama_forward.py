@@ -82,6 +82,13 @@ class _W4A8(NamedTuple):
     out_features: int
 
 
+class _Native(NamedTuple):
+    """A layer's own inputs to the native layer steps (layer_glue.cpp), after each call's: bound once."""
+
+    before: tuple  # input norm weight and epsilon, the q/k/v kernel inputs, query heads, key heads, head dim
+    after: tuple  # post-attention norm weight and epsilon, o, gate/up, the gate's width, down
+
+
 @dataclass(frozen=True)
 class _Layer:
     """One decoder layer's modules, looked up once; `plain` holds its W4A8 layers that the kernel alone computes."""
@@ -93,14 +100,10 @@ class _Layer:
     qkv: Any  # the fused q/k/v group, or None
     gate_up: Any  # the fused gate/up group, or None
     plain: dict[str, _W4A8]  # "qkv", "o", "gate_up", "down" -> its kernel inputs, where BlockLinear.kernel_is_forward
-
-    @property
-    def fused(self) -> bool:
-        """Whether the native layer steps can run it (layer_glue.cpp): fused groups, every projection plain."""
-        return self.qkv is not None and self.gate_up is not None and len(self.plain) == 4
+    native: _Native | None  # where the native layer steps run it: the family's glue, fused groups, every part plain
 
     @classmethod
-    def of(cls, layer: Any) -> _Layer:
+    def of(cls, layer: Any, glue: bool) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = getattr(attn, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
         modules = {
@@ -114,7 +117,16 @@ class _Layer:
             for name, m in modules.items()
             if isinstance(m, BlockLinear) and m.kernel_is_forward()
         }
-        return cls(attn, mlp, layer.input_layernorm, layer.post_attention_layernorm, qkv, gate_up, plain)
+        input_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        native = None
+        if glue and qkv is not None and gate_up is not None and len(plain) == 4:
+            heads = [size // attn.head_dim for size in qkv.sizes[:2]]
+            native = _Native(
+                (input_norm.weight, input_norm.variance_epsilon, *plain["qkv"][:3], *heads, attn.head_dim),
+                (post_norm.weight, post_norm.variance_epsilon, *plain["o"][:3], *plain["gate_up"][:3])
+                + (gate_up.sizes[0], *plain["down"][:3]),
+            )
+        return cls(attn, mlp, input_norm, post_norm, qkv, gate_up, plain, native)
 
 
 class LlamaForward:
@@ -124,13 +136,13 @@ class LlamaForward:
         self.model = model
         inner = model.model
         self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
-        self.parts = [_Layer.of(layer) for layer in self.layers]
+        self.glue = _glue_applies(self.layers)
+        self.parts = [_Layer.of(layer, self.glue) for layer in self.layers]
         self.rotary, self.lm_head = inner.rotary_emb, model.lm_head
         module = sys.modules[type(self.layers[0].self_attn).__module__]
         self.apply_rotary, self.rotate_half = module.apply_rotary_pos_emb, module.rotate_half
         attn = self.layers[0].self_attn
         self.head_dim, self.scale = attn.head_dim, attn.scaling
-        self.glue = _glue_applies(self.layers)
 
     def usable(self, model_kwargs: dict[str, Any]) -> bool:
         """Whether this call can run here: no extra model arguments and no hooks that expect HF's module calls."""
@@ -183,44 +195,23 @@ class LlamaForward:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer: (its residual stream before the MLP's term, the MLP's term). real: x holds only these
         positions, packed; attention runs on the step's [B, n] layout, its padded queries seeing nothing."""
-        if direct and self.glue and part.fused:
-            return self._native_layer(index, part, x, delta, rotary, visible, cache, real)
-        x, h = self._add_norm(part.input_norm, x, delta)
-        q, k, v = self._queries_keys_values(part, h, rotary, direct, real)
+        # float32 rows of a layer the native steps run: the same kernels in the same order as below, and a padded
+        # step's gather and scatter as RealPositions does them, in two native calls (the same bits)
+        native = part.native if direct else None
+        positions = None if real is None else real.index
+        if native is not None:
+            x, q, k, v = torch.ops.spec_batch.layer_before_attention(x, delta, *rotary, positions, *native.before)
+        else:
+            x, h = self._add_norm(part.input_norm, x, delta)
+            q, k, v = self._queries_keys_values(part, h, rotary, direct, real)
         keys, values = cache.update(k, v, index)
         out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
+        if native is not None:
+            return torch.ops.spec_batch.layer_after_attention(x, out, positions, *native.after)
         out = out.reshape(*out.shape[:2], -1)
         attended = _linear(part, "o", part.attn.o_proj, out if real is None else real.gather(out).unsqueeze(0), direct)
         x, h = self._add_norm(part.post_norm, x, attended)
         return x, self._mlp(part, h, direct)
-
-    def _native_layer(
-        self,
-        index: int,
-        part: _Layer,
-        x: torch.Tensor,
-        delta: torch.Tensor | None,
-        rotary: tuple,
-        visible: torch.Tensor,
-        cache: Any,
-        real: padding.RealPositions | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_layer`'s calls for a `_Layer.fused` layer on float32 rows, in three native calls and the cache's append:
-        the same kernels in the same order, and a padded step's gather and scatter as RealPositions does them, so
-        the same bits."""
-        positions = None if real is None else real.index
-        qkv, o, gate_up, down = (part.plain[name] for name in ("qkv", "o", "gate_up", "down"))
-        sizes = part.qkv.sizes
-        x, q, k, v = torch.ops.spec_batch.layer_before_attention(
-            x, delta, part.input_norm.weight, part.input_norm.variance_epsilon, *qkv[:3], *rotary,
-            sizes[0] // self.head_dim, sizes[1] // self.head_dim, self.head_dim, positions,
-        )  # fmt: skip
-        keys, values = cache.update(k, v, index)
-        out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
-        return torch.ops.spec_batch.layer_after_attention(
-            x, out, part.post_norm.weight, part.post_norm.variance_epsilon, *o[:3], *gate_up[:3],
-            part.gate_up.sizes[0], *down[:3], positions,
-        )  # fmt: skip
 
     def _add_norm(self, norm: Any, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """(x + delta, norm(x + delta)); one native call for the family's RMSNorm (the same bits)."""

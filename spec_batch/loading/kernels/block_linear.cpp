@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -63,7 +62,7 @@ int32_t quantize_block(const T* src, int8_t* dst, float& dx) {
 #ifdef __AVX2__
 // The same bits, 8 lanes at a time: the max is exact in any order, the division and the rounding are IEEE's (the
 // operands ordered so that a NaN is skipped and clamps as above), the packing is llama.cpp's quantize_row_q8_0's.
-inline int32_t quantize_block(const float* src, int8_t* dst, float& dx, std::true_type /* vector */) {
+inline int32_t quantize_block_simd(const float* src, int8_t* dst, float& dx) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   __m256 v[4], amax = _mm256_setzero_ps();
   for (int64_t i = 0; i < 4; ++i) {
@@ -93,7 +92,14 @@ inline int32_t quantize_block(const float* src, int8_t* dst, float& dx, std::tru
   t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
   return _mm_cvtsi128_si32(t4);
 }
+#else
+inline int32_t quantize_block_simd(const float* src, int8_t* dst, float& dx) { return quantize_block(src, dst, dx); }
 #endif
+// no SIMD quantization of other dtypes: the scalar one
+template <typename T>
+int32_t quantize_block_simd(const T* src, int8_t* dst, float& dx) {
+  return quantize_block(src, dst, dx);
+}
 
 // vector: the SIMD quantization where there is one (float32 rows), else the scalar; both give the same bits.
 template <typename T>
@@ -107,16 +113,7 @@ QuantRows quantize_rows(const T* x, int64_t rows, int64_t k, bool vector) {
         const T* src = x + r * k + b * kBlock;
         int8_t* dst = out.q.data() + r * k + b * kBlock;
         float dx;
-        int32_t total;
-#ifdef __AVX2__
-        if constexpr (std::is_same_v<T, float>) {
-          total = vector ? quantize_block(src, dst, dx, std::true_type{}) : quantize_block(src, dst, dx);
-        } else {
-          total = quantize_block(src, dst, dx);
-        }
-#else
-        total = quantize_block(src, dst, dx);
-#endif
+        const int32_t total = vector ? quantize_block_simd(src, dst, dx) : quantize_block(src, dst, dx);
         out.scale[r * blocks + b] = dx;
         out.shift[r * blocks + b] = dx * static_cast<float>(total);
         out.total[r * blocks + b] = total;

@@ -179,7 +179,8 @@ Tensor silu_mul(const Tensor& gate_up, int64_t size) {
 // A layer's steps around its attention, for the common case (float32 activations, fused q/k/v and gate/up groups,
 // every projection a whole-tile W4A8 layer): the same calls, in the same order, as llama_forward.py's Python path
 // makes one by one, so the same bits, without a Python round trip between them (a decode step's largest fixed
-// cost on a small model). A projection is (packed, scales, minimums).
+// cost on a small model). A projection is (packed, scales, minimums). The per-call inputs come first, the layer's
+// own after them (llama_forward.py binds those once).
 using spec_batch_kernels::w4a8_linear;
 
 Tensor project(const Tensor& x, const Tensor& packed, const Tensor& scales, const Tensor& minimums) {
@@ -194,9 +195,9 @@ Tensor project(const Tensor& x, const Tensor& packed, const Tensor& scales, cons
 // core/kv/padding.py's RealPositions holds them): x holds only those, packed as [1, N, H], and q, k and v come back
 // in the step's [B, n] layout with zeros at the padded positions (RealPositions.scatter).
 std::tuple<Tensor, Tensor, Tensor, Tensor> layer_before_attention(
-    const Tensor& x, const c10::optional<Tensor>& delta, const Tensor& norm_weight, double eps, const Tensor& packed,
-    const Tensor& scales, const Tensor& minimums, const Tensor& cos, const Tensor& sin, int64_t query_heads,
-    int64_t key_heads, int64_t head_dim, const c10::optional<Tensor>& real) {
+    const Tensor& x, const c10::optional<Tensor>& delta, const Tensor& cos, const Tensor& sin,
+    const c10::optional<Tensor>& real, const Tensor& norm_weight, double eps, const Tensor& packed,
+    const Tensor& scales, const Tensor& minimums, int64_t query_heads, int64_t key_heads, int64_t head_dim) {
   Tensor sum = x, normed;
   if (delta) {
     std::tie(sum, normed) = add_rms_norm(x, *delta, norm_weight, eps);
@@ -216,10 +217,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> layer_before_attention(
 // (x + the attention's term, the MLP's term) of the output projection, the post-attention norm and the MLP.
 // attended [B, n, heads, D], the attention's output; real: as above (x packed, attended's real positions taken).
 std::tuple<Tensor, Tensor> layer_after_attention(
-    const Tensor& x, const Tensor& attended, const Tensor& norm_weight, double eps, const Tensor& o_packed,
-    const Tensor& o_scales, const Tensor& o_minimums, const Tensor& gu_packed, const Tensor& gu_scales,
-    const Tensor& gu_minimums, int64_t gate_size, const Tensor& down_packed, const Tensor& down_scales,
-    const Tensor& down_minimums, const c10::optional<Tensor>& real) {
+    const Tensor& x, const Tensor& attended, const c10::optional<Tensor>& real, const Tensor& norm_weight, double eps,
+    const Tensor& o_packed, const Tensor& o_scales, const Tensor& o_minimums, const Tensor& gu_packed,
+    const Tensor& gu_scales, const Tensor& gu_minimums, int64_t gate_size, const Tensor& down_packed,
+    const Tensor& down_scales, const Tensor& down_minimums) {
   Tensor out = attended.reshape({attended.size(0), attended.size(1), -1});
   if (real) out = out.reshape({-1, out.size(-1)}).index_select(0, *real).unsqueeze(0);  // RealPositions.gather
   auto [sum, normed] = add_rms_norm(x, project(out, o_packed, o_scales, o_minimums), norm_weight, eps);
@@ -235,13 +236,13 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("rotary_heads(Tensor heads, Tensor cos, Tensor sin, int query_heads, int key_heads) -> (Tensor, Tensor, Tensor)");
   m.def("silu_mul(Tensor gate_up, int size) -> Tensor");
   m.def(
-      "layer_before_attention(Tensor x, Tensor? delta, Tensor norm_weight, float eps, Tensor packed, Tensor scales, "
-      "Tensor minimums, Tensor cos, Tensor sin, int query_heads, int key_heads, int head_dim, Tensor? real) "
+      "layer_before_attention(Tensor x, Tensor? delta, Tensor cos, Tensor sin, Tensor? real, Tensor norm_weight, "
+      "float eps, Tensor packed, Tensor scales, Tensor minimums, int query_heads, int key_heads, int head_dim) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "layer_after_attention(Tensor x, Tensor attended, Tensor norm_weight, float eps, Tensor o_packed, "
-      "Tensor o_scales, Tensor o_minimums, Tensor gu_packed, Tensor gu_scales, Tensor gu_minimums, int gate_size, "
-      "Tensor down_packed, Tensor down_scales, Tensor down_minimums, Tensor? real) -> (Tensor, Tensor)");
+      "layer_after_attention(Tensor x, Tensor attended, Tensor? real, Tensor norm_weight, float eps, "
+      "Tensor o_packed, Tensor o_scales, Tensor o_minimums, Tensor gu_packed, Tensor gu_scales, Tensor gu_minimums, "
+      "int gate_size, Tensor down_packed, Tensor down_scales, Tensor down_minimums) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
