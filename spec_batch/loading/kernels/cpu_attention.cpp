@@ -85,6 +85,45 @@ inline float dot_avx512(const float* q, const T* k, int64_t dim) {
   return _mm_cvtss_f32(_mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1)));
 }
 
+// where dots16's transposing tree leaves column c: lane kDots16Order[c]
+alignas(64) constexpr int32_t kDots16Order[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+// 16 columns' scores at once, each `dot_avx512`'s bits: column c's lanes are summed over d in the same order, and
+// the 16 lane trees run side by side (a transpose as they go: each level adds the same pairs of lanes, the halves
+// of two registers packed into one), so a column costs a quarter of the shuffles. dim: a multiple of 16.
+template <typename T>
+inline __m512 dots16(const float* q, const T* const* k, int64_t dim) {
+  __m512 part[16];
+  for (int c = 0; c < 16; ++c) part[c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+    for (int c = 0; c < 16; ++c) part[c] = _mm512_add_ps(part[c], _mm512_mul_ps(qv, load16(k[c] + d)));
+  }
+  // width 8: [a0..7 | b0..7] + [a8..15 | b8..15]
+  __m512 w8[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = part[2 * i], b = part[2 * i + 1];
+    w8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // width 4: blocks of 4 lanes; [a0..3 b0..3 | c0..3 d0..3] + [a4..7 b4..7 | c4..7 d4..7]
+  __m512 w4[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 ab = w8[2 * i], cd = w8[2 * i + 1];
+    w4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // width 2 and 1, within each 128-bit block
+  __m512 w2[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 x = w4[2 * i], y = w4[2 * i + 1];
+    w2[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_ps(w2[0], w2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(w2[0], w2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_loadu_si512(kDots16Order), w1);  // lanes back in column order
+}
+
 template <typename T>
 inline void axpy_avx512(float p, const T* v, float* acc, int64_t dim) {
   const __m512 pv = _mm512_set1_ps(p);
@@ -97,16 +136,31 @@ inline void axpy_avx512(float p, const T* v, float* acc, int64_t dim) {
 
 // acc[d] += p[c] * v[c][d] over the columns c in order, `axpy`'s arithmetic, with acc held in registers across
 // the columns (Chunks * 16 = dim) instead of stored and reloaded for each
+// the columns' weights summed in order into *total as it goes (a chain of its own, overlapping the sum's)
 template <int Chunks, typename T>
-inline void weighted_sum(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc) {
+inline void weighted_sum(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc,
+                         float* total) {
   __m512 sum[Chunks];
+  float weights = *total;
   for (int i = 0; i < Chunks; ++i) sum[i] = _mm512_loadu_ps(acc + 16 * i);
   for (int64_t c = 0; c < count; ++c) {
+    weights += p[c];
     const __m512 pv = _mm512_set1_ps(p[c]);
     const T* row = v + cols[c] * stride;
     for (int i = 0; i < Chunks; ++i) sum[i] = _mm512_add_ps(sum[i], _mm512_mul_ps(pv, load16(row + 16 * i)));
   }
   for (int i = 0; i < Chunks; ++i) _mm512_storeu_ps(acc + 16 * i, sum[i]);
+  *total = weights;
+}
+
+// the largest of count floats: exact whatever the order (ties between -0 and +0 give the same exp(x - top))
+inline float largest(const float* x, int64_t count) {
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t c = 0;
+  for (; c + 16 <= count; c += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(x + c));
+  float out = _mm512_reduce_max_ps(top);
+  for (; c < count; ++c) out = x[c] > out ? x[c] : out;
+  return out;
 }
 
 // exp of 8 floats in [-87.5, 0], the C library's expf bit for bit: glibc's (since 2.28) table-driven method in
@@ -192,6 +246,41 @@ inline void exp_shifted(float* scores, int64_t count, float top) {
 }
 #endif
 
+// The visible columns of a mask row (`stride` apart): counted, and listed in order. Contiguous rows go 16 (64) at a
+// time where the CPU has AVX-512: a verify step scans every query's row twice, and scalar scans cost as much as
+// the short rows' dot products.
+inline int64_t count_visible(const bool* vis, int64_t stride, int64_t length) {
+  int64_t count = 0, j = 0;
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+  for (; stride == 1 && j + 64 <= length; j += 64) {
+    const __m512i bytes = _mm512_loadu_si512(vis + j);
+    count += __builtin_popcountll(_mm512_test_epi8_mask(bytes, bytes));
+  }
+#endif
+  for (; j < length; ++j) count += vis[j * stride];
+  return count;
+}
+
+inline int64_t list_visible(const bool* vis, int64_t stride, int64_t length, int64_t* cols) {
+  int64_t count = 0, j = 0;
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+  const __m512i lanes = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0), eight = _mm512_set1_epi64(8);
+  for (; stride == 1 && j + 16 <= length; j += 16) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vis + j));
+    const __mmask16 seen = _mm_test_epi8_mask(bytes, bytes);
+    const __m512i low = _mm512_add_epi64(_mm512_set1_epi64(j), lanes);
+    _mm512_mask_compressstoreu_epi64(cols + count, static_cast<__mmask8>(seen), low);
+    count += __builtin_popcount(seen & 0xFFu);
+    _mm512_mask_compressstoreu_epi64(cols + count, static_cast<__mmask8>(seen >> 8), _mm512_add_epi64(low, eight));
+    count += __builtin_popcount(seen >> 8);
+  }
+#endif
+  for (; j < length; ++j) {
+    if (vis[j * stride]) cols[count++] = j;
+  }
+  return count;
+}
+
 // The (row, head, query) tasks split into one contiguous run per thread of about equal work (visible columns,
 // plus one for the scan), not of equal count: in a verify step the real queries crowd into the rows that
 // drafted most (a padded query sees nothing), and an even split by count would leave one thread all the work.
@@ -248,8 +337,7 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       if (!per_head && h > 0) {
         count = seen[i];
       } else {
-        const bool* vis = visible_row(b, h, i);
-        for (int64_t j = 0; j < length; ++j) count += vis[j * ms[3]];
+        count = count_visible(visible_row(b, h, i), ms[3], length);
         if (!per_head) seen[i] = count;
       }
       work_before[task + 1] = work_before[task] + count + 1;
@@ -275,14 +363,18 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       for (int64_t d = 0; d < dim; ++d) q[d] = static_cast<float>(qrow[d]);
       const bool* vis = visible_row(b, h, i);
       const float* brow = has_bias ? bias_ptr + (vis - vis_ptr) : nullptr;  // same layout as visible
-      int64_t count = 0;
-      for (int64_t j = 0; j < length; ++j) {
-        if (vis[j * ms[3]]) cols[count++] = j;
-      }
+      const int64_t count = list_visible(vis, ms[3], length, cols.data());
       const T* kbase = k_ptr + b * ks[0] + kvh * ks[1];
       int64_t c = 0;
 #ifdef SPEC_BATCH_ATTENTION_AVX512
-      if (vector_path) {  // four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+      if (vector_path) {  // 16 or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+        if (dim % kLanes == 0) {
+          const T* rows16[16];
+          for (; c + 16 <= count; c += 16) {
+            for (int j = 0; j < 16; ++j) rows16[j] = kbase + cols[c + j] * ks[2];
+            _mm512_storeu_ps(scores.data() + c, _mm512_mul_ps(dots16(q.data(), rows16, dim), _mm512_set1_ps(fscale)));
+          }
+        }
         for (; c + 4 <= count; c += 4) {
           const float s0 = dot_avx512(q.data(), kbase + cols[c] * ks[2], dim);
           const float s1 = dot_avx512(q.data(), kbase + cols[c + 1] * ks[2], dim);
@@ -294,11 +386,14 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       }
 #endif
       for (; c < count; ++c) scores[c] = dot(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
-      float top = -std::numeric_limits<float>::infinity();
-      for (c = 0; c < count; ++c) {
-        if (brow) scores[c] += brow[cols[c] * ms[3]];
-        top = scores[c] > top ? scores[c] : top;
+      if (brow) {
+        for (c = 0; c < count; ++c) scores[c] += brow[cols[c] * ms[3]];
       }
+      float top = -std::numeric_limits<float>::infinity();
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+      if (vector_path) top = largest(scores.data(), count);
+#endif
+      for (c = 0; !vector_path && c < count; ++c) top = scores[c] > top ? scores[c] : top;
 #ifdef SPEC_BATCH_ATTENTION_AVX512
       if (vector_exp) {
         exp_shifted(scores.data(), count, top);
@@ -313,12 +408,11 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       bool summed = false;
 #ifdef SPEC_BATCH_ATTENTION_AVX512
       if (vector_path && (dim == 64 || dim == 128)) {
-        for (int64_t c = 0; c < count; ++c) total += scores[c];
         const T* vbase = v_ptr + b * vs[0] + kvh * vs[1];
         if (dim == 64) {
-          weighted_sum<4>(scores.data(), cols.data(), count, vbase, vs[2], acc.data());
+          weighted_sum<4>(scores.data(), cols.data(), count, vbase, vs[2], acc.data(), &total);
         } else {
-          weighted_sum<8>(scores.data(), cols.data(), count, vbase, vs[2], acc.data());
+          weighted_sum<8>(scores.data(), cols.data(), count, vbase, vs[2], acc.data(), &total);
         }
         summed = true;
       }
