@@ -53,9 +53,32 @@ class RowAcceptance:
     first_tries: float = 2.0  # ... steps that offered one (prior 1/2)
     decay: float = 0.9
     last_hit: bool = field(init=False)  # the last checked first token was accepted (the row is copying)
+    # decayed draft tokens this row's plans expected to get accepted, and how many were (prior 1 of 1): the shared
+    # calibration's promise checked against this row's own record (`trust`)
+    promised: float = 1.0
+    delivered: float = 1.0
+    _pending: float = field(default=0.0, init=False)  # what the step in flight expects (promise)
 
     def __post_init__(self) -> None:
         self.last_hit = self.first >= 0.5  # before any evidence the prior decides
+
+    def promise(self, expected: float) -> None:
+        """The step being planned expects this many of the row's draft tokens accepted."""
+        self._pending = expected
+
+    def deliver(self, accepted: int) -> None:
+        """The step accepted this many of the row's draft tokens (after its promise; none promised: no evidence)."""
+        if self._pending > 0:
+            self.promised = self.promised * self.decay + self._pending
+            self.delivered = self.delivered * self.decay + accepted
+        self._pending = 0.0
+
+    @property
+    def trust(self) -> float:
+        """What this row's accepted drafts came to, as a share of what the plans expected (at most 1): a row whose
+        drafts the calibration overrates (a prompt that offers text to copy the output does not copy) is held to
+        its own record where one row's slowness matters (DraftPolicy.latency_slack)."""
+        return min(1.0, self.delivered / self.promised)
 
     def observe(self, accepted: int, rejected: bool) -> None:
         """A step accepted `accepted` draft tokens; rejected: a draft token was turned down (not only run out)."""
@@ -187,6 +210,14 @@ class DraftPolicy:
         # children having one accepted too (prior 1 in 2): whether a next level pays (worth_growing)
         self.growth_seconds: float | None = None
         self.continued = [1.0, 2.0]
+        self._trust: list[float] | None = None  # the plan being made's rows' trust (plan)
+        # while drafting is off, a free drafter's offers are looked at every few steps where looking costs a
+        # noticeable share of a plain step (`consults`): the lookups and the plan run in Python per row, ~1 ms of a
+        # 17 ms plain step at 8 rows, paid for nothing while no row drafts
+        self.lookup_share = 0.02  # what looking may cost while off, on average, as a share of a plain step
+        self.consult_most = 8  # ... and while off, a look at least every this many steps
+        self.lookup_seconds: dict[int, float] = {}  # by batch size: one lookup and plan, moving average
+        self._quiet = 0  # steps in a row that drafted nothing (planned so, or not looked at)
 
     def tree_width_for(self, batch: int) -> int:
         return self.tree_width if batch <= self.tree_batch else 1
@@ -275,11 +306,45 @@ class DraftPolicy:
         c = self.survival.continuation(n)
         return [acceptance.first] + [c[j] / c[j - 1] if c[j - 1] > 0 else 0.0 for j in range(1, n)]
 
-    def plan(self, batch: int, offers: list[list[float]], probe: bool = True) -> list[int]:
+    def plan(
+        self, batch: int, offers: list[list[float]], probe: bool = True, trust: list[float] | None = None
+    ) -> list[int]:
         """Each row's draft length this step. offers[b]: accept_probs of what row b can be offered (after budget
         caps). probe=True (a costly drafter): while off, draft 2 tokens every probe_every steps to measure acceptance.
         probe=False (a free drafter: its proposals are checked anyway): while off, try the best drafting plan now and
-        then (see __init__) to re-measure what drafting costs, only where an offer has a chance."""
+        then (see __init__) to re-measure what drafting costs, only where an offer has a chance. trust[b]: the share
+        of its expected accepted tokens row b has been getting (RowAcceptance.trust; None: all 1), which the
+        latency bound holds each row to."""
+        self._trust = trust
+        ks = self._plan(batch, offers, probe)
+        self._quiet = 0 if any(ks) else self._quiet + 1
+        return ks
+
+    def consults(self, batch: int) -> bool:
+        """Whether this step looks at a free drafter's offers (core/batch/planning.plan_step). Always while drafting
+        and before both costs are measured; while drafting is off, every n-th step, n such that looking costs at
+        most `lookup_share` of a plain step (n <= consult_most): a wide batch pays its rows' lookups and plan in
+        every step, for nothing while none drafts, and a row that starts to copy then waits a few steps at most.
+        At one row a look costs ~1% of a step: every step looks."""
+        if self._quiet == 0 or not self.adaptive:
+            return True
+        plain, lookup = self.costs.estimate(batch, [0]), self.lookup_seconds.get(batch)
+        if plain is None or lookup is None:
+            return True
+        every = min(self.consult_most, max(1, int(lookup / (self.lookup_share * plain))))
+        return self._quiet % every == 0
+
+    def skip(self) -> None:
+        """A step that did not look at the offers (`consults`): plain decoding, an idle step."""
+        self._quiet += 1
+        self._idle_steps += 1
+
+    def observe_lookup(self, batch: int, seconds: float) -> None:
+        """A step's lookups and plan (`consults`) took this long at this batch size."""
+        old = self.lookup_seconds.get(batch)
+        self.lookup_seconds[batch] = seconds if old is None else old + 0.1 * (seconds - old)
+
+    def _plan(self, batch: int, offers: list[list[float]], probe: bool) -> list[int]:
         self._probing = False
         if self.k_max == 0 or not any(offers):
             return [0] * len(offers)
@@ -329,7 +394,7 @@ class DraftPolicy:
         for k in sorted({min(c, longest) for c in self.candidates} - ({0} if drafting else set())):
             cost = self.costs.estimate(batch, [k])
             each = [1.0 + g[min(k, len(g) - 1)] for g in gains]
-            if k and not self._within_latency(batch, cost, min(each)):  # type: ignore[arg-type]
+            if k and not self._within_latency(batch, cost, self._fewest(each)):  # type: ignore[arg-type]
                 continue
             rate = sum(each) / cost * (self.margin_at(batch) if k == 0 else 1.0)  # type: ignore[operator]
             if rate > best_rate * 1.0001:
@@ -346,13 +411,19 @@ class DraftPolicy:
             ks = [sum(1 for p in r if p >= threshold) for r in reach]
             cost = self.costs.estimate(batch, ks)
             each = [1.0 + g[k] for g, k in zip(gains, ks)]
-            if any(ks) and not self._within_latency(batch, cost, min(each)):  # type: ignore[arg-type]
+            if any(ks) and not self._within_latency(batch, cost, self._fewest(each)):  # type: ignore[arg-type]
                 continue
             rate = sum(each) / cost  # type: ignore[operator]
             rate *= self.margin_at(batch) if not any(ks) else 1.0
             if rate > best_rate * 1.0001:
                 best, best_rate = ks, rate
         return best
+
+    def _fewest(self, each: list[float]) -> float:
+        """The fewest tokens a row of the plan is expected to get, each row's drafts counted at its trust."""
+        if self._trust is None:
+            return min(each)
+        return min(1.0 + (e - 1.0) * t for e, t in zip(each, self._trust))
 
     def _within_latency(self, batch: int, cost: float, fewest_tokens: float) -> bool:
         """Whether a drafting step of this cost keeps its slowest row (fewest expected tokens) within the latency

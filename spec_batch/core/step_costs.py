@@ -24,6 +24,9 @@ class StepClock(Protocol):
     def growth(self, started: float, forwards: int) -> float:
         """The seconds of one drafter forward of a tree grown with `forwards` of them."""
 
+    def lookup(self, started: float, rows: int) -> float:
+        """The seconds of a free drafter's lookups and the policy's plan for a step of `rows` rows."""
+
 
 class WallClock:
     """What a step took on this machine: the decoder's clock unless it is given another."""
@@ -36,6 +39,9 @@ class WallClock:
 
     def growth(self, started: float, forwards: int) -> float:
         return (time.perf_counter() - started) / forwards
+
+    def lookup(self, started: float, rows: int) -> float:
+        return time.perf_counter() - started
 
 
 WALL_CLOCK = WallClock()

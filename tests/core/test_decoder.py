@@ -721,7 +721,7 @@ def test_free_drafters_are_checked_even_when_nothing_is_drafted(tiny_target, fak
     dec = _replay_decoder(tiny_target, fake_tokenizer, drafter)
     seen = []
 
-    def plan(batch, offers, probe=True):
+    def plan(batch, offers, probe=True, trust=None):
         seen.append((offers[0][:1], probe))
         return [0] * batch
 

@@ -546,3 +546,53 @@ def test_a_step_without_its_emitted_tokens_teaches_no_realized_rate():
         p.observe_step(2, [4, 4], 5.0)
         p.observe_step(2, [0, 0], 1.0)
     assert p.realized == {} and p.margin_at(2) == p.margin
+
+
+def test_a_rows_trust_is_what_its_drafts_delivered_of_what_the_plans_expected():
+    r = RowAcceptance()
+    assert r.trust == 1.0  # prior: as promised
+    r.deliver(3)  # nothing promised: no evidence
+    assert r.trust == 1.0
+    for _ in range(20):
+        r.promise(3.0)
+        r.deliver(0)
+    assert r.trust < 0.05
+    for _ in range(40):
+        r.promise(2.0)
+        r.deliver(3)  # more than promised counts as kept, no more
+    assert r.trust == 1.0
+
+
+def test_a_latency_bound_holds_a_row_to_its_own_record():
+    """Both rows offer drafts the calibration rates alike; the second row's drafts have been delivering a fiftieth
+    of what was expected (2%), so a plan in which it drafts keeps its rate within the slack only at a cheap width."""
+    costs = {1: 1.0, 2: 1.08, 3: 1.16, 5: 1.32, 9: 1.64}
+    offers = [[0.95] * 8, [0.95] * 8]
+    bounded = _policy_with_costs(costs, batch=2)
+    bounded.latency_slack = 0.1
+    trusted = bounded.plan(2, offers, trust=[1.0, 1.0])
+    held = bounded.plan(2, offers, trust=[1.0, 0.02])
+    assert max(trusted) > 2 and 0 < max(held) < max(trusted)
+    fewest = 1.0 + 0.02 * sum(0.95 ** (j + 1) for j in range(held[1]))
+    assert bounded.costs.estimate(2, held) <= 1.1 * fewest * bounded.costs.estimate(2, [0, 0]) + 1e-9
+
+
+def test_while_drafting_is_off_a_wide_batch_looks_at_offers_only_every_few_steps():
+    """A lookup costing 10% of a plain step: with `lookup_share` 0.02, one step in 5 looks while no row drafts.
+    A plan that drafts looks again every step; a cheap lookup (1% of a step) looks every step throughout."""
+    p = _policy_with_costs({1: 1.0, 2: 1.5}, batch=8)
+    p.observe_lookup(8, 0.1)
+    assert p.consults(8)  # nothing planned yet
+    looks = []
+    for _ in range(20):
+        if p.consults(8):
+            looks.append(p.plan(8, [[0.01] * 4] * 8, probe=False))
+        else:
+            p.skip()
+    assert 3 <= len(looks) <= 5 and not any(any(ks) for ks in looks)
+    p.plan(8, [[0.99] * 8] * 8, probe=False)  # drafting pays: on again
+    assert p.consults(8)
+    cheap = _policy_with_costs({1: 1.0, 2: 1.5}, batch=8)
+    cheap.observe_lookup(8, 0.01)
+    cheap.plan(8, [[0.01] * 4] * 8, probe=False)
+    assert all(cheap.consults(8) for _ in range(5))

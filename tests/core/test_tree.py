@@ -206,6 +206,9 @@ class ChosenCosts:
     def growth(self, started: float, forwards: int) -> float:
         return self.growth_cost
 
+    def lookup(self, started: float, rows: int) -> float:
+        return 0.0  # free: the policy looks at every step's offers
+
 
 CPU_LIKE_COSTS = ChosenCosts(per_token=0.1, growth=0.2)  # a CPU's verify at batch 1: a draft token costs a tenth
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..drafting import tree
 from ..drafting.drafters import Draft, Drafter, GrowsTrees
-from ..policy import DraftPolicy, RowAcceptance
+from ..policy import DraftPolicy, RowAcceptance, expected_tokens
 from ..step_costs import WALL_CLOCK, StepClock
 from .rows import matched_run
 
@@ -36,6 +36,10 @@ def plan_step(
     rows: the drafter's view of the batch (each with `acceptance`, `params`); budget: how many draft tokens each
     row can still take. choose: lengths from the full proposal instead of the policy (free drafters only). clock:
     what a tree's growth costs (the decoder's)."""
+    if drafter.free and choose is None and not policy.consults(len(rows)):
+        policy.skip()  # drafting is off and looking costs more than it is worth this step (DraftPolicy.consults)
+        return _nothing(rows), _nothing(rows)
+    looked = clock.start()
     available = [min(a, b) for a, b in zip(drafter.available(rows, policy.k_max), budget)]
     width = policy.tree_width_for(len(rows))
     if width > 1 and isinstance(drafter, GrowsTrees) and choose is None and all(_tree_row(r) for r in rows):
@@ -48,7 +52,11 @@ def plan_step(
     else:
         confidence = full.confidence if full is not None and full.confidence is not None else [None] * len(rows)
         offers = [policy.accept_probs(r.acceptance, a, c) for r, a, c in zip(rows, available, confidence)]
-        ks = policy.plan(len(rows), offers, probe=not drafter.free)
+        ks = policy.plan(len(rows), offers, probe=not drafter.free, trust=[r.acceptance.trust for r in rows])
+        for r, q, k in zip(rows, offers, ks):
+            r.acceptance.promise(expected_tokens(q, k) - 1.0)
+        if drafter.free:
+            policy.observe_lookup(len(rows), clock.lookup(looked, len(rows)))
     if drafter.has_probs:
         # with a sampling draft model the sample at a position depends on whether a draft was verified there,
         # so a seeded sampled row drafts a length of its own (not the batch's adaptive k): same seed, same
@@ -132,6 +140,7 @@ def observe_proposal(
     (beyond that nothing was checked); for any other drafter the proposal is the draft and the verifier's
     accepted count is the run. emitted: the step's tokens after any forced ones."""
     run = matched_run(proposal, emitted) if free else accepted
+    acceptance.deliver(accepted)
     policy.observe_row(acceptance, confidence, run, checked=min(len(proposal), len(emitted)))
 
 
