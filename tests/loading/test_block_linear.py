@@ -39,7 +39,7 @@ def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype
     x = torch.randn(37, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     every = layer(x)
     assert every.dtype == dtype and every.shape == (37, shape[0])
-    for n in (1, 2, 3, 4, 5, 8, 9, 17):
+    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17):  # a chunk's rows, and the rest run as one chunk of their count
         assert torch.equal(layer(x[:n]), every[:n]), n
     assert torch.equal(layer(x[20:21]), every[20:21])
     assert torch.equal(_portable(layer, x)[:, : shape[0]].to(dtype), every)
@@ -95,6 +95,7 @@ for kind in (BlockLinear, Q8BlockLinear):
     layer = kind.quantize(torch.randn(72, 96, generator=gen) * 0.05, None, torch.float32)
     x = torch.randn(13, 96, generator=gen) * 3
     fast = layer(x)
+    assert all(torch.equal(layer(x[:n]), fast[:n]) for n in (1, 2, 3, 5, 6))
     if kind is Q8BlockLinear:
         portable = torch.ops.spec_batch.w8a8_linear(x, layer.packed, layer.scales, True)
     else:

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -243,11 +244,17 @@ struct SumsVnni {
   static constexpr int kRows = 8;
   template <int N>
   static void dots(const __m256i* wq, const int8_t* x, int64_t k, __m256i* out) {
-    if constexpr (N == 1) {
-      __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    if constexpr (N <= 4) {  // few rows: two chains a row, so that 2N chains overlap the products' latency
+      __m256i part[N][2];
 #pragma GCC unroll 8
-      for (int64_t p = 0; p < 8; ++p) part[p & 1] = _mm256_dpbusd_epi32(part[p & 1], wq[p], group(x, p));
-      out[0] = _mm256_add_epi32(part[0], part[1]);
+      for (int i = 0; i < N; ++i) part[i][0] = part[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int64_t p = 0; p < 8; ++p) {
+#pragma GCC unroll 8
+        for (int i = 0; i < N; ++i) part[i][p & 1] = _mm256_dpbusd_epi32(part[i][p & 1], wq[p], group(x + i * k, p));
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) out[i] = _mm256_add_epi32(part[i][0], part[i][1]);
     } else {
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) out[i] = _mm256_setzero_si256();
@@ -309,7 +316,18 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
   for (int i = 0; i < N; ++i) _mm256_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
 }
 
-// One tile of 8 outputs for every row: chunks of Sums::kRows rows, the rest one at a time.
+// The last rows (fewer than a chunk) of a tile as one chunk of their own count: a verify step of a few tokens, a
+// batch of a few rows, or a chunk's remainder unpacks the weights once and runs its rows' chains side by side.
+template <typename Format, typename Sums, int N = Sums::kRows - 1>
+void last_rows_of_tile(int64_t count, const uint8_t* w, const at::Half* d, const at::Half* m, const QuantRows& xr,
+                       int64_t r0, int64_t k, float* out, int64_t out_stride) {
+  if constexpr (N >= 1) {
+    if (count == N) return rows_of_tile<Format, Sums, N>(w, d, m, xr, r0, k, out, out_stride);
+    last_rows_of_tile<Format, Sums, N - 1>(count, w, d, m, xr, r0, k, out, out_stride);
+  }
+}
+
+// One tile of 8 outputs for every row: chunks of Sums::kRows rows, then the rest as one chunk.
 template <typename Format, typename Sums>
 void tile_simd(const uint8_t* w, const at::Half* d, const at::Half* m, const QuantRows& xr, int64_t rows, int64_t k,
                float* out, int64_t out_stride) {
@@ -317,13 +335,112 @@ void tile_simd(const uint8_t* w, const at::Half* d, const at::Half* m, const Qua
   for (; r0 + Sums::kRows <= rows; r0 += Sums::kRows) {
     rows_of_tile<Format, Sums, Sums::kRows>(w, d, m, xr, r0, k, out, out_stride);
   }
-  for (; r0 < rows; ++r0) rows_of_tile<Format, Sums, 1>(w, d, m, xr, r0, k, out, out_stride);
+  last_rows_of_tile<Format, Sums>(rows - r0, w, d, m, xr, r0, k, out, out_stride);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 using FastSums = SumsVnni;
 #else
 using FastSums = SumsAvx2;
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define SPEC_BATCH_TILE_PAIRS 1
+// Two neighbouring tiles (16 outputs) a 512-bit register: tile t's 8 outputs in the low half, t + 1's in the high
+// half, so each dot product, conversion and multiply-add serves twice the outputs. Every lane computes what the
+// 256-bit path computes for its output (the same integers, the same float steps in the same order): same bits.
+inline __m512i pair(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+inline void unpack_pair(Q4Blocks, const uint8_t* a, const uint8_t* b, __m512i* wq) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t p = 0; p < 4; ++p) {
+    const __m512i v = pair(a + p * 32, b + p * 32);
+    wq[p] = _mm512_and_si512(v, low);
+    wq[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  }
+}
+inline void unpack_pair(Q8Blocks, const uint8_t* a, const uint8_t* b, __m512i* wq) {
+  for (int64_t p = 0; p < 8; ++p) wq[p] = pair(a + p * 32, b + p * 32);
+}
+inline __m512 halves_pair(const at::Half* a, const at::Half* b) {
+  const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  return _mm512_cvtph_ps(h);
+}
+inline __m512i group_pair(const int8_t* x, int64_t p) {
+  int32_t g;
+  std::memcpy(&g, x + 4 * p, sizeof(g));
+  return _mm512_set1_epi32(g);
+}
+inline __m512 add_pair(Q4Blocks, __m512 acc, __m512 sums, __m512 dv, __m512 mv, float dx, float shift) {
+  acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(dv, _mm512_set1_ps(dx)), acc);
+  return _mm512_fmadd_ps(mv, _mm512_set1_ps(shift), acc);
+}
+inline __m512 add_pair(Q8Blocks, __m512 acc, __m512 sums, __m512 dv, __m512, float dx, float) {
+  return _mm512_fmadd_ps(sums, _mm512_mul_ps(dv, _mm512_set1_ps(dx)), acc);
+}
+
+// rows_of_tile for tiles t (w, d, m) and t + 1 (at `next` bytes, `next_scales` halves further): N rows' chains
+// interleaved, two a row where few rows leave the products' latency exposed (as SumsVnni::dots).
+template <typename Format, int N>
+void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m, int64_t next_scales,
+                       const QuantRows& xr, int64_t r0, int64_t k, float* out, int64_t out_stride) {
+  constexpr int kChains = N <= 4 ? 2 : 1;
+  const int64_t blocks = k / kBlock;
+  __m512 acc[N];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i wq[8], part[N][kChains];
+    unpack_pair(Format{}, w + b * Format::kBytes, w + next + b * Format::kBytes, wq);
+    const __m512 dv = halves_pair(d + b * kTile, d + next_scales + b * kTile);
+    const __m512 mv = m == nullptr ? _mm512_setzero_ps() : halves_pair(m + b * kTile, m + next_scales + b * kTile);
+    const int8_t* x = xr.q.data() + r0 * k + b * kBlock;
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+#pragma GCC unroll 2
+      for (int c = 0; c < kChains; ++c) part[i][c] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int64_t p = 0; p < 8; ++p) {
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) {
+        __m512i& chain = part[i][p % kChains];
+        chain = _mm512_dpbusd_epi32(chain, wq[p], group_pair(x + i * k, p));
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      __m512i sums = kChains == 2 ? _mm512_add_epi32(part[i][0], part[i][kChains - 1]) : part[i][0];
+      const int64_t at = (r0 + i) * blocks + b;
+      if constexpr (std::is_same_v<Format, Q8Blocks>) sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * xr.total[at]));
+      acc[i] = add_pair(Format{}, acc[i], _mm512_cvtepi32_ps(sums), dv, mv, xr.scale[at], xr.shift[at]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) _mm512_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
+}
+
+template <typename Format, int N = 7>
+void last_rows_of_tile_pair(int64_t count, const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m,
+                            int64_t next_scales, const QuantRows& xr, int64_t r0, int64_t k, float* out,
+                            int64_t out_stride) {
+  if constexpr (N >= 1) {
+    if (count == N) return rows_of_tile_pair<Format, N>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
+    last_rows_of_tile_pair<Format, N - 1>(count, w, next, d, m, next_scales, xr, r0, k, out, out_stride);
+  }
+}
+
+// Two neighbouring tiles for every row: chunks of 8 rows, then the rest as one chunk.
+template <typename Format>
+void tile_pair_simd(const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m, int64_t next_scales,
+                    const QuantRows& xr, int64_t rows, int64_t k, float* out, int64_t out_stride) {
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) rows_of_tile_pair<Format, 8>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
+  last_rows_of_tile_pair<Format>(rows - r0, w, next, d, m, next_scales, xr, r0, k, out, out_stride);
+}
 #endif
 #endif
 
@@ -351,6 +468,14 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * blocks * Format::kBytes;
       const at::Half *dt = dp + t * blocks * kTile, *mt = mp == nullptr ? nullptr : mp + t * blocks * kTile;
+#ifdef SPEC_BATCH_TILE_PAIRS
+      if (!portable && t + 1 < end) {
+        tile_pair_simd<Format>(wt, blocks * Format::kBytes, dt, mt, blocks * kTile, xr, rows, k, op + t * kTile,
+                               tiles * kTile);
+        ++t;
+        continue;
+      }
+#endif
 #ifdef __AVX2__
       if (!portable) {
         tile_simd<Format, FastSums>(wt, dt, mt, xr, rows, k, op + t * kTile, tiles * kTile);
