@@ -278,6 +278,18 @@ struct SumsVnni {
 };
 #endif
 
+// A block's weights are read once a call, from memory: the hardware prefetcher, following several streams at
+// once, falls behind a one-row call (a decode step), so each block asks for the block kAhead further on (in a
+// tile's blocks and on into the next tile's, which follow it). 1 row of a 3072x576 layer out of memory: 62 -> 48
+// us (8 ahead; 4 and 16: 51 and 53).
+constexpr int64_t kAhead = 8;
+template <typename Format>
+inline void fetch_ahead(const uint8_t* block) {
+  for (int64_t line = 0; line < Format::kBytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(block + kAhead * Format::kBytes + line), _MM_HINT_T0);
+  }
+}
+
 // 8 float16 scales as float32 (exact).
 inline __m256 halves(const at::Half* h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))); }
 
@@ -301,6 +313,7 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
   int32_t totals[N];
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i wq[8], sums[N];
+    fetch_ahead<Format>(w + b * Format::kBytes);
     unpack(Format{}, w + b * Format::kBytes, wq);
     const __m256 dv = halves(d + b * kTile), mv = m == nullptr ? _mm256_setzero_ps() : halves(m + b * kTile);
 #pragma GCC unroll 8
@@ -394,6 +407,8 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
   for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     __m512i wq[8], part[N][kChains];
+    fetch_ahead<Format>(w + b * Format::kBytes);
+    fetch_ahead<Format>(w + next + b * Format::kBytes);
     unpack_pair(Format{}, w + b * Format::kBytes, w + next + b * Format::kBytes, wq);
     const __m512 dv = halves_pair(d + b * kTile, d + next_scales + b * kTile);
     const __m512 mv = m == nullptr ? _mm512_setzero_ps() : halves_pair(m + b * kTile, m + next_scales + b * kTile);
