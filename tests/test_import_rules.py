@@ -318,6 +318,8 @@ CORE_LEAVES = (
     "logprobs",
     "logits_processing",
     "policy",
+    "acceptance",
+    "lookup_pacing",
     "step_costs",
     "realized_rates",
     "calibration",

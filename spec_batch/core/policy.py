@@ -37,96 +37,11 @@ its ancestors' is its reach, and the nodes of highest reach are verified, as man
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from .acceptance import DepthSurvival, RowAcceptance
 from .calibration import ConfidenceCalibration, calibration_kind
+from .lookup_pacing import LookupPacing
 from .realized_rates import RealizedRates
 from .step_costs import PaddedCosts
-
-
-@dataclass
-class RowAcceptance:
-    """One row's chance to get the first draft token of a step accepted, from decayed counts. How far a run goes
-    once started is the shared DepthSurvival's business; the drafter sets the prior (Drafter.initial_acceptance)."""
-
-    first_hits: float = 1.0  # the first draft token accepted, out of ...
-    first_tries: float = 2.0  # ... steps that offered one (prior 1/2)
-    decay: float = 0.9
-    last_hit: bool = field(init=False)  # the last checked first token was accepted (the row is copying)
-    # decayed draft tokens this row's plans expected to get accepted, and how many were (prior 1 of 1): the shared
-    # calibration's promise checked against this row's own record (`trust`)
-    promised: float = 1.0
-    delivered: float = 1.0
-    _pending: float = field(default=0.0, init=False)  # what the step in flight expects (promise)
-
-    def __post_init__(self) -> None:
-        self.last_hit = self.first >= 0.5  # before any evidence the prior decides
-
-    def promise(self, expected: float) -> None:
-        """The step being planned expects this many of the row's draft tokens accepted."""
-        self._pending = expected
-
-    def deliver(self, accepted: int) -> None:
-        """The step accepted this many of the row's draft tokens (after its promise; none promised: no evidence)."""
-        if self._pending > 0:
-            self.promised = self.promised * self.decay + self._pending
-            self.delivered = self.delivered * self.decay + accepted
-        self._pending = 0.0
-
-    @property
-    def trust(self) -> float:
-        """What this row's accepted drafts came to, as a share of what the plans expected (at most 1): a row whose
-        drafts the calibration overrates (a prompt that offers text to copy the output does not copy) is held to
-        its own record where one row's slowness matters (DraftPolicy.latency_slack)."""
-        return min(1.0, self.delivered / self.promised)
-
-    def observe(self, accepted: int, rejected: bool) -> None:
-        """A step accepted `accepted` draft tokens; rejected: a draft token was turned down (not only run out)."""
-        if accepted > 0 or rejected:
-            self.first_hits = self.first_hits * self.decay + (1.0 if accepted > 0 else 0.0)
-            self.first_tries = self.first_tries * self.decay + 1.0
-            self.last_hit = accepted > 0
-
-    @property
-    def first(self) -> float:
-        """P(the first draft token of a step is accepted), this row's own."""
-        return self.first_hits / self.first_tries
-
-
-@dataclass
-class DepthSurvival:
-    """How far accepted runs go, shared by the rows of a decoder: hazard[j] = P(draft token j+1 rejected |
-    the first j accepted), from decayed counts. Copying is bursty (a run that got going tends to go on), which a
-    single per-row alpha underrates; scaling by this curve lets long drafts win where runs really are long."""
-
-    depth: int = 32
-    decay: float = 0.995
-    reached: list[float] = field(default_factory=list)
-    rejected: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.reached = [2.0] * self.depth  # prior at every depth: one rejection in two
-        self.rejected = [1.0] * self.depth
-
-    def observe(self, offered: int, accepted: int) -> None:
-        """A row was offered `offered` tokens and accepted the first `accepted` (< offered means a rejection)."""
-        if offered <= 0:
-            return
-        self.reached = [r * self.decay for r in self.reached]
-        self.rejected = [r * self.decay for r in self.rejected]
-        for j in range(min(accepted + 1, offered, self.depth)):
-            self.reached[j] += 1.0
-        if accepted < offered and accepted < self.depth:
-            self.rejected[accepted] += 1.0
-
-    def continuation(self, k: int) -> list[float]:
-        """c[j] = P(run >= j + 1 | run >= 1) for j = 0..k-1 (c[0] = 1)."""
-        out, alive = [], 1.0
-        for j in range(k):
-            out.append(alive)
-            if j + 1 < self.depth:
-                alive *= 1.0 - self.rejected[j + 1] / self.reached[j + 1]
-        return out
 
 
 def expected_tokens(accept_probs: list[float], k: int) -> float:
@@ -150,6 +65,8 @@ def _gains(accept_probs: list[float], min_reach: float) -> list[float]:
 
 
 class DraftPolicy:
+    _trust: list[float] | None = None  # the rows' trust in the plan being made (plan)
+
     def __init__(
         self,
         k_max: int = 8,
@@ -166,8 +83,7 @@ class DraftPolicy:
             raise ValueError(f"num_draft_tokens must be >= 0, got {k_max}")
         if latency_slack is not None and latency_slack < 0:
             raise ValueError(f"latency_slack must be >= 0 or None, got {latency_slack}")
-        # None: tokens a second alone; else a plan may make no row's expected rate slower than plain decoding's
-        # by more than this share (module docstring)
+        # None: tokens a second alone; else no row's expected rate may fall under plain's by more than this share
         self.latency_slack = latency_slack
         if tree_width < 1:
             raise ValueError(f"tree_width must be >= 1, got {tree_width}")
@@ -210,14 +126,7 @@ class DraftPolicy:
         # children having one accepted too (prior 1 in 2): whether a next level pays (worth_growing)
         self.growth_seconds: float | None = None
         self.continued = [1.0, 2.0]
-        self._trust: list[float] | None = None  # the plan being made's rows' trust (plan)
-        # while drafting is off, a free drafter's offers are looked at every few steps where looking costs a
-        # noticeable share of a plain step (`consults`): the lookups and the plan run in Python per row, ~1 ms of a
-        # 17 ms plain step at 8 rows, paid for nothing while no row drafts
-        self.lookup_share = 0.02  # what looking may cost while off, on average, as a share of a plain step
-        self.consult_most = 8  # ... and while off, a look at least every this many steps
-        self.lookup_seconds: dict[int, float] = {}  # by batch size: one lookup and plan, moving average
-        self._quiet = 0  # steps in a row that drafted nothing (planned so, or not looked at)
+        self.lookups = LookupPacing()  # while drafting is off, how often a free drafter's offers are looked at
 
     def tree_width_for(self, batch: int) -> int:
         return self.tree_width if batch <= self.tree_batch else 1
@@ -317,32 +226,22 @@ class DraftPolicy:
         latency bound holds each row to."""
         self._trust = trust
         ks = self._plan(batch, offers, probe)
-        self._quiet = 0 if any(ks) else self._quiet + 1
+        self.lookups.planned(any(ks))
         return ks
 
     def consults(self, batch: int) -> bool:
-        """Whether this step looks at a free drafter's offers (core/batch/planning.plan_step). Always while drafting
-        and before both costs are measured; while drafting is off, every n-th step, n such that looking costs at
-        most `lookup_share` of a plain step (n <= consult_most): a wide batch pays its rows' lookups and plan in
-        every step, for nothing while none drafts, and a row that starts to copy then waits a few steps at most.
-        At one row a look costs ~1% of a step: every step looks."""
-        if self._quiet == 0 or not self.adaptive:
-            return True
-        plain, lookup = self.costs.estimate(batch, [0]), self.lookup_seconds.get(batch)
-        if plain is None or lookup is None:
-            return True
-        every = min(self.consult_most, max(1, int(lookup / (self.lookup_share * plain))))
-        return self._quiet % every == 0
+        """Whether this step looks at a free drafter's offers (core/batch/planning.plan_step): LookupPacing's rule,
+        always where the policy is not adaptive."""
+        return not self.adaptive or self.lookups.looks(batch, self.costs.estimate(batch, [0]))
 
     def skip(self) -> None:
         """A step that did not look at the offers (`consults`): plain decoding, an idle step."""
-        self._quiet += 1
+        self.lookups.planned(False)
         self._idle_steps += 1
 
     def observe_lookup(self, batch: int, seconds: float) -> None:
-        """A step's lookups and plan (`consults`) took this long at this batch size."""
-        old = self.lookup_seconds.get(batch)
-        self.lookup_seconds[batch] = seconds if old is None else old + 0.1 * (seconds - old)
+        """A step's lookups and plan took this long at this batch size (LookupPacing)."""
+        self.lookups.observe(batch, seconds)
 
     def _plan(self, batch: int, offers: list[list[float]], probe: bool) -> list[int]:
         self._probing = False

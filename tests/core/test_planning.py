@@ -48,7 +48,7 @@ def test_a_step_that_does_not_look_leaves_the_drafter_alone_and_decodes_plainly(
     policy.costs.observe_width(8, 2, 1.5)
     drafts = [plan_step(drafter, policy, rows, [4] * 8, clock=Clock())[0] for _ in range(10)]
     assert not any(any(d) for draft in drafts for d in draft.tokens)  # weak offers: plain steps throughout
-    assert 2 <= drafter.looks <= 3  # the first step looks; then one step in 5 (lookup_share 0.02 of 0.1)
+    assert 2 <= drafter.looks <= 3  # the first step looks; then one step in 5 (LookupPacing.share 0.02 of 0.1)
 
 
 def test_a_row_is_credited_with_what_its_draft_delivered():

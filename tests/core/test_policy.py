@@ -578,7 +578,7 @@ def test_a_latency_bound_holds_a_row_to_its_own_record():
 
 
 def test_while_drafting_is_off_a_wide_batch_looks_at_offers_only_every_few_steps():
-    """A lookup costing 10% of a plain step: with `lookup_share` 0.02, one step in 5 looks while no row drafts.
+    """A lookup costing 10% of a plain step: with LookupPacing.share 0.02, one step in 5 looks while no row drafts.
     A plan that drafts looks again every step; a cheap lookup (1% of a step) looks every step throughout."""
     p = _policy_with_costs({1: 1.0, 2: 1.5}, batch=8)
     p.observe_lookup(8, 0.1)
