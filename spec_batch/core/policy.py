@@ -260,7 +260,8 @@ class DraftPolicy:
             self._cost_probe_every = self.cost_probe_first
             self._drafting_steps += 1
             if self.explore_every and self._drafting_steps % self.explore_every == 0:
-                ks = [min(k + 1, len(g) - 1) for k, g in zip(ks, gains)]
+                wider = [min(k + 1, len(g) - 1) for k, g in zip(ks, gains)]
+                ks = wider if self._admissible(batch, gains, wider) else ks  # exploring stays within the bound
             return ks
         self._idle_steps += 1
         if probe and self.probe_every and self._idle_steps >= self.probe_every:
@@ -317,6 +318,15 @@ class DraftPolicy:
             if rate > best_rate * 1.0001:
                 best, best_rate = ks, rate
         return best
+
+    def _admissible(self, batch: int, gains: list[list[float]], ks: list[int]) -> bool:
+        """Whether a plan keeps every row within the latency bound (always without one)."""
+        if self.latency_slack is None:
+            return True
+        cost = self.costs.estimate(batch, ks)
+        return cost is not None and self._within_latency(
+            batch, cost, self._fewest([1.0 + g[k] for g, k in zip(gains, ks)])
+        )
 
     def _fewest(self, each: list[float]) -> float:
         """The fewest tokens a row of the plan is expected to get, each row's drafts counted at its trust."""

@@ -596,3 +596,14 @@ def test_while_drafting_is_off_a_wide_batch_looks_at_offers_only_every_few_steps
     cheap.observe_lookup(8, 0.01)
     cheap.plan(8, [[0.01] * 4] * 8, probe=False)
     assert all(cheap.consults(8) for _ in range(5))
+
+
+def test_exploring_a_wider_plan_stays_within_the_latency_bound():
+    """Every explore_every-th drafting step drafts one token more per row, except where that step would break the
+    bound: the row that drafts nothing must not pay for the exploration."""
+    costs = {1: 1.0, 2: 1.08, 3: 1.16, 5: 1.32, 9: 1.64}
+    offers = [[0.95] * 8, [0.01] * 8]
+    bounded = _policy_with_costs(costs, batch=2)
+    bounded.latency_slack = 0.1
+    # without the check the explore_every-th step would draft [2, 0], a step of 1.16 plain ones
+    assert [bounded.plan(2, offers) for _ in range(2 * bounded.explore_every)] == [[1, 0]] * (2 * bounded.explore_every)
