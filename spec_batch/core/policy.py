@@ -65,8 +65,6 @@ def _gains(accept_probs: list[float], min_reach: float) -> list[float]:
 
 
 class DraftPolicy:
-    _trust: list[float] | None = None  # the rows' trust in the plan being made (plan)
-
     def __init__(
         self,
         k_max: int = 8,
@@ -224,8 +222,7 @@ class DraftPolicy:
         then (see __init__) to re-measure what drafting costs, only where an offer has a chance. trust[b]: the share
         of its expected accepted tokens row b has been getting (RowAcceptance.trust; None: all 1), which the
         latency bound holds each row to."""
-        self._trust = trust
-        ks = self._plan(batch, offers, probe)
+        ks = self._plan(batch, offers, probe, trust)
         self.lookups.planned(any(ks))
         return ks
 
@@ -243,7 +240,7 @@ class DraftPolicy:
         """A step's lookups and plan took this long at this batch size (LookupPacing)."""
         self.lookups.observe(batch, seconds)
 
-    def _plan(self, batch: int, offers: list[list[float]], probe: bool) -> list[int]:
+    def _plan(self, batch: int, offers: list[list[float]], probe: bool, trust: list[float] | None) -> list[int]:
         self._probing = False
         if self.k_max == 0 or not any(offers):
             return [0] * len(offers)
@@ -254,14 +251,14 @@ class DraftPolicy:
             # first would leave the policy one drafted width and a guess for plain decoding to compare)
             return [0] * len(offers)
         gains = [_gains(q[: self.k_max], self.min_reach) for q in offers]
-        ks = self._best_plan(batch, gains, drafting=False)
+        ks = self._best_plan(batch, gains, drafting=False, trust=trust)
         if any(ks):
             self._idle_steps = 0
             self._cost_probe_every = self.cost_probe_first
             self._drafting_steps += 1
             if self.explore_every and self._drafting_steps % self.explore_every == 0:
                 wider = [min(k + 1, len(g) - 1) for k, g in zip(ks, gains)]
-                ks = wider if self._admissible(batch, gains, wider) else ks  # exploring stays within the bound
+                ks = wider if self._admissible(batch, gains, wider, trust) else ks  # exploring stays within the bound
             return ks
         self._idle_steps += 1
         if probe and self.probe_every and self._idle_steps >= self.probe_every:
@@ -271,7 +268,7 @@ class DraftPolicy:
             self._probing = True
             return [min(2, len(q)) for q in offers]
         if not probe and self._idle_steps >= self._cost_probe_every:
-            ks = self._best_plan(batch, gains, drafting=True)  # all zeros where no row has a chance
+            ks = self._best_plan(batch, gains, drafting=True, trust=trust)  # all zeros where no row has a chance
             if any(ks):
                 self._idle_steps = 0
                 self._cost_probe_every = min(2 * self._cost_probe_every, max(self.cost_probe_first, self.probe_every))
@@ -279,29 +276,35 @@ class DraftPolicy:
                 return ks
         return [0] * len(offers)
 
-    def _best_plan(self, batch: int, gains: list[list[float]], drafting: bool) -> list[int]:
+    def _best_plan(
+        self, batch: int, gains: list[list[float]], drafting: bool, trust: list[float] | None = None
+    ) -> list[int]:
         """Each row's length by expected tokens per second; drafting=True: the best plan that drafts at all."""
         if self.ragged:
-            return self._best_lengths(batch, gains, drafting)
+            return self._best_lengths(batch, gains, drafting, trust)
         lengths = [len(g) - 1 for g in gains]
-        k = self._best_width(batch, gains, max(lengths), drafting) - 1
+        k = self._best_width(batch, gains, max(lengths), drafting, trust) - 1
         return [min(k, n) for n in lengths]
 
-    def _best_width(self, batch: int, gains: list[list[float]], longest: int, drafting: bool = False) -> int:
+    def _best_width(
+        self, batch: int, gains: list[list[float]], longest: int, drafting: bool, trust: list[float] | None
+    ) -> int:
         if longest == 0:
             return 1
         best_width, best_rate = 1, -1.0
         for k in sorted({min(c, longest) for c in self.candidates} - ({0} if drafting else set())):
             cost = self.costs.estimate(batch, [k])
             each = [1.0 + g[min(k, len(g) - 1)] for g in gains]
-            if k and not self._within_latency(batch, cost, self._fewest(each)):  # type: ignore[arg-type]
+            if k and not self._within_latency(batch, cost, each, trust):  # type: ignore[arg-type]
                 continue
             rate = sum(each) / cost * (self.margin_at(batch) if k == 0 else 1.0)  # type: ignore[operator]
             if rate > best_rate * 1.0001:
                 best_width, best_rate = 1 + k, rate
         return best_width
 
-    def _best_lengths(self, batch: int, gains: list[list[float]], drafting: bool = False) -> list[int]:
+    def _best_lengths(
+        self, batch: int, gains: list[list[float]], drafting: bool, trust: list[float] | None
+    ) -> list[int]:
         """Per-row lengths when a step costs its real tokens: row b drafts token j while the chance to reach it
         (gains[b][j] - gains[b][j - 1], falling with j) is >= a threshold; the best threshold wins."""
         reach = [[g[j] - g[j - 1] for j in range(1, len(g))] for g in gains]
@@ -311,7 +314,7 @@ class DraftPolicy:
             ks = [sum(1 for p in r if p >= threshold) for r in reach]
             cost = self.costs.estimate(batch, ks)
             each = [1.0 + g[k] for g, k in zip(gains, ks)]
-            if any(ks) and not self._within_latency(batch, cost, self._fewest(each)):  # type: ignore[arg-type]
+            if any(ks) and not self._within_latency(batch, cost, each, trust):  # type: ignore[arg-type]
                 continue
             rate = sum(each) / cost  # type: ignore[operator]
             rate *= self.margin_at(batch) if not any(ks) else 1.0
@@ -319,28 +322,20 @@ class DraftPolicy:
                 best, best_rate = ks, rate
         return best
 
-    def _admissible(self, batch: int, gains: list[list[float]], ks: list[int]) -> bool:
+    def _admissible(self, batch: int, gains: list[list[float]], ks: list[int], trust: list[float] | None) -> bool:
         """Whether a plan keeps every row within the latency bound (always without one)."""
-        if self.latency_slack is None:
-            return True
         cost = self.costs.estimate(batch, ks)
-        return cost is not None and self._within_latency(
-            batch, cost, self._fewest([1.0 + g[k] for g, k in zip(gains, ks)])
-        )
+        return cost is not None and self._within_latency(batch, cost, [1.0 + g[k] for g, k in zip(gains, ks)], trust)
 
-    def _fewest(self, each: list[float]) -> float:
-        """The fewest tokens a row of the plan is expected to get, each row's drafts counted at its trust."""
-        if self._trust is None:
-            return min(each)
-        return min(1.0 + (e - 1.0) * t for e, t in zip(each, self._trust))
-
-    def _within_latency(self, batch: int, cost: float, fewest_tokens: float) -> bool:
-        """Whether a drafting step of this cost keeps its slowest row (fewest expected tokens) within the latency
-        slack of a plain step's rate; always, without a slack or before a plain step is measured."""
+    def _within_latency(self, batch: int, cost: float, each: list[float], trust: list[float] | None) -> bool:
+        """Whether a drafting step of this cost keeps its slowest row within the latency slack of a plain step's
+        rate; always, without a slack or before a plain step is measured. each[b]: row b's expected tokens, its
+        drafts counted at trust[b] (None: all 1)."""
         plain = self.costs.estimate(batch, [0])
         if self.latency_slack is None or plain is None:
             return True
-        return cost <= plain * (1.0 + self.latency_slack) * fewest_tokens
+        fewest = min(each) if trust is None else min(1.0 + (e - 1.0) * t for e, t in zip(each, trust, strict=True))
+        return cost <= plain * (1.0 + self.latency_slack) * fewest
 
     def observe_row(self, acceptance: RowAcceptance, confidence: list[float] | None, run: int, checked: int) -> None:
         """A row's proposal matched the step's emitted tokens for `run` tokens of the `checked` compared."""

@@ -329,14 +329,14 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
   for (int i = 0; i < N; ++i) _mm256_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
 }
 
-// The last rows (fewer than a chunk) of a tile as one chunk of their own count: a verify step of a few tokens, a
-// batch of a few rows, or a chunk's remainder unpacks the weights once and runs its rows' chains side by side.
-template <typename Format, typename Sums, int N = Sums::kRows - 1>
-void last_rows_of_tile(int64_t count, const uint8_t* w, const at::Half* d, const at::Half* m, const QuantRows& xr,
-                       int64_t r0, int64_t k, float* out, int64_t out_stride) {
-  if constexpr (N >= 1) {
-    if (count == N) return rows_of_tile<Format, Sums, N>(w, d, m, xr, r0, k, out, out_stride);
-    last_rows_of_tile<Format, Sums, N - 1>(count, w, d, m, xr, r0, k, out, out_stride);
+// run(std::integral_constant<int, count>{}) for 1 <= count <= Most (nothing for 0): the last rows of a tile (fewer
+// than a chunk) run as one chunk of their own count, a compile-time constant. A verify step of a few tokens, a
+// batch of a few rows or a chunk's remainder so unpacks the weights once and runs its rows' chains side by side.
+template <int Most, typename Run>
+void with_row_count(int64_t count, const Run& run) {
+  if constexpr (Most >= 1) {
+    if (count == Most) return run(std::integral_constant<int, Most>{});
+    with_row_count<Most - 1>(count, run);
   }
 }
 
@@ -348,7 +348,9 @@ void tile_simd(const uint8_t* w, const at::Half* d, const at::Half* m, const Qua
   for (; r0 + Sums::kRows <= rows; r0 += Sums::kRows) {
     rows_of_tile<Format, Sums, Sums::kRows>(w, d, m, xr, r0, k, out, out_stride);
   }
-  last_rows_of_tile<Format, Sums>(rows - r0, w, d, m, xr, r0, k, out, out_stride);
+  with_row_count<Sums::kRows - 1>(rows - r0, [&](auto n) {
+    rows_of_tile<Format, Sums, decltype(n)::value>(w, d, m, xr, r0, k, out, out_stride);
+  });
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -438,23 +440,15 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
   for (int i = 0; i < N; ++i) _mm512_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
 }
 
-template <typename Format, int N = 7>
-void last_rows_of_tile_pair(int64_t count, const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m,
-                            int64_t next_scales, const QuantRows& xr, int64_t r0, int64_t k, float* out,
-                            int64_t out_stride) {
-  if constexpr (N >= 1) {
-    if (count == N) return rows_of_tile_pair<Format, N>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
-    last_rows_of_tile_pair<Format, N - 1>(count, w, next, d, m, next_scales, xr, r0, k, out, out_stride);
-  }
-}
-
 // Two neighbouring tiles for every row: chunks of 8 rows, then the rest as one chunk.
 template <typename Format>
 void tile_pair_simd(const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m, int64_t next_scales,
                     const QuantRows& xr, int64_t rows, int64_t k, float* out, int64_t out_stride) {
   int64_t r0 = 0;
   for (; r0 + 8 <= rows; r0 += 8) rows_of_tile_pair<Format, 8>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
-  last_rows_of_tile_pair<Format>(rows - r0, w, next, d, m, next_scales, xr, r0, k, out, out_stride);
+  with_row_count<7>(rows - r0, [&](auto n) {
+    rows_of_tile_pair<Format, decltype(n)::value>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
+  });
 }
 #endif
 #endif
