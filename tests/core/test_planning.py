@@ -56,3 +56,18 @@ def test_a_row_is_credited_with_what_its_draft_delivered():
     row.promise(2.0)
     observe_proposal(DraftPolicy(k_max=4), row, [5, 6, 7], None, [5, 9], accepted=1, free=True)
     assert row.promised == 0.9 + 2.0 and row.delivered == 0.9 + 1
+
+
+def test_a_clock_without_lookup_still_plans_and_looks_every_step():
+    """A StepClock written before `lookup` existed: nothing measures the lookups, so every step looks."""
+    policy, drafter, rows = DraftPolicy(k_max=4), CountingDrafter(), [Row() for _ in range(8)]
+    policy.costs.observe_width(8, 1, 1.0)
+    policy.costs.observe_width(8, 2, 1.5)
+
+    class OldClock:
+        def start(self) -> float:
+            return 0.0
+
+    for _ in range(5):
+        plan_step(drafter, policy, rows, [4] * 8, clock=OldClock())
+    assert drafter.looks == 5

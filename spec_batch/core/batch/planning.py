@@ -55,8 +55,9 @@ def plan_step(
         ks = policy.plan(len(rows), offers, probe=not drafter.free, trust=[r.acceptance.trust for r in rows])
         for r, q, k in zip(rows, offers, ks):
             r.acceptance.promise(expected_tokens(q, k) - 1.0)
-        if drafter.free:
-            policy.observe_lookup(len(rows), clock.lookup(looked, len(rows)))
+        lookup = getattr(clock, "lookup", None)  # a clock written before `lookup` existed: every step looks
+        if drafter.free and lookup is not None:
+            policy.observe_lookup(len(rows), lookup(looked, len(rows)))
     if drafter.has_probs:
         # with a sampling draft model the sample at a position depends on whether a draft was verified there,
         # so a seeded sampled row drafts a length of its own (not the batch's adaptive k): same seed, same
