@@ -2,12 +2,15 @@
 with speculation on (the drafter given) and off (`none`), each against its own `spec-batch serve` process.
 
 Every client sends chat requests one after another (the official `openai` client, greedy, max_tokens fixed) for
---requests requests per level; aggregate tokens/s = all completion tokens / the level's wall time. Concurrent
+--requests requests per level; aggregate tokens/s = all completion tokens / the level's wall time. Both servers
+run side by side and take turns level by level (which goes first alternates), so a machine whose speed drifts
+over minutes drifts for both; `--runs N` repeats the whole and prints the medians of the runs. Concurrent
 clients share the engine's steps (continuous batching), so tokens/s should grow with clients, and speculation at 1
 client should keep the core's batch-1 ratio (bench_core). Timings belong in docs/benchmarks.md, run on a quiet
 machine.
 
     python -m bench.bench_server                       # default model, ngram vs none, 1/4/8/16 clients
+    python -m bench.bench_server --draft suffix --requests 64 --runs 3   # the issue's bar: medians of 3 runs
     python -m bench.bench_server --clients 1,2 --requests 4 --max-tokens 16   # a smoke run
 """
 
@@ -61,17 +64,26 @@ def run_level(base_url: str, clients: int, prompts: list[str], requests: int, ma
     return Level(clients, sum(t for t, _ in done), wall, [s for _, s in done])
 
 
-def bench_drafter(workdir: Path, args: argparse.Namespace, draft: str, prompts: list[str]) -> list[Level]:
+def start_server(workdir: Path, args: argparse.Namespace, draft: str) -> ServeProcess:
     slack = ["--latency-slack", args.latency_slack] if args.latency_slack and draft != "none" else []
     server = ServeProcess(
         workdir, "--target", args.target, "--draft", draft, "--max-batch", str(args.max_batch), *slack
     )
     server.start()
-    try:
-        run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
-        return [run_level(server.base_url, c, prompts, args.requests, args.max_tokens) for c in args.clients]
-    finally:
-        server.stop()
+    return server
+
+
+def bench_interleaved(
+    on: ServeProcess, off: ServeProcess, args: argparse.Namespace, prompts: list[str], turn: int
+) -> tuple[list[Level], list[Level]]:
+    """One run of every level on both servers, taking turns: at each level the one that went second before goes
+    first (turn: the run's offset, so that a level's order alternates across runs too)."""
+    levels: dict[str, list[Level]] = {"on": [], "off": []}
+    for i, clients in enumerate(args.clients):
+        order = [("on", on), ("off", off)] if (turn + i) % 2 == 0 else [("off", off), ("on", on)]
+        for name, server in order:
+            levels[name].append(run_level(server.base_url, clients, prompts, args.requests, args.max_tokens))
+    return levels["on"], levels["off"]
 
 
 def report(on: list[Level], off: list[Level], draft: str) -> str:
@@ -91,6 +103,26 @@ def report(on: list[Level], off: list[Level], draft: str) -> str:
     return "\n".join(lines)
 
 
+def report_medians(runs: list[tuple[list[Level], list[Level]]], draft: str) -> str:
+    """Per level: the median tokens/s and p95 of each server, and the median of the runs' own ratios."""
+    lines = [
+        f"{'clients':>7} | {draft + ' tok/s':>12} {'p95 s':>7} | {'none tok/s':>10} {'p95 s':>7} | tok/s ratio | p95 ratio"
+    ]
+    for i, level in enumerate(runs[0][0]):
+        pairs = [(on[i], off[i]) for on, off in runs]
+        speed = [a.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan") for a, b in pairs]
+        tail = [a.latency(0.95) / b.latency(0.95) if b.latency(0.95) else float("nan") for a, b in pairs]
+        lines.append(
+            f"{level.clients:>7} | {statistics.median(a.tokens_per_s for a, _ in pairs):>12.1f} "
+            f"{statistics.median(a.latency(0.95) for a, _ in pairs):>7.2f} | "
+            f"{statistics.median(b.tokens_per_s for _, b in pairs):>10.1f} "
+            f"{statistics.median(b.latency(0.95) for _, b in pairs):>7.2f} | "
+            f"{statistics.median(speed):.2f} ({', '.join(f'{x:.2f}' for x in speed)}) | "
+            f"{statistics.median(tail):.2f} ({', '.join(f'{x:.2f}' for x in tail)})"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="default")
@@ -100,19 +132,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=16, help="the engine's rows at once (spec-batch serve)")
     parser.add_argument("--set", dest="prompt_set", default="edits", choices=sorted(SETS))
+    parser.add_argument("--runs", type=int, default=1, help="whole runs, interleaved; medians printed")
     parser.add_argument(
         "--latency-slack", default=None, help="the speculation-on server's --latency-slack (default: the server's)"
     )
     args = parser.parse_args(argv)
     prompts = SETS[args.prompt_set]
+    runs: list[tuple[list[Level], list[Level]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
-        on = bench_drafter(Path(tmp), args, args.draft, prompts)
-        off = bench_drafter(Path(tmp), args, "none", prompts)
+        servers = [start_server(Path(tmp), args, draft) for draft in (args.draft, "none")]
+        try:
+            for server in servers:
+                run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
+            runs = [bench_interleaved(*servers, args, prompts, turn) for turn in range(args.runs)]
+        finally:
+            for server in servers:
+                server.stop()
     print(
         f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
         f"{args.max_tokens}, engine max_batch {args.max_batch}, latency slack {args.latency_slack or 'default'}"
     )
-    print(report(on, off, args.draft))
+    for r, (on, off) in enumerate(runs):
+        if len(runs) > 1:
+            print(f"run {r + 1} of {len(runs)}:")
+        print(report(on, off, args.draft))
+    if len(runs) > 1:
+        print(f"medians of {len(runs)} runs (each run's value in brackets):")
+        print(report_medians(runs, args.draft))
+    on = [level for run in runs for level in run[0]]
     print(f"median latency over levels: {statistics.median(x.latency(0.5) for x in on):.2f} s ({args.draft})")
 
 
