@@ -16,6 +16,7 @@ import torch
 
 from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
 from spec_batch.loading.kernels import native_ops
+from spec_batch.loading.kernels.tuning import KINDS, NEVER, ROWS, last_level_cache_bytes, tune_tile_pairs
 
 pytestmark = pytest.mark.skipif(not native_ops(), reason="no C++ compiler: the native kernels cannot be built here")
 
@@ -31,10 +32,27 @@ def _portable(layer, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.spec_batch.w4a8_linear(x, layer.packed, layer.scales, layer.minimums, True)
 
 
+@pytest.fixture(params=[1, 4, NEVER], ids=["tile-pairs", "pairs-from-4-rows", "single-tiles"])
+def tile_pair_rows(request):
+    """Each of the AVX-512 paths (two tiles a 512-bit register from this many rows on, one tile a 256-bit one below),
+    whichever tuning chose for this CPU; restored after."""
+    ops = torch.ops.spec_batch
+    before = {kind: ops.tile_pair_rows(kind) for kind in KINDS}
+    if before["w4a8"] < 0 and request.param != NEVER:
+        pytest.skip("this build has no tile pairs (no AVX-512 VNNI)")
+    for kind in KINDS:
+        if before[kind] > 0:
+            ops.set_tile_pair_rows(kind, request.param)
+    yield request.param
+    for kind, rows in before.items():
+        if rows > 0:
+            ops.set_tile_pair_rows(kind, rows)
+
+
 @pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(576, 576), (200, 96), (64, 1536)])
-def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype, shape):
+def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype, shape, tile_pair_rows):
     layer = _layer(*shape, kind=kind)
     x = torch.randn(37, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     every = layer(x)
@@ -43,6 +61,31 @@ def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype
         assert torch.equal(layer(x[:n]), every[:n]), n
     assert torch.equal(layer(x[20:21]), every[20:21])
     assert torch.equal(_portable(layer, x)[:, : shape[0]].to(dtype), every)
+
+
+def test_tuning_chooses_a_timed_row_count_or_never_for_each_kind_and_the_kernels_follow_it():
+    ops = torch.ops.spec_batch
+    before = {kind: ops.tile_pair_rows(kind) for kind in KINDS}
+    try:
+        chosen = tune_tile_pairs(trials=1, working_bytes=4 << 20)
+        if before["w4a8"] < 0:
+            assert chosen is None and all(ops.tile_pair_rows(kind) == -1 for kind in KINDS)
+        else:
+            assert set(chosen) == set(KINDS)
+            assert all(chosen[k] in (*ROWS, NEVER) and ops.tile_pair_rows(k) == chosen[k] for k in KINDS)
+    finally:
+        for kind, rows in before.items():
+            if rows > 0:
+                ops.set_tile_pair_rows(kind, rows)
+    with pytest.raises(RuntimeError, match="rows must be >= 1"):
+        ops.set_tile_pair_rows("w4a8", 0)
+    with pytest.raises(RuntimeError, match="kind must be w4a8 or w8a8"):
+        ops.tile_pair_rows("int4")
+
+
+def test_the_last_level_cache_is_read_from_sysfs_or_defaulted():
+    size = last_level_cache_bytes(default=7)
+    assert size == 7 or size >= 1 << 20
 
 
 @pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])

@@ -24,6 +24,7 @@
 #include "block_linear.h"
 #include "spin_pool.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -440,6 +441,11 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
   for (int i = 0; i < N; ++i) _mm512_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
 }
 
+// Calls of at least this many rows run two tiles a 512-bit register; fewer, one tile a 256-bit one (the same bits),
+// for W4A8 [0] and W8A8 [1]. Which is faster depends on the CPU (on AMD Zen 4, streaming weights from memory, the
+// pairs lose at a few rows): timed as the library loads (loading/kernels/tuning.py).
+std::atomic<int64_t> g_tile_pair_rows[2] = {1, 1};
+
 // Two neighbouring tiles for every row: chunks of 8 rows, then the rest as one chunk.
 template <typename Format>
 void tile_pair_simd(const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m, int64_t next_scales,
@@ -478,7 +484,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
       const uint8_t* wt = w + t * blocks * Format::kBytes;
       const at::Half *dt = dp + t * blocks * kTile, *mt = mp == nullptr ? nullptr : mp + t * blocks * kTile;
 #ifdef SPEC_BATCH_TILE_PAIRS
-      if (!portable && t + 1 < end) {
+      if (!portable && t + 1 < end && rows >= g_tile_pair_rows[std::is_same_v<Format, Q8Blocks>].load(std::memory_order_relaxed)) {
         tile_pair_simd<Format>(wt, blocks * Format::kBytes, dt, mt, blocks * kTile, xr, rows, k, op + t * kTile,
                                tiles * kTile);
         ++t;
@@ -503,6 +509,32 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   return block_linear<Q8Blocks>(x, weight, d, c10::nullopt, portable, "w8a8_linear");
 }
 
+// The row count from which a kind's calls ("w4a8", "w8a8") run tile pairs; -1 where this build has none.
+int kind_index(c10::string_view kind) {
+  TORCH_CHECK(kind == "w4a8" || kind == "w8a8", "tile pairs: kind must be w4a8 or w8a8, got ", kind);
+  return kind == "w8a8";
+}
+
+int64_t tile_pair_rows(c10::string_view kind) {
+  const int index = kind_index(kind);
+#ifdef SPEC_BATCH_TILE_PAIRS
+  return g_tile_pair_rows[index].load();
+#else
+  (void)index;
+  return -1;
+#endif
+}
+
+void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
+  const int index = kind_index(kind);
+  TORCH_CHECK(rows >= 1, "set_tile_pair_rows: rows must be >= 1, got ", rows);
+#ifdef SPEC_BATCH_TILE_PAIRS
+  g_tile_pair_rows[index].store(rows);
+#else
+  (void)index;
+#endif
+}
+
 }  // namespace
 
 namespace spec_batch_kernels {
@@ -516,6 +548,8 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("w4a8_linear(Tensor x, Tensor weight, Tensor d, Tensor m, bool portable=False) -> Tensor");
   m.def("w8a8_linear(Tensor x, Tensor weight, Tensor d, bool portable=False) -> Tensor");
+  m.def("tile_pair_rows(str kind) -> int", tile_pair_rows);  // no tensors: catch-all kernels
+  m.def("set_tile_pair_rows(str kind, int rows) -> ()", set_tile_pair_rows);
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {

@@ -1,0 +1,91 @@
+"""Which of the kernels' equivalent paths runs faster on this CPU, timed once a process as the library loads.
+
+In a build with AVX-512 VNNI the block kernels (block_linear.cpp) can run two neighbouring output tiles in one
+512-bit register. Where 512-bit operations run at full width (Intel Sapphire Rapids) that halves the instructions.
+On AMD Zen 4 (512-bit operations issued as two 256-bit halves), with the weights streaming from memory as in a
+decode step, the pairs lose at a few rows: on a 2-core Zen 4 VM, one row through 40 gate/up layers took 111 us a
+layer with pairs and 75 without, the W8A8 head 2.0 ms against 0.9; with the weights in L2 the pairs won (48 against
+50 us). No CPU flag tells the cases apart, so the kernels are timed, streaming from memory. Every path computes the
+same bits (tests/loading/test_block_linear.py runs each), so the choice changes speed only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROWS = (1, 2, 4, 8, 16)  # row counts timed: a decode step's, a verify step's, a batch's
+NEVER = 1 << 40  # a tile-pair threshold no call reaches
+KINDS = ("w4a8", "w8a8")
+_OUT, _IN = 3072, 576  # the default model's gate/up layer
+_BLOCK_BYTES = {"w4a8": 128 + 32, "w8a8": 256 + 16}  # a tile's block: weights, float16 scales (and minimums)
+
+
+def last_level_cache_bytes(default: int = 32 << 20) -> int:
+    """The largest CPU cache sysfs reports (the weights must stream from beyond it); `default` where none does."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=default)
+
+
+def _layers(kind: str, working_bytes: int) -> Callable[[torch.Tensor], None]:
+    """One pass of a row batch through enough layers of the gate/up's shape to stream `working_bytes` from memory.
+    The weights' values do not change the kernels' time (integer dot products), so they are a constant."""
+    tiles, blocks = _OUT // 8, _IN // 32
+    count = max(1, math.ceil(working_bytes / (tiles * blocks * _BLOCK_BYTES[kind])))
+    groups = 4 if kind == "w4a8" else 8
+    weight = torch.full((count * tiles, blocks, groups, 8, 4), 0x5A, dtype=torch.uint8)
+    d = torch.full((count * tiles, blocks, 8), 0.01, dtype=torch.float16)
+    m = torch.full_like(d, -0.05)
+    ops = torch.ops.spec_batch
+    slices = [slice(i * tiles, (i + 1) * tiles) for i in range(count)]
+
+    def run(x: torch.Tensor) -> None:
+        for s in slices:
+            if kind == "w4a8":
+                ops.w4a8_linear(x, weight[s], d[s], m[s])
+            else:
+                ops.w8a8_linear(x, weight[s], d[s])
+
+    return run
+
+
+def tune_tile_pairs(trials: int = 2, working_bytes: int | None = None) -> dict[str, int] | None:
+    """For each kind, times passes through layers streaming `working_bytes` (1.5x the last-level cache by default)
+    with and without tile pairs at each of ROWS, alternating, each one's best of `trials`; sets the row count from
+    which the kind's calls run pairs to the smallest from which pairs win at every larger count timed (NEVER where
+    they never win) and returns the choices. None: this build has no tile pairs. A few hundred milliseconds."""
+    ops = torch.ops.spec_batch
+    if ops.tile_pair_rows("w4a8") < 0:
+        return None
+    working = working_bytes or min(192 << 20, max(32 << 20, last_level_cache_bytes() * 3 // 2))
+    chosen = {}
+    for kind in KINDS:
+        run = _layers(kind, working)
+        wins = {}
+        for rows in ROWS:
+            x = torch.full((rows, _IN), 0.5)
+            best = {1: math.inf, NEVER: math.inf}
+            for _ in range(trials):
+                for threshold in best:
+                    ops.set_tile_pair_rows(kind, threshold)
+                    started = time.perf_counter()
+                    run(x)
+                    best[threshold] = min(best[threshold], time.perf_counter() - started)
+            wins[rows] = best[1] < best[NEVER]
+        chosen[kind] = NEVER
+        for rows in reversed(ROWS):
+            if not wins[rows]:
+                break
+            chosen[kind] = rows
+        ops.set_tile_pair_rows(kind, chosen[kind])
+    return chosen
