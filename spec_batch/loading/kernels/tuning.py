@@ -20,8 +20,10 @@ import torch
 
 ROWS = (1, 2, 4, 8, 16)  # row counts timed: a decode step's, a verify step's, a batch's
 NEVER = 1 << 40  # a tile-pair threshold no call reaches
+MARGIN = 1.1  # pairs must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
 KINDS = ("w4a8", "w8a8")
-_OUT, _IN = 3072, 576  # the default model's gate/up layer
+# what each kind runs in the default model: a layer's q/k/v, o, gate/up and down projections; the LM head
+SHAPES = {"w4a8": ((960, 576), (576, 576), (3072, 576), (576, 1536)), "w8a8": ((49152, 576),)}
 _BLOCK_BYTES = {"w4a8": 128 + 32, "w8a8": 256 + 16}  # a tile's block: weights, float16 scales (and minimums)
 
 
@@ -37,51 +39,59 @@ def last_level_cache_bytes(default: int = 32 << 20) -> int:
     return max(sizes, default=default)
 
 
-def _layers(kind: str, working_bytes: int) -> Callable[[torch.Tensor], None]:
-    """One pass of a row batch through enough layers of the gate/up's shape to stream `working_bytes` from memory.
-    The weights' values do not change the kernels' time (integer dot products), so they are a constant."""
-    tiles, blocks = _OUT // 8, _IN // 32
-    count = max(1, math.ceil(working_bytes / (tiles * blocks * _BLOCK_BYTES[kind])))
-    groups = 4 if kind == "w4a8" else 8
-    weight = torch.full((count * tiles, blocks, groups, 8, 4), 0x5A, dtype=torch.uint8)
-    d = torch.full((count * tiles, blocks, 8), 0.01, dtype=torch.float16)
-    m = torch.full_like(d, -0.05)
+def _layers(kind: str, working_bytes: int) -> Callable[[int], Callable[[], None]]:
+    """For a row count, one pass through enough copies of the kind's shapes (a layer's projections one after
+    another) to stream `working_bytes` from memory, as a decode step does. The weights' values do not change the
+    kernels' time (integer dot products), so they are constants."""
     ops = torch.ops.spec_batch
-    slices = [slice(i * tiles, (i + 1) * tiles) for i in range(count)]
+    per_copy = sum(o // 8 * (k // 32) * _BLOCK_BYTES[kind] for o, k in SHAPES[kind])
+    copies = max(1, math.ceil(working_bytes / per_copy))
+    tensors = []
+    for out_features, in_features in SHAPES[kind]:
+        tiles, blocks = out_features // 8, in_features // 32
+        weight = torch.full((copies, tiles, blocks, 4 if kind == "w4a8" else 8, 8, 4), 0x5A, dtype=torch.uint8)
+        d = torch.full((copies, tiles, blocks, 8), 0.01, dtype=torch.float16)
+        tensors.append((in_features, weight, d, torch.full_like(d, -0.05)))
 
-    def run(x: torch.Tensor) -> None:
-        for s in slices:
-            if kind == "w4a8":
-                ops.w4a8_linear(x, weight[s], d[s], m[s])
-            else:
-                ops.w8a8_linear(x, weight[s], d[s])
+    def for_rows(rows: int) -> Callable[[], None]:
+        inputs = [torch.full((rows, in_features), 0.5) for in_features, *_ in tensors]
 
-    return run
+        def run() -> None:
+            for i in range(copies):
+                for x, (_, weight, d, m) in zip(inputs, tensors):
+                    if kind == "w4a8":
+                        ops.w4a8_linear(x, weight[i], d[i], m[i])
+                    else:
+                        ops.w8a8_linear(x, weight[i], d[i])
+
+        return run
+
+    return for_rows
 
 
-def tune_tile_pairs(trials: int = 2, working_bytes: int | None = None) -> dict[str, int] | None:
+def tune_tile_pairs(trials: int = 3, working_bytes: int | None = None) -> dict[str, int] | None:
     """For each kind, times passes through layers streaming `working_bytes` (1.5x the last-level cache by default)
     with and without tile pairs at each of ROWS, alternating, each one's best of `trials`; sets the row count from
-    which the kind's calls run pairs to the smallest from which pairs win at every larger count timed (NEVER where
-    they never win) and returns the choices. None: this build has no tile pairs. A few hundred milliseconds."""
+    which the kind's calls run pairs to the smallest from which pairs win (by MARGIN) at every larger count timed
+    (NEVER where they never win) and returns the choices. None: this build has no tile pairs. ~0.3 s on 2 cores."""
     ops = torch.ops.spec_batch
     if ops.tile_pair_rows("w4a8") < 0:
         return None
     working = working_bytes or min(192 << 20, max(32 << 20, last_level_cache_bytes() * 3 // 2))
     chosen = {}
     for kind in KINDS:
-        run = _layers(kind, working)
+        passes = _layers(kind, working)
         wins = {}
         for rows in ROWS:
-            x = torch.full((rows, _IN), 0.5)
+            run = passes(rows)
             best = {1: math.inf, NEVER: math.inf}
             for _ in range(trials):
                 for threshold in best:
                     ops.set_tile_pair_rows(kind, threshold)
                     started = time.perf_counter()
-                    run(x)
+                    run()
                     best[threshold] = min(best[threshold], time.perf_counter() - started)
-            wins[rows] = best[1] < best[NEVER]
+            wins[rows] = best[1] * MARGIN < best[NEVER]
         chosen[kind] = NEVER
         for rows in reversed(ROWS):
             if not wins[rows]:
