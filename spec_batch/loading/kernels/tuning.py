@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-ROWS = (1, 2, 4, 8, 16)  # row counts timed: a decode step's, a verify step's, a batch's
+ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed: a decode step's, a verify step's, a batch's, a prefill's
 NEVER = 1 << 40  # a tile-pair threshold no call reaches
-MARGIN = 1.1  # pairs must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
+MARGIN = 1.05  # pairs must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
 KINDS = ("w4a8", "w8a8")
 # what each kind runs in the default model: a layer's q/k/v, o, gate/up and down projections; the LM head
 SHAPES = {"w4a8": ((960, 576), (576, 576), (3072, 576), (576, 1536)), "w8a8": ((49152, 576),)}
@@ -55,9 +55,10 @@ def _layers(kind: str, working_bytes: int) -> Callable[[int], Callable[[], None]
 
     def for_rows(rows: int) -> Callable[[], None]:
         inputs = [torch.full((rows, in_features), 0.5) for in_features, *_ in tensors]
+        used = copies if rows <= 8 else max(1, copies * 8 // rows)  # many rows: bound by arithmetic, fewer copies do
 
         def run() -> None:
-            for i in range(copies):
+            for i in range(used):
                 for x, (_, weight, d, m) in zip(inputs, tensors):
                     if kind == "w4a8":
                         ops.w4a8_linear(x, weight[i], d[i], m[i])
@@ -73,7 +74,7 @@ def tune_tile_pairs(trials: int = 3, working_bytes: int | None = None) -> dict[s
     """For each kind, times passes through layers streaming `working_bytes` (1.5x the last-level cache by default)
     with and without tile pairs at each of ROWS, alternating, each one's best of `trials`; sets the row count from
     which the kind's calls run pairs to the smallest from which pairs win (by MARGIN) at every larger count timed
-    (NEVER where they never win) and returns the choices. None: this build has no tile pairs. ~0.3 s on 2 cores."""
+    (NEVER where they never win) and returns the choices. None: this build has no tile pairs. ~0.4 s on 2 cores."""
     ops = torch.ops.spec_batch
     if ops.tile_pair_rows("w4a8") < 0:
         return None
