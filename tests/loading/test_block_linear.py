@@ -5,6 +5,7 @@ q/k/v, gate/up) without changing a bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 
 from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
 from spec_batch.loading.kernels import native_ops
-from spec_batch.loading.kernels.tuning import KINDS, NEVER, ROWS, last_level_cache_bytes, tune_tile_pairs
+from spec_batch.loading.kernels.tuning import KINDS, NEVER, ROWS, last_level_cache_bytes, tune_tile_pairs, tuned
 
 pytestmark = pytest.mark.skipif(not native_ops(), reason="no C++ compiler: the native kernels cannot be built here")
 
@@ -81,6 +82,27 @@ def test_tuning_chooses_a_timed_row_count_or_never_for_each_kind_and_the_kernels
         ops.set_tile_pair_rows("w4a8", 0)
     with pytest.raises(RuntimeError, match="kind must be w4a8 or w8a8"):
         ops.tile_pair_rows("int4")
+
+
+def test_a_stored_choice_is_applied_and_a_broken_one_timed_again_and_stored(tmp_path):
+    ops = torch.ops.spec_batch
+    before = {kind: ops.tile_pair_rows(kind) for kind in KINDS}
+    if before["w4a8"] < 0:
+        assert tuned(tmp_path / "spec_batch_ops-x.so") is None
+        return
+    library = tmp_path / "spec_batch_ops-x.so"
+    stored = tmp_path / "spec_batch_ops-x.tuning.json"
+    try:
+        stored.write_text(json.dumps({"w4a8": 3, "w8a8": 5}))
+        assert tuned(library) == {"w4a8": 3, "w8a8": 5}
+        assert (ops.tile_pair_rows("w4a8"), ops.tile_pair_rows("w8a8")) == (3, 5)
+        stored.write_text('{"w4a8": 0}')
+        chosen = tuned(library)
+        assert set(chosen) == set(KINDS) and all(rows in (*ROWS, NEVER) for rows in chosen.values())
+        assert json.loads(stored.read_text()) == chosen
+    finally:
+        for kind, rows in before.items():
+            ops.set_tile_pair_rows(kind, rows)
 
 
 def test_the_last_level_cache_is_read_from_sysfs_or_defaulted():

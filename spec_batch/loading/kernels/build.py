@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..compat import cxx11_abi
-from .tuning import tune_tile_pairs
+from .tuning import tuned
 
 COMPILE_CHOICES = ("auto", "on", "off")
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
@@ -100,7 +100,7 @@ def _load(root: str) -> Path:
     with _LOCK:
         if _loaded is None:
             _loaded = _build_and_load(root)
-            tune_tile_pairs()  # which equivalent path is faster on this CPU (the same bits either way)
+            tuned(_loaded)  # which of the equivalent paths is faster on this machine (the same bits either way)
         return _loaded
 
 

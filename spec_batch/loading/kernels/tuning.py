@@ -5,13 +5,19 @@ In a build with AVX-512 VNNI the block kernels (block_linear.cpp) can run two ne
 On AMD Zen 4 (512-bit operations issued as two 256-bit halves), with the weights streaming from memory as in a
 decode step, the pairs lose at a few rows: on a 2-core Zen 4 VM, one row through 40 gate/up layers took 111 us a
 layer with pairs and 75 without, the W8A8 head 2.0 ms against 0.9; with the weights in L2 the pairs won (48 against
-50 us). No CPU flag tells the cases apart, so the kernels are timed, streaming from memory. Every path computes the
-same bits (tests/loading/test_block_linear.py runs each), so the choice changes speed only.
+50 us). No CPU flag tells the cases apart, so the kernels are timed, streaming from memory, once a machine: the choice is
+stored beside the compiled library (`<cache>/kernels/spec_batch_ops-<key>.tuning.json`; delete it to time again), so
+every process of the machine runs the same paths (timed in each process, near-ties fell either way, and two servers
+compared side by side differed by what each had measured). Every path computes the same bits
+(tests/loading/test_block_linear.py runs each), so the choice changes speed only.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,4 +105,37 @@ def tune_tile_pairs(trials: int = 3, working_bytes: int | None = None) -> dict[s
                 break
             chosen[kind] = rows
         ops.set_tile_pair_rows(kind, chosen[kind])
+    return chosen
+
+
+def tuned(library: Path) -> dict[str, int] | None:
+    """Applies this machine's tile-pair choices for `library`: those stored beside it, else timed now
+    (tune_tile_pairs) and stored, under a lock so that processes starting together time once. None: no tile pairs."""
+    ops = torch.ops.spec_batch
+    if ops.tile_pair_rows("w4a8") < 0:
+        return None
+    stored = library.with_name(library.stem + ".tuning.json")
+    with open(library.parent / ".tuning.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        chosen = _read(stored)
+        if chosen is not None:
+            for kind, rows in chosen.items():
+                ops.set_tile_pair_rows(kind, rows)
+            return chosen
+        chosen = tune_tile_pairs(trials=5)
+        partial = stored.with_name(stored.name + f".{os.getpid()}")
+        partial.write_text(json.dumps(chosen))
+        os.replace(partial, stored)  # whole or not at all
+        return chosen
+
+
+def _read(stored: Path) -> dict[str, int] | None:
+    """A stored choice, or None where there is none or it is not one (then it is timed again)."""
+    try:
+        chosen = json.loads(stored.read_text())
+    except (OSError, ValueError):
+        return None
+    valid = isinstance(chosen, dict) and set(chosen) == set(KINDS)
+    if not valid or not all(isinstance(rows, int) and rows >= 1 for rows in chosen.values()):
+        return None
     return chosen
