@@ -78,26 +78,15 @@ class StepCosts:
         size with fewer than two widths measured (a job's tail, as rows finish) takes its shape from the nearest
         batch size that has two, scaled to its own measurement if it has one: the policy compares widths at one
         batch size, so it needs their relative costs, which a measured shape gives better than a made-up prior
-        (docs/core.md). None: nothing measured at all."""
+        (docs/core.md); and never less than its plain step plus its extra tokens at plain steps' cost a token
+        (`_token_floor`). None: nothing measured at all."""
         measured = self.seconds.get((batch, width))
         if measured is not None:
             return measured
-        by_batch = self._measured()
-        known = by_batch.get(batch, [])
+        known = self._measured().get(batch, [])
         if len(known) < 2:
-            shaped = [b for b, points in by_batch.items() if len(points) >= 2 and b != batch]
-            if shaped:
-                nearest = min(shaped, key=lambda b: (abs(b - batch), -b))  # ties: the larger (costlier widths)
-                if not known:
-                    return self.estimate(nearest, width)
-                w0, s0 = known[0]
-                return s0 * self.estimate(nearest, width) / self.estimate(nearest, w0)  # type: ignore[operator]
-            if not known:
-                return None
-            w0, s0 = known[0]
-            # nothing to take the shape from: a prior of PRIOR_TOKEN_SHARE of a step per extra token per row, which
-            # the next measurement of another width replaces
-            return s0 * max(PRIOR_TOKEN_SHARE, 1.0 + PRIOR_TOKEN_SHARE * (width - w0))
+            guess, floor = self._borrowed(batch, width, known), self._token_floor(batch, width)
+            return guess if guess is None or floor is None else max(guess, floor)
         below = [p for p in known if p[0] < width]
         above = [p for p in known if p[0] > width]
         if below and above:
@@ -108,6 +97,42 @@ class StepCosts:
             (w1, s1), (w2, s2) = known[0], known[1]  # extrapolate below the narrowest measured
         slope = max(0.0, (s2 - s1) / (w2 - w1))
         return max(1e-6, s1 + slope * (width - w1))
+
+    def _borrowed(self, batch: int, width: float, known: list[tuple[float, float]]) -> float | None:
+        """A batch size with fewer than two widths of its own: the nearest shaped batch size's costs (scaled to its
+        own measurement if it has one), else the prior from its one measurement."""
+        by_batch = self._measured()
+        shaped = [b for b, points in by_batch.items() if len(points) >= 2 and b != batch]
+        if shaped:
+            nearest = min(shaped, key=lambda b: (abs(b - batch), -b))  # ties: the larger (costlier widths)
+            if not known:
+                return self.estimate(nearest, width)
+            w0, s0 = known[0]
+            return s0 * self.estimate(nearest, width) / self.estimate(nearest, w0)  # type: ignore[operator]
+        if not known:
+            return None
+        w0, s0 = known[0]
+        # nothing to take the shape from: a prior of PRIOR_TOKEN_SHARE of a step per extra token per row, which
+        # the next measurement of another width replaces
+        return s0 * max(PRIOR_TOKEN_SHARE, 1.0 + PRIOR_TOKEN_SHARE * (width - w0))
+
+    def _token_floor(self, batch: int, width: float) -> float | None:
+        """The least a width not measured at this batch size is taken to cost: its plain step plus its extra tokens
+        (batch * (width - 1)) at what one more token costs in plain steps, the slope of their seconds against the
+        batch size (least squares over the batch sizes measured, at least 0). Where a step is bound by arithmetic
+        (wide batches) a draft token costs about what a row's token does, and a shape borrowed from a narrower batch
+        size, bound by reading the weights, would promise wide steps nearly free. None: this batch size's plain step
+        not measured, or no two batch sizes a factor 2 apart."""
+        plain = self.seconds.get((batch, 1.0))
+        points = [(b, s) for (b, w), s in self.seconds.items() if w == 1.0]
+        sizes = [b for b, _ in points]
+        if plain is None or not sizes or max(sizes) < 2 * min(sizes):
+            return None  # batch sizes close together (a bulk job's first rows leaving): their slope is noise
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_s = sum(s for _, s in points) / len(points)
+        spread = sum((b - mean_b) ** 2 for b, _ in points)
+        per_token = max(0.0, sum((b - mean_b) * (s - mean_s) for b, s in points) / spread)
+        return plain + per_token * batch * (width - 1.0)
 
 
 class PaddedCosts:

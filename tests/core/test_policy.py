@@ -110,12 +110,26 @@ def test_step_costs_of_a_batch_size_take_their_shape_from_the_nearest_measured_o
     c = StepCosts()
     for width, seconds in {1: 0.20, 3: 0.30, 5: 0.40}.items():
         c.observe(8, width, seconds)
-    c.observe(2, 1, 0.05)  # widths 1 and 2 cost the same here: one measurement gives no shape
+    c.observe(2, 1, 0.15)  # widths 1 and 2 cost the same here: one measurement gives no shape
     assert math.isclose(c.estimate(6, 3), 0.30)  # nothing at batch 6: batch 8's costs
-    assert math.isclose(c.estimate(2, 3), 0.05 * 0.30 / 0.20)  # batch 8's shape, scaled to batch 2's width 1
+    assert math.isclose(c.estimate(2, 3), 0.15 * 0.30 / 0.20)  # batch 8's shape, scaled to batch 2's width 1
     assert math.isclose(c.estimate(3, 5), 0.40)  # nothing at batch 3: the nearest batch size with a shape, 8
-    c.observe(2, 3, 0.06)
-    assert math.isclose(c.estimate(2, 5), 0.07)  # two widths of its own: its own line
+    c.observe(2, 3, 0.18)
+    assert math.isclose(c.estimate(2, 5), 0.21)  # two widths of its own: its own line
+
+
+def test_an_unmeasured_width_costs_at_least_its_extra_tokens_at_plain_steps_cost_a_token():
+    """At a wide batch a step is bound by arithmetic: a shape borrowed from a narrow batch (bound by reading the
+    weights, where drafts are nearly free) would promise wide steps nearly free."""
+    c = StepCosts()
+    for width, seconds in {1: 0.008, 5: 0.009}.items():  # batch 1: 4 more tokens cost 12%
+        c.observe(1, width, seconds)
+    c.observe(16, 1, 0.038)  # plain steps: 2 ms a token more a row
+    per_token = (0.038 - 0.008) / 15
+    assert math.isclose(c.estimate(16, 3), 0.038 + per_token * 16 * 2)  # not 0.038 * 0.0085 / 0.008
+    assert math.isclose(c.estimate(1, 3), 0.0085)  # a width between measured ones: interpolated, no floor
+    c.observe(16, 3, 0.050)
+    assert math.isclose(c.estimate(16, 3), 0.050)  # measured: what it cost
 
 
 def _policy_with_costs(per_width: dict[int, float], batch: int = 1, k_max: int = 8) -> DraftPolicy:
