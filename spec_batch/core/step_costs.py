@@ -54,8 +54,10 @@ class StepCosts:
 
     seconds: dict[tuple[int, float], float] = field(default_factory=dict)
     smoothing: float = 0.3
-    # each batch size's (width, seconds), sorted: estimate runs for every candidate plan of every step
+    # each batch size's (width, seconds), sorted, and what one more token costs in plain steps (`_token_floor`),
+    # derived once after each observation: estimate runs for every candidate plan of every step
     _by_batch: dict[int, list[tuple[float, float]]] | None = field(default=None, init=False, repr=False)
+    _per_token: float | None = field(default=None, init=False, repr=False)
 
     def observe(self, batch: int, width: float, seconds: float, replace: bool = False) -> None:
         """replace: the measurement supersedes the average (a probe's, of a width not measured for a while: what the
@@ -71,6 +73,7 @@ class StepCosts:
             for (b, w), s in sorted(self.seconds.items()):
                 by_batch.setdefault(b, []).append((w, s))
             self._by_batch = by_batch
+            self._per_token = _plain_slope([(b, points[0][1]) for b, points in by_batch.items() if points[0][0] == 1])
         return self._by_batch
 
     def estimate(self, batch: int, width: float) -> float | None:
@@ -124,15 +127,22 @@ class StepCosts:
         size, bound by reading the weights, would promise wide steps nearly free. None: this batch size's plain step
         not measured, or no two batch sizes a factor 2 apart."""
         plain = self.seconds.get((batch, 1.0))
-        points = [(b, s) for (b, w), s in self.seconds.items() if w == 1.0]
-        sizes = [b for b, _ in points]
-        if plain is None or not sizes or max(sizes) < 2 * min(sizes):
-            return None  # batch sizes close together (a bulk job's first rows leaving): their slope is noise
-        mean_b = sum(b for b, _ in points) / len(points)
-        mean_s = sum(s for _, s in points) / len(points)
-        spread = sum((b - mean_b) ** 2 for b, _ in points)
-        per_token = max(0.0, sum((b - mean_b) * (s - mean_s) for b, s in points) / spread)
-        return plain + per_token * batch * (width - 1.0)
+        self._measured()  # derives _per_token
+        if plain is None or self._per_token is None:
+            return None
+        return plain + self._per_token * batch * (width - 1.0)
+
+
+def _plain_slope(points: list[tuple[int, float]]) -> float | None:
+    """Plain steps' seconds against their batch size (least squares, at least 0): what one more token costs. None
+    without two batch sizes a factor 2 apart: sizes close together (a bulk job's first rows leaving) give noise."""
+    sizes = [b for b, _ in points]
+    if not sizes or max(sizes) < 2 * min(sizes):
+        return None
+    mean_b = sum(sizes) / len(points)
+    mean_s = sum(s for _, s in points) / len(points)
+    spread = sum((b - mean_b) ** 2 for b in sizes)
+    return max(0.0, sum((b - mean_b) * (s - mean_s) for b, s in points) / spread)
 
 
 class PaddedCosts:

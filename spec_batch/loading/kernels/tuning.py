@@ -1,4 +1,4 @@
-"""Which of the kernels' equivalent paths runs faster on this CPU, timed once a process as the library loads.
+"""Which of the kernels' equivalent paths runs faster on this CPU, timed once a machine as the library loads.
 
 In a build with AVX-512 VNNI the block kernels (block_linear.cpp) can run two neighbouring output tiles in one
 512-bit register. Where 512-bit operations run at full width (Intel Sapphire Rapids) that halves the instructions.
