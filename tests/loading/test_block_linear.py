@@ -1,6 +1,6 @@
 """The W4A8 and W8A8 kernels (loading/kernels/block_linear.cpp): they compute the blocks' own weights, a row's
 outputs are the same bits at every row count and beside any other rows, the SIMD paths (VNNI or AVX2, whichever this
-CPU runs; AVX2 also when built without VNNI) and the portable one agree bit for bit, and layers concatenate (fused
+CPU runs; AVX2 also when built without AVX-512, the attention's too) and the portable one agree bit for bit, and layers concatenate (fused
 q/k/v, gate/up) without changing a bit."""
 
 from __future__ import annotations
@@ -166,14 +166,24 @@ for kind in (BlockLinear, Q8BlockLinear):
     else:
         portable = torch.ops.spec_batch.w4a8_linear(x, layer.packed, layer.scales, layer.minimums, True)
     assert torch.equal(fast, portable), kind
+# the attention's AVX2 path (cpu_attention.cpp) against its portable one, fp32 and bf16, a ragged head dim too
+for dtype, dim in ((torch.float32, 64), (torch.bfloat16, 128), (torch.float32, 72)):
+    q = (torch.randn(2, 6, 5, dim, generator=gen) * 4).to(dtype)
+    k, v = (torch.randn(2, 2, 70, dim, generator=gen).to(dtype) for _ in range(2))
+    visible = torch.rand(2, 1, 5, 70, generator=gen) > 0.3
+    visible[1, 0, :2] = False
+    for bias in (torch.empty(0), torch.randn(2, 1, 5, 70, generator=gen) * 30):
+        fast = torch.ops.spec_batch.attend(q, k, v, visible, bias, 0.3)
+        assert torch.equal(fast, torch.ops.spec_batch.attend(q, k, v, visible, bias, 0.3, True)), (dtype, dim)
 print("same bits")
 """
 
 
-@pytest.mark.skipif("avx512_vnni" not in Path("/proc/cpuinfo").read_text(), reason="the default build already is AVX2")
-def test_the_avx2_paths_built_on_a_vnni_cpu_give_the_portable_bits(tmp_path):
-    """The AVX2 paths (what a CPU without VNNI runs) in a library built with -mno-avx512vnni, in its own process."""
-    env = dict(os.environ, SPEC_BATCH_KERNEL_FLAGS="-mno-avx512vnni", SPEC_BATCH_CACHE=str(tmp_path))
+@pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(), reason="the default build already is AVX2")
+def test_the_avx2_paths_built_on_an_avx512_cpu_give_the_portable_bits(tmp_path):
+    """The AVX2 paths (what a CPU without AVX-512 runs: the block kernels' and the attention's) in a library built
+    with -mno-avx512f, in its own process."""
+    env = dict(os.environ, SPEC_BATCH_KERNEL_FLAGS="-mno-avx512f", SPEC_BATCH_CACHE=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
 

@@ -8,9 +8,9 @@
 // decoding needs for greedy output to equal plain decoding; it holds in the compute dtype (fp32 or bf16 inputs,
 // fp32 accumulation), so the KV cache stays in the model's dtype.
 //
-// Where the CPU has AVX-512, the same arithmetic runs in vectors: a score's 16 lanes are one register, exp is
-// the C library's expf computed 8 at a time (checked against it), and a query's weighted sum of values stays in
-// registers across the columns. `portable` selects the plain C++ path (tests compare the two). A query that sees
+// Where the CPU has AVX-512, or AVX2 and FMA, the same arithmetic runs in vectors: a score's 16 lanes are one
+// register (two with AVX2), exp is the C library's expf computed 8 at a time (checked against it), and a query's
+// weighted sum of values stays in registers across the columns. `portable` selects the plain C++ path (tests compare the two). A query that sees
 // no column (a padded position of a verify step) costs nothing and gets zeros, and the threads split the queries
 // by the columns they see, since a verify step's real queries crowd into the rows that drafted most.
 #include <torch/library.h>
@@ -26,6 +26,11 @@
 #include <vector>
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
 #define SPEC_BATCH_ATTENTION_AVX512 1
+#define SPEC_BATCH_ATTENTION_VECTOR 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SPEC_BATCH_ATTENTION_AVX2 1  // the same arithmetic in 256-bit registers (Zen 2/3, Intel before AVX-512)
+#define SPEC_BATCH_ATTENTION_VECTOR 1
 #include <immintrin.h>
 #endif
 #include <cstdint>
@@ -56,6 +61,24 @@ inline void axpy(float p, const T* v, float* acc, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) acc[d] += p * static_cast<float>(v[d]);
 }
 
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
+// exp of 8 floats in [-87.5, 0], the C library's expf bit for bit: glibc's (since 2.28) table-driven method in
+// double precision, N = 32: 2^(k/N) from a table of 2^(i/N), a cubic in the remainder, one rounding to float at
+// the end. The table holds the doubles nearest 2^(i/32) less i << 47 (so that adding k << 47 scales by 2^(k/32)).
+// Checked against the system's expf on every float in [-87.5, 0] (docs/benchmarks.md); `exp_matches_libm` checks
+// a sample on every machine, and where the C library computes otherwise the kernel calls it instead.
+constexpr uint64_t kExpTable[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+constexpr double kExpSteps = 32.0;
+constexpr float kExpLowest = -87.5f;  // below it (and for NaN) the C library's own special cases apply
+#endif
+
 #ifdef SPEC_BATCH_ATTENTION_AVX512
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
 inline __m512 load16(const c10::BFloat16* x) {  // bf16 -> fp32 is exact: the 16 bits moved up
@@ -71,7 +94,7 @@ inline __m512 load16(const c10::BFloat16* x, __mmask16 m) {
 // `dot`'s bits: lane l sums q[d] * k[d] over d = l mod 16 in order (a masked add for a ragged tail leaves the
 // other lanes as they were), then the same pairwise tree (8, 4, 2, 1)
 template <typename T>
-inline float dot_avx512(const float* q, const T* k, int64_t dim) {
+inline float dot_vector(const float* q, const T* k, int64_t dim) {
   __m512 part = _mm512_setzero_ps();
   int64_t d = 0;
   for (; d + kLanes <= dim; d += kLanes) part = _mm512_add_ps(part, _mm512_mul_ps(_mm512_loadu_ps(q + d), load16(k + d)));
@@ -88,7 +111,7 @@ inline float dot_avx512(const float* q, const T* k, int64_t dim) {
 // where dots16's transposing tree leaves column c: lane kDots16Order[c]
 alignas(64) constexpr int32_t kDots16Order[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-// 16 columns' scores at once, each `dot_avx512`'s bits: column c's lanes are summed over d in the same order, and
+// 16 columns' scores at once, each `dot_vector`'s bits: column c's lanes are summed over d in the same order, and
 // the 16 lane trees run side by side (a transpose as they go: each level adds the same pairs of lanes, the halves
 // of two registers packed into one), so a column costs a quarter of the shuffles. dim: a multiple of 16.
 template <typename T>
@@ -125,7 +148,7 @@ inline __m512 dots16(const float* q, const T* const* k, int64_t dim) {
 }
 
 template <typename T>
-inline void axpy_avx512(float p, const T* v, float* acc, int64_t dim) {
+inline void axpy_vector(float p, const T* v, float* acc, int64_t dim) {
   const __m512 pv = _mm512_set1_ps(p);
   int64_t d = 0;
   for (; d + kLanes <= dim; d += kLanes) {
@@ -163,22 +186,6 @@ inline float largest(const float* x, int64_t count) {
   return out;
 }
 
-// exp of 8 floats in [-87.5, 0], the C library's expf bit for bit: glibc's (since 2.28) table-driven method in
-// double precision, N = 32: 2^(k/N) from a table of 2^(i/N), a cubic in the remainder, one rounding to float at
-// the end. The table holds the doubles nearest 2^(i/32) less i << 47 (so that adding k << 47 scales by 2^(k/32)).
-// Checked against the system's expf on every float in [-87.5, 0] (docs/benchmarks.md); `exp_matches_libm` checks
-// a sample on every machine, and where the C library computes otherwise the kernel calls it instead.
-constexpr uint64_t kExpTable[32] = {
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
-    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
-    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
-    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
-    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
-    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
-constexpr double kExpSteps = 32.0;
-constexpr float kExpLowest = -87.5f;  // below it (and for NaN) the C library's own special cases apply
-
 inline __m256 exp8(__m256 x) {
   const __m512d xd = _mm512_cvtps_pd(x), scaled = _mm512_set1_pd(0x1.71547652b82fep+0 * kExpSteps);
   const __m512d shift = _mm512_set1_pd(0x1.8p+52);  // rounds x * N / ln2 to an integer k in the low bits
@@ -197,6 +204,114 @@ inline __m256 exp8(__m256 x) {
   const __m512d poly = _mm512_fmadd_pd(upper, _mm512_mul_pd(r, r), lower);
   return _mm512_cvtpd_ps(_mm512_mul_pd(poly, scale));
 }
+#elif defined(SPEC_BATCH_ATTENTION_AVX2)
+// The AVX-512 path's arithmetic in 256-bit registers: a score's 16 lanes are two registers (lanes 0-7, 8-15), the
+// same products and sums in each lane, the same pairwise tree; values' weighted sums in registers, 8 lanes each.
+inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 load8(const c10::BFloat16* x) {  // bf16 -> fp32 is exact: the 16 bits moved up
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// `dot`'s bits: lane l sums q[d] * k[d] over d = l mod 16 in order, then the pairwise tree (8, 4, 2, 1)
+template <typename T>
+inline float dot_vector(const float* q, const T* k, int64_t dim) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) {
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + d), load8(k + d)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + d + 8), load8(k + d + 8)));
+  }
+  if (d < dim) {  // a ragged tail: the lanes it reaches, one at a time, then `dot`'s tree
+    alignas(32) float part[kLanes];
+    _mm256_store_ps(part, lo);
+    _mm256_store_ps(part + 8, hi);
+    for (int64_t l = 0; d < dim; ++d, ++l) part[l] += q[d] * static_cast<float>(k[d]);
+    for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+      for (int64_t l = 0; l < width; ++l) part[l] += part[l + width];
+    }
+    return part[0];
+  }
+  const __m256 w8 = _mm256_add_ps(lo, hi);
+  const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(w8), _mm256_extractf128_ps(w8, 1));
+  const __m128 w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
+  return _mm_cvtss_f32(_mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1)));
+}
+
+template <typename T>
+inline void axpy_vector(float p, const T* v, float* acc, int64_t dim) {
+  const __m256 pv = _mm256_set1_ps(p);
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_loadu_ps(acc + d), _mm256_mul_ps(pv, load8(v + d))));
+  }
+  for (; d < dim; ++d) acc[d] += p * static_cast<float>(v[d]);
+}
+
+// acc[d] += p[c] * v[c][d] for Regs * 8 lanes of d from `offset`, over the columns in order, in registers
+template <int Regs, typename T>
+inline void weighted_lanes(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc) {
+  __m256 sum[Regs];
+  for (int i = 0; i < Regs; ++i) sum[i] = _mm256_loadu_ps(acc + 8 * i);
+  for (int64_t c = 0; c < count; ++c) {
+    const __m256 pv = _mm256_set1_ps(p[c]);
+    const T* row = v + cols[c] * stride;
+    for (int i = 0; i < Regs; ++i) sum[i] = _mm256_add_ps(sum[i], _mm256_mul_ps(pv, load8(row + 8 * i)));
+  }
+  for (int i = 0; i < Regs; ++i) _mm256_storeu_ps(acc + 8 * i, sum[i]);
+}
+
+// the AVX-512 path's weighted_sum (Chunks * 16 = dim): 8 registers of lanes at a time (AVX2 has 16 registers)
+template <int Chunks, typename T>
+inline void weighted_sum(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc,
+                         float* total) {
+  constexpr int kRegs = 2 * Chunks < 8 ? 2 * Chunks : 8;
+  for (int d = 0; d < 16 * Chunks; d += 8 * kRegs) weighted_lanes<kRegs>(p, cols, count, v + d, stride, acc + d);
+  float weights = *total;
+  for (int64_t c = 0; c < count; ++c) weights += p[c];
+  *total = weights;
+}
+
+// the largest of count floats: exact whatever the order (ties between -0 and +0 give the same exp(x - top))
+inline float largest(const float* x, int64_t count) {
+  __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t c = 0;
+  for (; c + 8 <= count; c += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(x + c));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  float out = lanes[0];
+  for (int l = 1; l < 8; ++l) out = lanes[l] > out ? lanes[l] : out;
+  for (; c < count; ++c) out = x[c] > out ? x[c] : out;
+  return out;
+}
+
+// exp8's steps (below) on 4 doubles
+inline __m256d exp4(__m256d xd) {
+  const __m256d scaled = _mm256_set1_pd(0x1.71547652b82fep+0 * kExpSteps), shift = _mm256_set1_pd(0x1.8p+52);
+  const __m256d shifted = _mm256_fmadd_pd(scaled, xd, shift);
+  const __m256d k = _mm256_sub_pd(shifted, shift);
+  const __m256d r = _mm256_fmsub_pd(scaled, xd, k);
+  const __m256i bits = _mm256_castpd_si256(shifted);
+  const __m256i entry = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExpTable),
+                                               _mm256_and_si256(bits, _mm256_set1_epi64x(31)), 8);
+  const __m256d scale = _mm256_castsi256_pd(_mm256_add_epi64(entry, _mm256_slli_epi64(bits, 47)));
+  const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-5 / (kExpSteps * kExpSteps * kExpSteps));
+  const __m256d c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / (kExpSteps * kExpSteps));
+  const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / kExpSteps);
+  const __m256d upper = _mm256_fmadd_pd(c0, r, c1);
+  const __m256d lower = _mm256_fmadd_pd(c2, r, _mm256_set1_pd(1.0));
+  const __m256d poly = _mm256_fmadd_pd(upper, _mm256_mul_pd(r, r), lower);
+  return _mm256_mul_pd(poly, scale);
+}
+
+inline __m256 exp8(__m256 x) {
+  const __m128 lo = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+  const __m128 hi = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+}
+#endif
+
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
 
 // whether exp8 gives this machine's expf bits: every 4099th float of [-87.5, 0] and the edges, once a process
 bool exp_matches_libm() {
@@ -235,8 +350,8 @@ inline void exp_shifted(float* scores, int64_t count, float top) {
   int64_t c = 0;
   for (; c + 8 <= count; c += 8) {
     const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(scores + c), topv);
-    const __mmask8 in_range = _mm256_cmp_ps_mask(x, lowest, _CMP_GE_OQ) & _mm256_cmp_ps_mask(x, zero, _CMP_LE_OQ);
-    if (in_range == 0xFF) {
+    const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, lowest, _CMP_GE_OQ), _mm256_cmp_ps(x, zero, _CMP_LE_OQ));
+    if (_mm256_movemask_ps(in_range) == 0xFF) {
       _mm256_storeu_ps(scores + c, exp8(x));
     } else {
       for (int64_t j = c; j < c + 8; ++j) scores[j] = std::exp(scores[j] - top);
@@ -246,8 +361,8 @@ inline void exp_shifted(float* scores, int64_t count, float top) {
 }
 #endif
 
-// The visible columns of a mask row (`stride` apart): counted, and listed in order. Contiguous rows go 16 (64) at a
-// time where the CPU has AVX-512: a verify step scans every query's row twice, and scalar scans cost as much as
+// The visible columns of a mask row (`stride` apart): counted, and listed in order. Contiguous rows go 16 or 64
+// (AVX-512), 32 (AVX2) at a time: a verify step scans every query's row twice, and scalar scans cost as much as
 // the short rows' dot products.
 inline int64_t count_visible(const bool* vis, int64_t stride, int64_t length) {
   int64_t count = 0, j = 0;
@@ -255,6 +370,11 @@ inline int64_t count_visible(const bool* vis, int64_t stride, int64_t length) {
   for (; stride == 1 && j + 64 <= length; j += 64) {
     const __m512i bytes = _mm512_loadu_si512(vis + j);
     count += __builtin_popcountll(_mm512_test_epi8_mask(bytes, bytes));
+  }
+#elif defined(SPEC_BATCH_ATTENTION_AVX2)
+  for (; stride == 1 && j + 32 <= length; j += 32) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vis + j));
+    count += 32 - __builtin_popcount(_mm256_movemask_epi8(_mm256_cmpeq_epi8(bytes, _mm256_setzero_si256())));
   }
 #endif
   for (; j < length; ++j) count += vis[j * stride];
@@ -273,6 +393,12 @@ inline int64_t list_visible(const bool* vis, int64_t stride, int64_t length, int
     count += __builtin_popcount(seen & 0xFFu);
     _mm512_mask_compressstoreu_epi64(cols + count, static_cast<__mmask8>(seen >> 8), _mm512_add_epi64(low, eight));
     count += __builtin_popcount(seen >> 8);
+  }
+#elif defined(SPEC_BATCH_ATTENTION_AVX2)
+  for (; stride == 1 && j + 32 <= length; j += 32) {  // the set bits of 32 columns, lowest first
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vis + j));
+    uint32_t seen = ~static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(bytes, _mm256_setzero_si256())));
+    for (; seen != 0; seen &= seen - 1) cols[count++] = j + __builtin_ctz(seen);
   }
 #endif
   for (; j < length; ++j) {
@@ -344,7 +470,7 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
     }
   }
   bool vector_path = false, vector_exp = false;
-#ifdef SPEC_BATCH_ATTENTION_AVX512
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
   vector_path = !portable;
   vector_exp = vector_path && exp_matches_libm();
 #endif
@@ -366,8 +492,9 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       const int64_t count = list_visible(vis, ms[3], length, cols.data());
       const T* kbase = k_ptr + b * ks[0] + kvh * ks[1];
       int64_t c = 0;
-#ifdef SPEC_BATCH_ATTENTION_AVX512
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
       if (vector_path) {  // 16 or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+#ifdef SPEC_BATCH_ATTENTION_AVX512
         if (dim % kLanes == 0) {
           const T* rows16[16];
           for (; c + 16 <= count; c += 16) {
@@ -375,14 +502,15 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
             _mm512_storeu_ps(scores.data() + c, _mm512_mul_ps(dots16(q.data(), rows16, dim), _mm512_set1_ps(fscale)));
           }
         }
+#endif
         for (; c + 4 <= count; c += 4) {
-          const float s0 = dot_avx512(q.data(), kbase + cols[c] * ks[2], dim);
-          const float s1 = dot_avx512(q.data(), kbase + cols[c + 1] * ks[2], dim);
-          const float s2 = dot_avx512(q.data(), kbase + cols[c + 2] * ks[2], dim);
-          const float s3 = dot_avx512(q.data(), kbase + cols[c + 3] * ks[2], dim);
+          const float s0 = dot_vector(q.data(), kbase + cols[c] * ks[2], dim);
+          const float s1 = dot_vector(q.data(), kbase + cols[c + 1] * ks[2], dim);
+          const float s2 = dot_vector(q.data(), kbase + cols[c + 2] * ks[2], dim);
+          const float s3 = dot_vector(q.data(), kbase + cols[c + 3] * ks[2], dim);
           scores[c] = s0 * fscale, scores[c + 1] = s1 * fscale, scores[c + 2] = s2 * fscale, scores[c + 3] = s3 * fscale;
         }
-        for (; c < count; ++c) scores[c] = dot_avx512(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
+        for (; c < count; ++c) scores[c] = dot_vector(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
       }
 #endif
       for (; c < count; ++c) scores[c] = dot(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
@@ -390,11 +518,11 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
         for (c = 0; c < count; ++c) scores[c] += brow[cols[c] * ms[3]];
       }
       float top = -std::numeric_limits<float>::infinity();
-#ifdef SPEC_BATCH_ATTENTION_AVX512
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
       if (vector_path) top = largest(scores.data(), count);
 #endif
       for (c = 0; !vector_path && c < count; ++c) top = scores[c] > top ? scores[c] : top;
-#ifdef SPEC_BATCH_ATTENTION_AVX512
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
       if (vector_exp) {
         exp_shifted(scores.data(), count, top);
       } else {
@@ -406,7 +534,7 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
       float total = 0.f;
       bool summed = false;
-#ifdef SPEC_BATCH_ATTENTION_AVX512
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
       if (vector_path && (dim == 64 || dim == 128)) {
         const T* vbase = v_ptr + b * vs[0] + kvh * vs[1];
         if (dim == 64) {
@@ -421,9 +549,9 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
         const float p = scores[c];
         total += p;
         const T* vrow = v_ptr + b * vs[0] + kvh * vs[1] + cols[c] * vs[2];
-#ifdef SPEC_BATCH_ATTENTION_AVX512
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
         if (vector_path) {
-          axpy_avx512(p, vrow, acc.data(), dim);
+          axpy_vector(p, vrow, acc.data(), dim);
           continue;
         }
 #endif
