@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.kv import padding
+from ..core.kv.kv_batch import SlabLayer
 from .block_linear import BlockLinear
 from .cpu_attention import attention_kind
 
@@ -204,8 +205,7 @@ class LlamaForward:
         else:
             x, h = self._add_norm(part.input_norm, x, delta)
             q, k, v = self._queries_keys_values(part, h, rotary, direct, real)
-        keys, values = cache.update(k, v, index)
-        out = torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, self.scale)  # [B, n, H, D]
+        out = _attend_appended(cache, index, q, k, v, visible, self.scale)  # [B, n, H, D]
         if native is not None:
             return torch.ops.spec_batch.layer_after_attention(x, out, positions, *native.after)
         out = out.reshape(*out.shape[:2], -1)
@@ -269,6 +269,22 @@ def _linear(part: _Layer, name: str, module: Any, x: torch.Tensor, direct: bool)
         return module(x)
     flat = torch.ops.spec_batch.w4a8_linear(x.reshape(-1, x.shape[-1]), plain.packed, plain.scales, plain.minimums)
     return flat.view(*x.shape[:-1], plain.out_features)
+
+
+def _attend_appended(
+    cache: Any, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """k and v appended to the layer's cache, then q's attention over it: one native call where the layer is a slab
+    already holding this dtype (every decode step), else the cache's update and then the attention."""
+    layer = cache.layers[index] if index < len(cache.layers) else None
+    if isinstance(layer, SlabLayer) and layer.is_initialized and layer.dtype == k.dtype:
+        n = k.shape[2]
+        key_slab, value_slab, length = layer.room(n)
+        out = torch.ops.spec_batch.attend_appended(q, k, v, key_slab, value_slab, length, visible, _NO_BIAS, scale)
+        layer.advance(n)
+        return out
+    keys, values = cache.update(k, v, index)
+    return torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, scale)
 
 
 def _glue_applies(layers: list[Any]) -> bool:

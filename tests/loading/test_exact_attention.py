@@ -127,3 +127,28 @@ def test_the_vector_path_gives_the_portable_paths_bits(dtype, dim):
         plain = torch.ops.spec_batch.attend(q, k, v, visible, extra, 0.3, True)
         assert torch.equal(fast, plain) and torch.equal(fast.signbit(), plain.signbit())
     assert not fast[1, :3].any()  # a query that sees nothing gets zeros
+
+
+def test_a_steps_cache_write_and_attention_in_one_call_give_the_two_calls_bits():
+    """attend_appended (the own forward's decode step) writes the new keys and values into the slab's next columns
+    and attends over the first length + n: the same bits as SlabLayer.update followed by attend."""
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    from spec_batch.core.kv.kv_batch import SlabLayer
+
+    gen = torch.Generator().manual_seed(3)
+    prompt_k, prompt_v = (torch.randn(2, 3, 40, 64, generator=gen) for _ in range(2))
+    k, v, q = torch.randn(2, 3, 4, 64, generator=gen), torch.randn(2, 3, 4, 64, generator=gen), torch.randn(2, 9, 4, 64)
+    visible = torch.rand(2, 1, 4, 44, generator=gen) > 0.2
+    fused, plain = SlabLayer(), SlabLayer()
+    for layer in (fused, plain):
+        layer.update(prompt_k, prompt_v)
+    key_slab, value_slab, length = fused.room(4)
+    assert length == 40 and key_slab.shape[2] >= 44
+    got = torch.ops.spec_batch.attend_appended(q, k, v, key_slab, value_slab, length, visible, torch.empty(0), 0.125)
+    fused.advance(4)
+    keys, values = plain.update(k, v)
+    assert torch.equal(got, torch.ops.spec_batch.attend(q, keys, values, visible, torch.empty(0), 0.125))
+    assert torch.equal(fused.keys, keys) and torch.equal(fused.values, values) and fused.get_seq_length() == 44
+    with pytest.raises(AttributeError, match="first `length` columns"):
+        fused.keys = keys  # the slab is the storage: an assignment would not reach it

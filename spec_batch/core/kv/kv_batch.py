@@ -28,17 +28,43 @@ class SlabLayer(DynamicLayer):
         super().__init__(**kwargs)
         self.storage_dtype = storage_dtype
 
+    # keys and values are views of the slabs' first `length` columns, made where read (a decode step writes its
+    # columns natively and reads none of them from Python: `room`, `advance`)
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        return self._kbuf[:, :, : self.length] if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        if value is not None:  # the base class sets None; anything else would not reach the slab
+            raise AttributeError("a SlabLayer's keys are its slab's first `length` columns")
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        return self._vbuf[:, :, : self.length] if self.is_initialized else None
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise AttributeError("a SlabLayer's values are its slab's first `length` columns")
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = self.storage_dtype or key_states.dtype, key_states.device
         self._kbuf = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3]), dtype=self.dtype)
         self._vbuf = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]), dtype=self.dtype)
         self.length = 0
         self.is_initialized = True
-        self._refresh()
 
-    def _refresh(self) -> None:
-        self.keys = self._kbuf[:, :, : self.length]
-        self.values = self._vbuf[:, :, : self.length]
+    def room(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The key and value slabs [B, heads, capacity, D] with room for n more columns, and the columns held. A
+        caller that writes the n new columns itself (loading/llama_forward.py, in the attention's native call)
+        then calls `advance(n)`."""
+        self._reserve(self.length + n)
+        return self._kbuf, self._vbuf, self.length
+
+    def advance(self, n: int) -> None:
+        """The n columns after `length` were written (`room`)."""
+        self.length += n
 
     def _reserve(self, needed: int) -> None:
         capacity = self._kbuf.shape[2]
@@ -55,11 +81,10 @@ class SlabLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        self._reserve(self.length + n)
-        self._kbuf[:, :, self.length : self.length + n] = key_states
-        self._vbuf[:, :, self.length : self.length + n] = value_states
-        self.length += n
-        self._refresh()
+        keys, values, length = self.room(n)
+        keys.narrow(2, length, n).copy_(key_states)
+        values.narrow(2, length, n).copy_(value_states)
+        self.advance(n)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -68,13 +93,11 @@ class SlabLayer(DynamicLayer):
     def crop(self, tokens_to_remove: int) -> None:
         if self.is_initialized and tokens_to_remove < 0:
             self.length = max(0, self.length + tokens_to_remove)
-            self._refresh()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:
             self._kbuf = self._kbuf[indices, :, : self.length].clone()
             self._vbuf = self._vbuf[indices, :, : self.length].clone()
-            self._refresh()
 
     def gather_columns(self, columns: torch.Tensor) -> None:
         """Keeps, for each row b, the columns columns[b] (in order). columns [B, new_len]."""
@@ -85,7 +108,6 @@ class SlabLayer(DynamicLayer):
         self._kbuf = self._kbuf[:, :, : self.length].gather(2, idx)
         self._vbuf = self._vbuf[:, :, : self.length].gather(2, idx)
         self.length = columns.shape[1]
-        self._refresh()
 
     def pad_left(self, n: int) -> None:
         if self.is_initialized and n > 0:
@@ -93,7 +115,6 @@ class SlabLayer(DynamicLayer):
             self._kbuf = torch.cat([self._kbuf.new_zeros(pad_shape), self._kbuf[:, :, : self.length]], dim=2)
             self._vbuf = torch.cat([self._vbuf.new_zeros(pad_shape), self._vbuf[:, :, : self.length]], dim=2)
             self.length += n
-            self._refresh()
 
     def add_rows(self, n: int) -> None:
         """n new rows below ours, holding nothing (masked columns)."""
@@ -101,13 +122,11 @@ class SlabLayer(DynamicLayer):
             for name in ("_kbuf", "_vbuf"):
                 old = getattr(self, name)[:, :, : self.length]
                 setattr(self, name, torch.cat([old, old.new_zeros((n, *old.shape[1:]))], dim=0))
-            self._refresh()
 
     def concat_rows(self, other: SlabLayer) -> None:
         """Appends other's rows (same cache length) below ours."""
         self._kbuf = torch.cat([self._kbuf[:, :, : self.length], other._kbuf[:, :, : other.length]], dim=0)
         self._vbuf = torch.cat([self._vbuf[:, :, : self.length], other._vbuf[:, :, : other.length]], dim=0)
-        self._refresh()
 
 
 def kv_storage_dtype(model) -> torch.dtype | None:

@@ -591,10 +591,31 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
   return out;
 }
 
+// A decode step's cache write and attention in one call: key, value [B, Hkv, n, D] written into the cache's
+// slabs [B, Hkv, capacity, D] at columns [length, length + n), then `attend` over the first length + n columns
+// (the same bits as a cache update followed by `attend`; from Python those were four indexing calls a layer).
+at::Tensor attend_appended(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                           const at::Tensor& key_slab, const at::Tensor& value_slab, int64_t length,
+                           const at::Tensor& visible, const at::Tensor& bias, double scale) {
+  const int64_t n = key.size(2);
+  TORCH_CHECK(key_slab.dim() == 4 && value_slab.dim() == 4 && key_slab.size(2) >= length + n &&
+                  value_slab.size(2) >= length + n, "attend_appended: the slabs hold no room for ", n, " columns");
+  key_slab.narrow(2, length, n).copy_(key);
+  value_slab.narrow(2, length, n).copy_(value);
+  return attend(query, key_slab.narrow(2, 0, length + n), value_slab.narrow(2, 0, length + n), visible, bias, scale,
+                false);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("attend(Tensor query, Tensor key, Tensor value, Tensor visible, Tensor bias, float scale, bool portable=False) -> Tensor");
+  m.def(
+      "attend_appended(Tensor query, Tensor key, Tensor value, Tensor(a!) key_slab, Tensor(b!) value_slab, "
+      "int length, Tensor visible, Tensor bias, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(spec_batch, CPU, m) { m.impl("attend", attend); }
+TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
+  m.impl("attend", attend);
+  m.impl("attend_appended", attend_appended);
+}
