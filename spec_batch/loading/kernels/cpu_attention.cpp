@@ -10,9 +10,10 @@
 //
 // Where the CPU has AVX-512, or AVX2 and FMA, the same arithmetic runs in vectors: a score's 16 lanes are one
 // register (two with AVX2), exp is the C library's expf computed 8 at a time (checked against it), and a query's
-// weighted sum of values stays in registers across the columns. `portable` selects the plain C++ path (tests compare the two). A query that sees
-// no column (a padded position of a verify step) costs nothing and gets zeros, and the threads split the queries
-// by the columns they see, since a verify step's real queries crowd into the rows that drafted most.
+// weighted sum of values stays in registers across the columns. `portable` selects the plain C++ path (tests
+// compare the two). A query that sees no column (a padded position of a verify step) costs nothing and gets zeros,
+// and the threads split the queries by the columns they see, since a verify step's real queries crowd into the
+// rows that drafted most.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -185,25 +186,6 @@ inline float largest(const float* x, int64_t count) {
   for (; c < count; ++c) out = x[c] > out ? x[c] : out;
   return out;
 }
-
-inline __m256 exp8(__m256 x) {
-  const __m512d xd = _mm512_cvtps_pd(x), scaled = _mm512_set1_pd(0x1.71547652b82fep+0 * kExpSteps);
-  const __m512d shift = _mm512_set1_pd(0x1.8p+52);  // rounds x * N / ln2 to an integer k in the low bits
-  const __m512d shifted = _mm512_fmadd_pd(scaled, xd, shift);
-  const __m512d k = _mm512_sub_pd(shifted, shift);
-  const __m512d r = _mm512_fmsub_pd(scaled, xd, k);  // x * N / ln2 - k, in [-1/2, 1/2]
-  const __m512i bits = _mm512_castpd_si512(shifted);
-  const __m512i entry = _mm512_i64gather_epi64(_mm512_and_si512(bits, _mm512_set1_epi64(31)),
-                                               reinterpret_cast<const long long*>(kExpTable), 8);
-  const __m512d scale = _mm512_castsi512_pd(_mm512_add_epi64(entry, _mm512_slli_epi64(bits, 47)));
-  const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-5 / (kExpSteps * kExpSteps * kExpSteps));
-  const __m512d c1 = _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / (kExpSteps * kExpSteps));
-  const __m512d c2 = _mm512_set1_pd(0x1.62e42ff0c52d6p-1 / kExpSteps);
-  const __m512d upper = _mm512_fmadd_pd(c0, r, c1);
-  const __m512d lower = _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0));
-  const __m512d poly = _mm512_fmadd_pd(upper, _mm512_mul_pd(r, r), lower);
-  return _mm512_cvtpd_ps(_mm512_mul_pd(poly, scale));
-}
 #elif defined(SPEC_BATCH_ATTENTION_AVX2)
 // The AVX-512 path's arithmetic in 256-bit registers: a score's 16 lanes are two registers (lanes 0-7, 8-15), the
 // same products and sums in each lane, the same pairwise tree; values' weighted sums in registers, 8 lanes each.
@@ -284,13 +266,16 @@ inline float largest(const float* x, int64_t count) {
   for (; c < count; ++c) out = x[c] > out ? x[c] : out;
   return out;
 }
+#endif
 
-// exp8's steps (below) on 4 doubles
+#ifdef SPEC_BATCH_ATTENTION_VECTOR
+// The method above on 4 doubles, in AVX2 + FMA (which AVX-512 CPUs have too: one exp for both paths)
 inline __m256d exp4(__m256d xd) {
-  const __m256d scaled = _mm256_set1_pd(0x1.71547652b82fep+0 * kExpSteps), shift = _mm256_set1_pd(0x1.8p+52);
+  const __m256d scaled = _mm256_set1_pd(0x1.71547652b82fep+0 * kExpSteps);
+  const __m256d shift = _mm256_set1_pd(0x1.8p+52);  // rounds x * N / ln2 to an integer k in the low bits
   const __m256d shifted = _mm256_fmadd_pd(scaled, xd, shift);
   const __m256d k = _mm256_sub_pd(shifted, shift);
-  const __m256d r = _mm256_fmsub_pd(scaled, xd, k);
+  const __m256d r = _mm256_fmsub_pd(scaled, xd, k);  // x * N / ln2 - k, in [-1/2, 1/2]
   const __m256i bits = _mm256_castpd_si256(shifted);
   const __m256i entry = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExpTable),
                                                _mm256_and_si256(bits, _mm256_set1_epi64x(31)), 8);
@@ -304,14 +289,12 @@ inline __m256d exp4(__m256d xd) {
   return _mm256_mul_pd(poly, scale);
 }
 
+// exp of 8 floats: two halves of 4, each rounded to float once
 inline __m256 exp8(__m256 x) {
   const __m128 lo = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
   const __m128 hi = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
   return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
-#endif
-
-#ifdef SPEC_BATCH_ATTENTION_VECTOR
 
 // whether exp8 gives this machine's expf bits: every 4099th float of [-87.5, 0] and the edges, once a process
 bool exp_matches_libm() {
@@ -493,7 +476,7 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       const T* kbase = k_ptr + b * ks[0] + kvh * ks[1];
       int64_t c = 0;
 #ifdef SPEC_BATCH_ATTENTION_VECTOR
-      if (vector_path) {  // 16 or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+      if (vector_path) {  // 16 (AVX-512) or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
 #ifdef SPEC_BATCH_ATTENTION_AVX512
         if (dim % kLanes == 0) {
           const T* rows16[16];
