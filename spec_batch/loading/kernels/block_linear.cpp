@@ -38,11 +38,18 @@ namespace {
 
 constexpr int64_t kBlock = 32, kTile = 8;
 
+// The activations block-major: block b's rows side by side, so the rows of a chunk sit at constant offsets from one
+// pointer (kBlock bytes apart) and a kernel's row loop needs no register per row. With rows K apart (a stride
+// known only at run time) the AVX2 4-row chunk spilled its row pointers and int16 sums to the stack: on an AVX2 Zen
+// 3, 3-16 rows of the default model's layers ran 1.07-1.15x slower on one thread and on two.
 struct QuantRows {
-  std::vector<int8_t> q;     // [rows, K]
-  std::vector<float> scale;  // [rows, blocks]: dx
-  std::vector<float> shift;  // [rows, blocks]: dx * sum(qx)
-  std::vector<int32_t> total;  // [rows, blocks]: sum(qx)
+  int64_t rows;
+  std::vector<int8_t> q;       // [blocks, rows, 32]
+  std::vector<float> scale;    // [blocks, rows]: dx
+  std::vector<float> shift;    // [blocks, rows]: dx * sum(qx)
+  std::vector<int32_t> total;  // [blocks, rows]: sum(qx)
+  int64_t at(int64_t r, int64_t b) const { return b * rows + r; }
+  const int8_t* block(int64_t r, int64_t b) const { return q.data() + at(r, b) * kBlock; }
 };
 
 // One block of 32 activations onto int8: dx = max|x| / 127, q = round-to-even(x / dx) clamped to +-127; returns
@@ -107,18 +114,19 @@ int32_t quantize_block_simd(const T* src, int8_t* dst, float& dx) {
 template <typename T>
 QuantRows quantize_rows(const T* x, int64_t rows, int64_t k, bool vector) {
   const int64_t blocks = k / kBlock;
-  QuantRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
-                std::vector<int32_t>(rows * blocks)};
+  QuantRows out{rows, std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks),
+                std::vector<float>(rows * blocks), std::vector<int32_t>(rows * blocks)};
   spec_batch_kernels::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
         const T* src = x + r * k + b * kBlock;
-        int8_t* dst = out.q.data() + r * k + b * kBlock;
+        const int64_t at = out.at(r, b);
+        int8_t* dst = out.q.data() + at * kBlock;
         float dx;
         const int32_t total = vector ? quantize_block_simd(src, dst, dx) : quantize_block(src, dst, dx);
-        out.scale[r * blocks + b] = dx;
-        out.shift[r * blocks + b] = dx * static_cast<float>(total);
-        out.total[r * blocks + b] = total;
+        out.scale[at] = dx;
+        out.shift[at] = dx * static_cast<float>(total);
+        out.total[at] = total;
       }
     }
   });
@@ -167,8 +175,8 @@ void tile_portable(const uint8_t* w, const at::Half* d, const at::Half* m, const
   for (int64_t r = 0; r < rows; ++r) {
     float acc[kTile] = {0};
     for (int64_t b = 0; b < blocks; ++b) {
-      Format::block_sums(w + b * Format::kBytes, xr.q.data() + r * k + b * kBlock, sums);
-      const float dx = xr.scale[r * blocks + b], shift = xr.shift[r * blocks + b];
+      Format::block_sums(w + b * Format::kBytes, xr.block(r, b), sums);
+      const float dx = xr.scale[xr.at(r, b)], shift = xr.shift[xr.at(r, b)];
       for (int64_t o = 0; o < kTile; ++o) {
         const float mo = m == nullptr ? 0.f : static_cast<float>(m[b * kTile + o]);
         acc[o] = Format::add(acc[o], static_cast<float>(sums[o]), static_cast<float>(d[b * kTile + o]), mo, dx, shift);
@@ -200,28 +208,28 @@ inline __m256i group(const int8_t* x, int64_t p) {
 }
 
 // N rows' 8 integer block sums each (one per output of the tile) from the unpacked weights and the rows' blocks of
-// int8 activations (row i at x + i * k). The rows' chains are interleaved, so the products of independent rows
-// overlap instead of waiting on one another's latency; the sums are integers, the same in any order.
+// int8 activations (row i at x + i * kBlock: QuantRows' layout). The rows' chains are interleaved, so the products of
+// independent rows overlap instead of waiting on one another's latency; the sums are integers, the same in any order.
 // Q4 on AVX2: u8 x s8 products paired into int16 (no overflow: 8 * 2 * 15 * 127 < 2^15), then widened. Q8 on AVX2:
 // q + 128 would overflow those pairs, so the signs move onto the weights (|x| * sign(x) q, as llama.cpp does:
 // 2 * 127 * 127 < 2^15) and each group widens at once.
 struct SumsAvx2 {
   static constexpr int kRows = 4;  // rows a chunk: a block's unpacked weights serve them all
   template <int N>
-  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t*, __m256i* out) {
+  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, const int32_t*, __m256i* out) {
     __m256i s16[N];
 #pragma GCC unroll 8
-    for (int i = 0; i < N; ++i) s16[i] = _mm256_maddubs_epi16(wq[0], group(x + i * k, 0));
+    for (int i = 0; i < N; ++i) s16[i] = _mm256_maddubs_epi16(wq[0], group(x + i * kBlock, 0));
 #pragma GCC unroll 8
     for (int64_t p = 1; p < 8; ++p) {
 #pragma GCC unroll 8
-      for (int i = 0; i < N; ++i) s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wq[p], group(x + i * k, p)));
+      for (int i = 0; i < N; ++i) s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wq[p], group(x + i * kBlock, p)));
     }
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) out[i] = _mm256_madd_epi16(s16[i], _mm256_set1_epi16(1));
   }
   template <int N>
-  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t*, __m256i* out) {
+  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, const int32_t*, __m256i* out) {
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) out[i] = _mm256_setzero_si256();
@@ -230,7 +238,7 @@ struct SumsAvx2 {
       const __m256i q = _mm256_xor_si256(wq[p], flip);
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) {
-        const __m256i xg = group(x + i * k, p);
+        const __m256i xg = group(x + i * kBlock, p);
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xg, xg), _mm256_sign_epi8(q, xg));
         out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(pairs, ones));
       }
@@ -244,7 +252,7 @@ struct SumsAvx2 {
 struct SumsVnni {
   static constexpr int kRows = 8;
   template <int N>
-  static void dots(const __m256i* wq, const int8_t* x, int64_t k, __m256i* out) {
+  static void dots(const __m256i* wq, const int8_t* x, __m256i* out) {
     if constexpr (N <= 4) {  // few rows: two chains a row, so that 2N chains overlap the products' latency
       __m256i part[N][2];
 #pragma GCC unroll 8
@@ -252,7 +260,7 @@ struct SumsVnni {
 #pragma GCC unroll 8
       for (int64_t p = 0; p < 8; ++p) {
 #pragma GCC unroll 8
-        for (int i = 0; i < N; ++i) part[i][p & 1] = _mm256_dpbusd_epi32(part[i][p & 1], wq[p], group(x + i * k, p));
+        for (int i = 0; i < N; ++i) part[i][p & 1] = _mm256_dpbusd_epi32(part[i][p & 1], wq[p], group(x + i * kBlock, p));
       }
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) out[i] = _mm256_add_epi32(part[i][0], part[i][1]);
@@ -262,17 +270,17 @@ struct SumsVnni {
 #pragma GCC unroll 8
       for (int64_t p = 0; p < 8; ++p) {
 #pragma GCC unroll 8
-        for (int i = 0; i < N; ++i) out[i] = _mm256_dpbusd_epi32(out[i], wq[p], group(x + i * k, p));
+        for (int i = 0; i < N; ++i) out[i] = _mm256_dpbusd_epi32(out[i], wq[p], group(x + i * kBlock, p));
       }
     }
   }
   template <int N>
-  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t*, __m256i* out) {
-    dots<N>(wq, x, k, out);
+  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, const int32_t*, __m256i* out) {
+    dots<N>(wq, x, out);
   }
   template <int N>
-  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, int64_t k, const int32_t* totals, __m256i* out) {
-    dots<N>(wq, x, k, out);
+  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, const int32_t* totals, __m256i* out) {
+    dots<N>(wq, x, out);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) out[i] = _mm256_sub_epi32(out[i], _mm256_set1_epi32(128 * totals[i]));
   }
@@ -318,11 +326,11 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
     unpack(Format{}, w + b * Format::kBytes, wq);
     const __m256 dv = halves(d + b * kTile), mv = m == nullptr ? _mm256_setzero_ps() : halves(m + b * kTile);
 #pragma GCC unroll 8
-    for (int i = 0; i < N; ++i) totals[i] = xr.total[(r0 + i) * blocks + b];
-    Sums::template rows<N>(Format{}, wq, xr.q.data() + r0 * k + b * kBlock, k, totals, sums);
+    for (int i = 0; i < N; ++i) totals[i] = xr.total[xr.at(r0 + i, b)];
+    Sums::template rows<N>(Format{}, wq, xr.block(r0, b), totals, sums);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) {
-      const int64_t at = (r0 + i) * blocks + b;
+      const int64_t at = xr.at(r0 + i, b);
       acc[i] = add(Format{}, acc[i], _mm256_cvtepi32_ps(sums[i]), dv, mv, xr.scale[at], xr.shift[at]);
     }
   }
@@ -415,7 +423,7 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
     unpack_pair(Format{}, w + b * Format::kBytes, w + next + b * Format::kBytes, wq);
     const __m512 dv = halves_pair(d + b * kTile, d + next_scales + b * kTile);
     const __m512 mv = m == nullptr ? _mm512_setzero_ps() : halves_pair(m + b * kTile, m + next_scales + b * kTile);
-    const int8_t* x = xr.q.data() + r0 * k + b * kBlock;
+    const int8_t* x = xr.block(r0, b);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) {
 #pragma GCC unroll 2
@@ -426,13 +434,13 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) {
         __m512i& chain = part[i][p % kChains];
-        chain = _mm512_dpbusd_epi32(chain, wq[p], group_pair(x + i * k, p));
+        chain = _mm512_dpbusd_epi32(chain, wq[p], group_pair(x + i * kBlock, p));
       }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) {
       __m512i sums = kChains == 2 ? _mm512_add_epi32(part[i][0], part[i][kChains - 1]) : part[i][0];
-      const int64_t at = (r0 + i) * blocks + b;
+      const int64_t at = xr.at(r0 + i, b);
       if constexpr (std::is_same_v<Format, Q8Blocks>) sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * xr.total[at]));
       acc[i] = add_pair(Format{}, acc[i], _mm512_cvtepi32_ps(sums), dv, mv, xr.scale[at], xr.shift[at]);
     }
