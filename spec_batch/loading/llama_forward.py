@@ -21,7 +21,8 @@ layers over the same loaded modules (no second copy of any weight) in one flat l
 **The same bits as Hugging Face's forward.** Every operator is the one Hugging Face runs, on the same inputs in the
 same order, and the native kernel's result depends only on which columns a query sees, never on how the mask was
 written: the logits of every real position are identical bit for bit (tests/loading/test_llama_forward.py checks it
-at every width, batch, tree mask and precision; a padded position's, which nothing reads, may differ: `_visible`). So the forward kind never changes an output and needs no place in a job's routing.
+at every width, batch, tree mask and precision; a padded position's, which nothing reads, may differ: `_visible`).
+So the forward kind never changes an output and needs no place in a job's routing.
 
 It applies where `applies_to` says: a Llama-family model on the CPU whose attention is the native kernel. Hidden-
 state hooks on the final norm fire as before (core/heads/hidden.py); a model with hooks on its layers or embeddings

@@ -1,7 +1,7 @@
 """The W4A8 and W8A8 kernels (loading/kernels/block_linear.cpp): they compute the blocks' own weights, a row's
 outputs are the same bits at every row count and beside any other rows, the SIMD paths (VNNI or AVX2, whichever this
-CPU runs; AVX2 also when built without AVX-512, the attention's too) and the portable one agree bit for bit, and layers concatenate (fused
-q/k/v, gate/up) without changing a bit."""
+CPU runs; AVX2 also when built without AVX-512, the attention's too) and the portable one agree bit for bit, and
+layers concatenate (fused q/k/v, gate/up) without changing a bit."""
 
 from __future__ import annotations
 

@@ -175,8 +175,9 @@ void tile_portable(const uint8_t* w, const at::Half* d, const at::Half* m, const
   for (int64_t r = 0; r < rows; ++r) {
     float acc[kTile] = {0};
     for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = xr.at(r, b);
       Format::block_sums(w + b * Format::kBytes, xr.block(r, b), sums);
-      const float dx = xr.scale[xr.at(r, b)], shift = xr.shift[xr.at(r, b)];
+      const float dx = xr.scale[at], shift = xr.shift[at];
       for (int64_t o = 0; o < kTile; ++o) {
         const float mo = m == nullptr ? 0.f : static_cast<float>(m[b * kTile + o]);
         acc[o] = Format::add(acc[o], static_cast<float>(sums[o]), static_cast<float>(d[b * kTile + o]), mo, dx, shift);
@@ -223,7 +224,9 @@ struct SumsAvx2 {
 #pragma GCC unroll 8
     for (int64_t p = 1; p < 8; ++p) {
 #pragma GCC unroll 8
-      for (int i = 0; i < N; ++i) s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wq[p], group(x + i * kBlock, p)));
+      for (int i = 0; i < N; ++i) {
+        s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wq[p], group(x + i * kBlock, p)));
+      }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) out[i] = _mm256_madd_epi16(s16[i], _mm256_set1_epi16(1));
@@ -260,7 +263,9 @@ struct SumsVnni {
 #pragma GCC unroll 8
       for (int64_t p = 0; p < 8; ++p) {
 #pragma GCC unroll 8
-        for (int i = 0; i < N; ++i) part[i][p & 1] = _mm256_dpbusd_epi32(part[i][p & 1], wq[p], group(x + i * kBlock, p));
+        for (int i = 0; i < N; ++i) {
+          part[i][p & 1] = _mm256_dpbusd_epi32(part[i][p & 1], wq[p], group(x + i * kBlock, p));
+        }
       }
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) out[i] = _mm256_add_epi32(part[i][0], part[i][1]);

@@ -476,7 +476,8 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
       const T* kbase = k_ptr + b * ks[0] + kvh * ks[1];
       int64_t c = 0;
 #ifdef SPEC_BATCH_ATTENTION_VECTOR
-      if (vector_path) {  // 16 (AVX-512) or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+      // 16 (AVX-512) or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+      if (vector_path) {
 #ifdef SPEC_BATCH_ATTENTION_AVX512
         if (dim % kLanes == 0) {
           const T* rows16[16];
