@@ -16,7 +16,8 @@ layers over the same loaded modules (no second copy of any weight) in one flat l
   the steps before and after the attention are one native call each (`layer_before_attention`, `_after_`): the
   same kernels in the same order without a Python round trip between them (on a 135M model, each op call's fixed
   cost adds up to a large part of a decode step); a padded step's gather and scatter of its real positions happen
-  inside them, as RealPositions does them.
+  inside them, as RealPositions does them. On a decode step (every layer's cache a slab holding float32), the
+  whole stack is one native call (`decoder_layers`: those two calls and the attention's, layer after layer).
 
 **The same bits as Hugging Face's forward.** Every operator is the one Hugging Face runs, on the same inputs in the
 same order, and the native kernel's result depends only on which columns a query sees, never on how the mask was
@@ -131,6 +132,26 @@ class _Layer:
         return cls(attn, mlp, input_norm, post_norm, qkv, gate_up, plain, native)
 
 
+class _Stack(NamedTuple):
+    """Every layer's native inputs, flat, for one native call over the whole stack (`decoder_layers`), where every
+    layer runs the native steps with the same head counts and gate width."""
+
+    weights: list[torch.Tensor]  # 14 a layer: _Native's tensors in its order
+    eps: list[float]  # 2 a layer
+    sizes: tuple[int, int, int, int]  # query heads, key heads, head dim, gate width
+
+    @classmethod
+    def of(cls, parts: list[_Layer]) -> _Stack | None:
+        natives = [part.native for part in parts]
+        if not natives or any(n is None for n in natives):
+            return None
+        sizes = {(*n.before[-3:], n.after[8]) for n in natives}
+        if len(sizes) != 1:
+            return None
+        weights = [t for n in natives for t in (n.before[0], *n.before[2:5], n.after[0], *n.after[2:8], *n.after[9:])]
+        return cls(weights, [e for n in natives for e in (n.before[1], n.after[1])], sizes.pop())
+
+
 class LlamaForward:
     """A callable with the keyword signature KVBatch uses for a model call, over `model`'s own modules."""
 
@@ -140,6 +161,7 @@ class LlamaForward:
         self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
         self.glue = _glue_applies(self.layers)
         self.parts = [_Layer.of(layer, self.glue) for layer in self.layers]
+        self.stack = _Stack.of(self.parts)
         self.rotary, self.lm_head = inner.rotary_emb, model.lm_head
         module = sys.modules[type(self.layers[0].self_attn).__module__]
         self.apply_rotary, self.rotate_half = module.apply_rotary_pos_emb, module.rotate_half
@@ -173,15 +195,35 @@ class LlamaForward:
         direct = x.dtype == torch.float32
         if real is not None:  # a padded step: the layers run on the real positions alone, packed as [1, N, H]
             x = real.gather(x).unsqueeze(0)
-        delta = None  # each layer's last residual term, added where the next norm reads the sum
-        for i, part in enumerate(self.parts):
-            x, delta = self._layer(i, part, x, delta, (cos, sin), visible, past_key_values, direct, real)
+        slabs = _slabs(past_key_values, len(self.parts), x.dtype) if direct and self.stack is not None else None
+        if slabs is not None:  # a decode step: every layer in one native call (the same calls, the same bits)
+            x, delta = self._stack(x, (cos, sin), visible, slabs, input_ids.shape[1], real)
+        else:
+            delta = None  # each layer's last residual term, added where the next norm reads the sum
+            for i, part in enumerate(self.parts):
+                x, delta = self._layer(i, part, x, delta, (cos, sin), visible, past_key_values, direct, real)
         x = x + delta
         if real is not None:  # back to [B, n, H] (zeros at the padded positions) for the norm's hooks and the head
             x = real.scatter(x[0])
         x = self.norm(x)  # through __call__: core/heads/hidden.py's hook reads it
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return ForwardOutput(logits=self.lm_head(kept), past_key_values=past_key_values)
+
+    def _stack(
+        self, x: torch.Tensor, rotary: tuple, visible: torch.Tensor, slabs: list[SlabLayer], n: int, real: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layers' loop in one native call: the slabs make room for the step's n columns first, and count
+        them as written after (as `_attend_appended` does a layer at a time)."""
+        rooms = [layer.room(n) for layer in slabs]
+        keys, values, lengths = ([room[i] for room in rooms] for i in range(3))
+        positions = None if real is None else real.index
+        stack = self.stack
+        out = torch.ops.spec_batch.decoder_layers(
+            x, *rotary, positions, visible, self.scale, keys, values, lengths, stack.weights, stack.eps, *stack.sizes
+        )
+        for layer in slabs:
+            layer.advance(n)
+        return out
 
     def _layer(
         self,
@@ -286,6 +328,15 @@ def _attend_appended(
         return out
     keys, values = cache.update(k, v, index)
     return torch.ops.spec_batch.attend(q, keys, values, visible, _NO_BIAS, scale)
+
+
+def _slabs(cache: Any, layers: int, dtype: torch.dtype) -> list[SlabLayer] | None:
+    """The cache's layers where each is a slab already holding `dtype` (every decode step), else None."""
+    slabs = getattr(cache, "layers", None)
+    if slabs is None or len(slabs) != layers:
+        return None
+    ready = all(isinstance(layer, SlabLayer) and layer.is_initialized and layer.dtype == dtype for layer in slabs)
+    return list(slabs) if ready else None
 
 
 def _glue_applies(layers: list[Any]) -> bool:

@@ -59,12 +59,18 @@ def _steps(model, own: bool) -> list[torch.Tensor]:
 def test_our_forward_gives_hugging_faces_logits_bit_for_bit(weights, dtype, prepared_llama):
     model = prepared_llama(weights, dtype, True, seed=11, layers=3)
     assert use_own_forward(model, "auto") == "own" and forward_kind(model) == "own"
+    forward = model.spec_batch_forward
+    stacked = []  # the steps that ran the whole stack in one native call (decoder_layers)
     if weights == "w4a8":  # every layer runs the native layer steps (layer_glue.cpp) where its rows are float32
-        assert all(part.native is not None for part in model.spec_batch_forward.parts)
+        assert all(part.native is not None for part in forward.parts) and forward.stack is not None
+        whole = forward._stack
+        forward._stack = lambda *args: stacked.append(args[4]) or whole(*args)
     with torch.inference_mode():
         ours, theirs = _steps(model, own=True), _steps(model, own=False)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == b.shape and torch.equal(a, b), (i, (a.float() - b.float()).abs().max())
+    # the verify step, the tree and the step after it are decode steps: float32 rows run them in one native call
+    assert stacked == ([3, 4, 1] if (weights, dtype) == ("w4a8", torch.float32) else [])
 
 
 @needs_kernels

@@ -242,6 +242,9 @@ def test_cancel_a_running_job(live, tmp_path):
     assert wait_job(live, submit(live, path2, "--max-tokens", "4")) == "completed"
 
 
+MIDDLE_TOKENS = 48  # a request's tokens where a test kills a worker in the middle of a chunk
+
+
 def _chunk_in_flight(fleet: Fleet, job_id: str, worker: WorkerProcess):
     """A chunk of `worker` with at least one request done and one still open (the middle of a chunk)."""
     kids = set(worker.children())
@@ -256,8 +259,10 @@ def _chunk_in_flight(fleet: Fleet, job_id: str, worker: WorkerProcess):
 
 
 def test_kill_9_a_worker_in_the_middle_of_a_chunk(live, tmp_path):
-    path = write_completions(tmp_path / "b.jsonl", 8, max_tokens=16)
-    job_id = submit(live, path, "--chunk-size", "4", "--batch-size", "1", "--max-tokens", "16")
+    # 48 tokens a request: the middle of a chunk lasts seconds even on a fast CPU (at 16 a quiet Zen 5 ran a
+    # request in 0.6 s, and a loaded test process's polls missed the window)
+    path = write_completions(tmp_path / "b.jsonl", 8, max_tokens=MIDDLE_TOKENS)
+    job_id = submit(live, path, "--chunk-size", "4", "--batch-size", "1", "--max-tokens", str(MIDDLE_TOKENS))
     victim = live.workers["a"]
     chunk_id, holder = wait_for(
         lambda: _chunk_in_flight(live, job_id, victim), JOB_TIMEOUT_S, 0.05, what="worker a in the middle of a chunk"
@@ -280,9 +285,9 @@ def test_kill_9_a_worker_in_the_middle_of_a_chunk(live, tmp_path):
 
 
 def test_kill_only_the_pool_child(live, tmp_path):
-    path = write_completions(tmp_path / "b.jsonl", 4, max_tokens=16)
+    path = write_completions(tmp_path / "b.jsonl", 4, max_tokens=MIDDLE_TOKENS)
     # one chunk, so it is worker a's or b's; kill the child of whichever holds it
-    job_id = submit(live, path, "--chunk-size", "4", "--batch-size", "1", "--max-tokens", "16")
+    job_id = submit(live, path, "--chunk-size", "4", "--batch-size", "1", "--max-tokens", str(MIDDLE_TOKENS))
 
     def in_flight():
         for w in live.workers.values():

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_attention.h"
 #include "spin_pool.h"
 #include <c10/util/BFloat16.h>
 
@@ -575,6 +576,10 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
   return out;
 }
 
+}  // namespace
+
+namespace spec_batch_kernels {
+
 // A decode step's cache write and attention in one call: key, value [B, Hkv, n, D] written into the cache's
 // slabs [B, Hkv, capacity, D] at columns [length, length + n), then `attend` over the first length + n columns
 // (the same bits as a cache update followed by `attend`; from Python those were four indexing calls a layer).
@@ -590,7 +595,7 @@ at::Tensor attend_appended(const at::Tensor& query, const at::Tensor& key, const
                 false);
 }
 
-}  // namespace
+}  // namespace spec_batch_kernels
 
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("attend(Tensor query, Tensor key, Tensor value, Tensor visible, Tensor bias, float scale, bool portable=False) -> Tensor");
@@ -601,5 +606,5 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
   m.impl("attend", attend);
-  m.impl("attend_appended", attend_appended);
+  m.impl("attend_appended", spec_batch_kernels::attend_appended);
 }

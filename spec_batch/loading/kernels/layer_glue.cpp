@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "block_linear.h"
+#include "cpu_attention.h"
 
 namespace {
 
@@ -228,6 +229,45 @@ std::tuple<Tensor, Tensor> layer_after_attention(
   return {sum, project(gated, down_packed, down_scales, down_minimums)};
 }
 
+// The whole decoder stack of a decode step: per layer `layer_before_attention`, the cache write and attention
+// (`attend_appended`) and `layer_after_attention`, the same calls in the same order as llama_forward.py makes them
+// a layer at a time (so the same bits), without returning to Python between layers: a step of a 135M model makes
+// ~90 such calls, and each call's fixed cost (argument parsing, dispatch, the Python around it) adds up to a tenth
+// of the step. Per layer i: weights[kWeights * i + ...] are (input norm, q/k/v packed, scales, minimums, post norm,
+// o's three, gate/up's three, down's three), eps[2 i], eps[2 i + 1] the two norms' epsilons; key_slabs[i],
+// value_slabs[i] hold room for the step's columns after lengths[i] (SlabLayer.room). Returns (x, the last
+// layer's MLP term), as the per-layer loop leaves them.
+constexpr int64_t kWeights = 14;
+
+std::tuple<Tensor, Tensor> decoder_layers(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                          const c10::optional<Tensor>& real, const Tensor& visible, double scale,
+                                          at::TensorList key_slabs, at::TensorList value_slabs,
+                                          at::IntArrayRef lengths, at::TensorList weights, at::ArrayRef<double> eps,
+                                          int64_t query_heads, int64_t key_heads, int64_t head_dim,
+                                          int64_t gate_size) {
+  const int64_t layers = static_cast<int64_t>(key_slabs.size());
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(value_slabs.size()) == layers &&
+                  static_cast<int64_t>(lengths.size()) == layers &&
+                  static_cast<int64_t>(weights.size()) == kWeights * layers &&
+                  static_cast<int64_t>(eps.size()) == 2 * layers,
+              "decoder_layers: per layer one key slab, value slab and length, ", kWeights, " weights, 2 epsilons");
+  const Tensor no_bias = at::empty({0}, x.options());
+  Tensor sum = x;
+  c10::optional<Tensor> delta;
+  for (int64_t i = 0; i < layers; ++i) {
+    const Tensor* w = weights.data() + kWeights * i;
+    auto [residual, q, k, v] = layer_before_attention(sum, delta, cos, sin, real, w[0], eps[2 * i], w[1], w[2], w[3],
+                                                      query_heads, key_heads, head_dim);
+    const Tensor attended = spec_batch_kernels::attend_appended(q, k, v, key_slabs[i], value_slabs[i], lengths[i],
+                                                                visible, no_bias, scale);
+    auto [next, term] = layer_after_attention(residual, attended, real, w[4], eps[2 * i + 1], w[5], w[6], w[7], w[8],
+                                              w[9], w[10], gate_size, w[11], w[12], w[13]);
+    sum = next;
+    delta = term;
+  }
+  return {sum, *delta};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
@@ -243,6 +283,10 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
       "layer_after_attention(Tensor x, Tensor attended, Tensor? real, Tensor norm_weight, float eps, "
       "Tensor o_packed, Tensor o_scales, Tensor o_minimums, Tensor gu_packed, Tensor gu_scales, Tensor gu_minimums, "
       "int gate_size, Tensor down_packed, Tensor down_scales, Tensor down_minimums) -> (Tensor, Tensor)");
+  m.def(
+      "decoder_layers(Tensor x, Tensor cos, Tensor sin, Tensor? real, Tensor visible, float scale, "
+      "Tensor(a!)[] key_slabs, Tensor(b!)[] value_slabs, int[] lengths, Tensor[] weights, float[] eps, "
+      "int query_heads, int key_heads, int head_dim, int gate_size) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
@@ -252,4 +296,5 @@ TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
   m.impl("silu_mul", silu_mul);
   m.impl("layer_before_attention", layer_before_attention);
   m.impl("layer_after_attention", layer_after_attention);
+  m.impl("decoder_layers", decoder_layers);
 }
