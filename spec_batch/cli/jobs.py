@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..heap import freeze_heap
 from ..store.models import JOB_CANCELLED, JOB_CANCELLING, JOB_COMPLETED, JOB_EXPIRED, JOB_FAILED
 from ._common import (
     EXIT_CANCELLED,
@@ -45,7 +46,7 @@ def _load_decoder(
     console = _console(stderr=True)
     try:
         with console.status(f"loading target {target!r} with drafter {draft!r} on {device} ..."):
-            return load_decoder(
+            decoder = load_decoder(
                 target=target,
                 draft=resolve_with_settings(draft, settings),
                 device=device,
@@ -57,6 +58,8 @@ def _load_decoder(
             )
     except SpecBatchError as exc:
         raise click.ClickException(str(exc)) from exc
+    freeze_heap()  # this process runs the job with this decoder to its end: later full collections skip it
+    return decoder
 
 
 def _exit_code(session_factory, job_id: str) -> int:

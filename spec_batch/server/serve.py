@@ -104,4 +104,7 @@ def run(ctx: ServerContext, host: str, port: int, *, log_level: str = "info") ->
     finish, and the app's lifespan stops the services."""
     import uvicorn
 
+    from ..heap import freeze_heap
+
+    freeze_heap()  # the model and the app are loaded: later full collections skip them
     uvicorn.run(create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 
 from spec_batch.core.decoder_like import DecoderLike
+from spec_batch.heap import freeze_heap
 from spec_batch.jobs import lease
 from spec_batch.jobs.heads import resolve_with_settings
 from spec_batch.jobs.job_memory_store import JobMemories
@@ -146,6 +147,7 @@ class Runtime:
         )
         if key not in self._loaded:
             self._loaded.add(key)
+            freeze_heap()  # a worker keeps what it loaded for life: later full collections skip it
             log.warning(
                 "loaded %s + %s on %s in %.1fs (pid %d)",
                 target,

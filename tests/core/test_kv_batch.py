@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spec_batch.core.batch.rows import fill_order
 from spec_batch.core.kv.kv_batch import KVBatch, left_padded, supports_model
 
 CPU = torch.device("cpu")
@@ -138,6 +139,31 @@ def test_select_rows_drops_and_reorders(model):
     m.step([[12], [13, 14], [15]])
     m.rollback([0, 1, 0])
     m.step([[16], [17], [18]])
+
+
+def test_rows_leaving_in_fill_order_move_only_the_rows_from_the_end(model):
+    """Rows 1 and 3 of 5 leave: row 4 takes place 1 (fill_order), rows 0 and 2 stay where they are, in the same
+    slabs (no new allocation), and every row's logits stay exact."""
+    m = Mirror(model, [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14, 15]])
+    m.step([[1, 2], [3], [4, 5, 6], [7], [8]])
+    m.rollback([1, 0, 2, 0, 0])
+    slab = m.kv.cache.layers[0].room(0)[0]
+    keep = fill_order([0, 2, 4])
+    assert keep == [0, 4, 2]
+    m.kv.select_rows(torch.tensor(keep))
+    m.seqs = [m.seqs[i] for i in keep]
+    assert m.kv.cache.layers[0].room(0)[0].data_ptr() == slab.data_ptr()
+    m.step([[12], [13, 14], [15]])
+    m.rollback([0, 1, 0])
+    m.step([[16], [17], [18]])
+
+
+def test_fill_order():
+    assert fill_order([0, 1, 2]) == [0, 1, 2]  # nobody left
+    assert fill_order([0, 1]) == [0, 1]  # the last rows left: nothing moves
+    assert fill_order([1, 2, 3]) == [3, 1, 2]  # the first left: the last takes its place
+    assert fill_order([0, 3, 5, 6]) == [0, 5, 6, 3]
+    assert fill_order([]) == []
 
 
 def test_extend_with_a_fresh_group(model):

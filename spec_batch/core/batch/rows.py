@@ -106,3 +106,17 @@ def matched_run(proposal: Sequence[int], emitted: Sequence[int]) -> int:
     while run < min(len(proposal), len(emitted)) and proposal[run] == emitted[run]:
         run += 1
     return run
+
+
+def fill_order(stay: Sequence[int]) -> list[int]:
+    """The batch positions that stay (ascending) as the new order: a row keeps its place, and each
+    place a leaving row frees is taken by a staying row from beyond the new batch size. A row's output does not
+    depend on its place, and the caches then copy only the moved rows (none where the last rows leave), where a
+    kept order would shift every row below a leaving one."""
+    n, kept = len(stay), set(stay)
+    order = list(range(n))
+    holes = [b for b in range(n) if b not in kept]
+    movers = [b for b in stay if b >= n]
+    for hole, mover in zip(holes, movers, strict=True):
+        order[hole] = mover
+    return order

@@ -35,7 +35,7 @@ from ..text import OutputText
 from ..verify import verify, verify_input
 from .grammar_step import GrammarStep
 from .planning import observe_proposal, observe_tree, plan_step
-from .rows import Row
+from .rows import Row, fill_order
 
 if TYPE_CHECKING:
     from ..decoder import Decoder, Request
@@ -135,7 +135,7 @@ class RunningBatch(Generic[S]):
         if not positions:
             return
         rows, sinks, gone = self.rows, self.sinks, set(positions)
-        self._keep([b for b in range(len(rows)) if b not in gone])
+        self._keep(fill_order([b for b in range(len(rows)) if b not in gone]))
         for b in positions:
             end_row(rows[b], sinks[b], reason)
 
@@ -165,7 +165,7 @@ class RunningBatch(Generic[S]):
         """One step of every row: each sink hears of its row's new tokens (the result too, once finished); the
         finished rows leave. Returns how many rows the step decoded."""
         events, sinks = self._step(), self.sinks
-        self._keep([b for b, e in enumerate(events) if not e.finished])
+        self._keep(fill_order([b for b, e in enumerate(events) if not e.finished]))
         for event, sink in zip(events, sinks):
             deliver(event.row, sink, event.new_ids, event.finished)
         return len(events)

@@ -18,6 +18,8 @@ import torch
 from . import padding
 from .hf_compat import Cache, DynamicLayer
 
+HEADROOM = 128  # free columns a slab gets where it is allocated anew: the next steps append without a copy
+
 
 class SlabLayer(DynamicLayer):
     """A cache layer with preallocated, doubling capacity: appends write in place instead of torch.cat.
@@ -70,7 +72,7 @@ class SlabLayer(DynamicLayer):
         capacity = self._kbuf.shape[2]
         if needed <= capacity:
             return
-        new_cap = max(needed + 128, 2 * capacity)
+        new_cap = max(needed + HEADROOM, 2 * capacity)
         for name in ("_kbuf", "_vbuf"):
             old = getattr(self, name)
             buf = old.new_empty((*old.shape[:2], new_cap, old.shape[3]))
@@ -95,9 +97,29 @@ class SlabLayer(DynamicLayer):
             self.length = max(0, self.length + tokens_to_remove)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self._kbuf = self._kbuf[indices, :, : self.length].clone()
-            self._vbuf = self._vbuf[indices, :, : self.length].clone()
+        self.select_rows(indices.tolist(), indices)
+
+    def select_rows(self, order: list[int], indices: torch.Tensor) -> None:
+        """Only the rows order[i] (indices: the same, a tensor) stay, in this order. Where each row either stays
+        in place or comes from beyond the new batch (a leaving row's place taken by one from the end: what the
+        running batch asks), the moved rows are copied within the slabs and nothing else is; else one gather
+        into new slabs with room to grow."""
+        if not self.is_initialized:
+            return
+        n = len(order)
+        if all(src == i or src >= n for i, src in enumerate(order)) and len(set(order)) == n:
+            with torch.inference_mode():  # the slabs may be inference tensors (written in a decode step)
+                for i, src in enumerate(order):
+                    if src != i:
+                        for buf in (self._kbuf, self._vbuf):
+                            buf[i, :, : self.length].copy_(buf[src, :, : self.length])
+            self._kbuf, self._vbuf = self._kbuf[:n], self._vbuf[:n]
+            return
+        for name in ("_kbuf", "_vbuf"):
+            old = getattr(self, name)
+            buf = old.new_empty((n, old.shape[1], self.length + HEADROOM, old.shape[3]))
+            buf[:, :, : self.length] = old[indices, :, : self.length]
+            setattr(self, name, buf)
 
     def gather_columns(self, columns: torch.Tensor) -> None:
         """Keeps, for each row b, the columns columns[b] (in order). columns [B, new_len]."""
@@ -109,13 +131,6 @@ class SlabLayer(DynamicLayer):
         self._vbuf = self._vbuf[:, :, : self.length].gather(2, idx)
         self.length = columns.shape[1]
 
-    def pad_left(self, n: int) -> None:
-        if self.is_initialized and n > 0:
-            pad_shape = (*self._kbuf.shape[:2], n, self._kbuf.shape[3])
-            self._kbuf = torch.cat([self._kbuf.new_zeros(pad_shape), self._kbuf[:, :, : self.length]], dim=2)
-            self._vbuf = torch.cat([self._vbuf.new_zeros(pad_shape), self._vbuf[:, :, : self.length]], dim=2)
-            self.length += n
-
     def add_rows(self, n: int) -> None:
         """n new rows below ours, holding nothing (masked columns)."""
         if self.is_initialized:
@@ -124,9 +139,20 @@ class SlabLayer(DynamicLayer):
                 setattr(self, name, torch.cat([old, old.new_zeros((n, *old.shape[1:]))], dim=0))
 
     def concat_rows(self, other: SlabLayer) -> None:
-        """Appends other's rows (same cache length) below ours."""
-        self._kbuf = torch.cat([self._kbuf[:, :, : self.length], other._kbuf[:, :, : other.length]], dim=0)
-        self._vbuf = torch.cat([self._vbuf[:, :, : self.length], other._vbuf[:, :, : other.length]], dim=0)
+        """Appends other's rows below ours, the shorter side's columns shifted right (zeros before them, which
+        its rows' masks hide), into new slabs with room to grow: one copy of each side."""
+        length = max(self.length, other.length)
+        for name in ("_kbuf", "_vbuf"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            buf = mine.new_empty((mine.shape[0] + theirs.shape[0], mine.shape[1], length + HEADROOM, mine.shape[3]))
+            for part, side, held in (
+                (buf[: mine.shape[0]], mine, self.length),
+                (buf[mine.shape[0] :], theirs, other.length),
+            ):
+                part[:, :, : length - held].zero_()
+                part[:, :, length - held : length].copy_(side[:, :, :held])
+            setattr(self, name, buf)
+        self.length = length
 
 
 def kv_storage_dtype(model) -> torch.dtype | None:
@@ -273,7 +299,10 @@ class KVBatch:
             self.mask = self.mask[:, :keep]
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
+        """Only these rows stay, in this order (running_batch's `fill_order` keeps the copying to moved rows)."""
+        order = rows.tolist()
+        for layer in self.cache.layers:
+            layer.select_rows(order, rows)
         self.mask = self.mask[rows]
         self.next_pos = self.next_pos[rows]
         self._trim_tail()
@@ -308,9 +337,7 @@ class KVBatch:
             return
         diff = self.length - other.length
         shorter, pad = (other, diff) if diff > 0 else (self, -diff)
-        if pad:
-            for layer in shorter.cache.layers:
-                layer.pad_left(pad)
+        if pad:  # the shorter side's columns move right: its slabs in concat_rows, its mask here
             shorter.mask = torch.cat([shorter.mask.new_zeros(shorter.batch, pad), shorter.mask], dim=1)
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.concat_rows(theirs)
