@@ -308,18 +308,29 @@ class DraftPolicy:
         """Per-row lengths when a step costs its real tokens: row b drafts token j while the chance to reach it
         (gains[b][j] - gains[b][j - 1], falling with j) is >= a threshold; the best threshold wins."""
         reach = [[g[j] - g[j - 1] for j in range(1, len(g))] for g in gains]
-        best, best_rate = [0] * len(gains), -1.0
         thresholds = ([] if drafting else [float("inf")]) + sorted({p for r in reach for p in r}, reverse=True)
+        # every draft token (its reach, its row), highest first: lowering the threshold past a token lengthens its
+        # row by one, so each threshold's plan follows from the last one's (this runs on every planned step)
+        tokens = sorted(((p, b) for b, r in enumerate(reach) for p in r), reverse=True)
+        estimate, bound = self.costs.estimates(batch), self._latency_bound(batch)
+        ks = [0] * len(gains)
+        each = [1.0 + g[0] for g in gains]  # each row's expected tokens
+        counted = each if trust is None else [1.0 + (e - 1.0) * t for e, t in zip(each, trust, strict=True)]
+        best, best_rate, added = [0] * len(gains), -1.0, 0
         for threshold in thresholds:
-            ks = [sum(1 for p in r if p >= threshold) for r in reach]
-            cost = self.costs.estimate(batch, ks)
-            each = [1.0 + g[k] for g, k in zip(gains, ks)]
-            if any(ks) and not self._within_latency(batch, cost, each, trust):  # type: ignore[arg-type]
-                continue
-            rate = sum(each) / cost  # type: ignore[operator]
-            rate *= self.margin_at(batch) if not any(ks) else 1.0
+            while added < len(tokens) and tokens[added][0] >= threshold:
+                b = tokens[added][1]
+                ks[b] += 1
+                each[b] = 1.0 + gains[b][ks[b]]
+                if trust is not None:
+                    counted[b] = 1.0 + (each[b] - 1.0) * trust[b]
+                added += 1
+            cost = estimate(ks)
+            if added and bound is not None and not cost <= bound * min(counted):  # type: ignore[operator]
+                continue  # the latency bound (_within_latency)
+            rate = sum(each) / cost * (1.0 if added else self.margin_at(batch))  # type: ignore[operator]
             if rate > best_rate * 1.0001:
-                best, best_rate = ks, rate
+                best, best_rate = list(ks), rate
         return best
 
     def _admissible(self, batch: int, gains: list[list[float]], ks: list[int], trust: list[float] | None) -> bool:
@@ -331,11 +342,16 @@ class DraftPolicy:
         """Whether a drafting step of this cost keeps its slowest row within the latency slack of a plain step's
         rate; always, without a slack or before a plain step is measured. each[b]: row b's expected tokens, its
         drafts counted at trust[b] (None: all 1)."""
-        plain = self.costs.estimate(batch, [0])
-        if self.latency_slack is None or plain is None:
+        bound = self._latency_bound(batch)
+        if bound is None:
             return True
         fewest = min(each) if trust is None else min(1.0 + (e - 1.0) * t for e, t in zip(each, trust, strict=True))
-        return cost <= plain * (1.0 + self.latency_slack) * fewest
+        return cost <= bound * fewest
+
+    def _latency_bound(self, batch: int) -> float | None:
+        """The most a step may cost per expected token of its slowest row: plain decoding's step plus the slack."""
+        plain = self.costs.estimate(batch, [0])
+        return None if self.latency_slack is None or plain is None else plain * (1.0 + self.latency_slack)
 
     def observe_row(self, acceptance: RowAcceptance, confidence: list[float] | None, run: int, checked: int) -> None:
         """A row's proposal matched the step's emitted tokens for `run` tokens of the `checked` compared."""

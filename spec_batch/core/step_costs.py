@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -186,6 +186,20 @@ class PaddedCosts:
     def estimate(self, batch: int, lengths: list[int]) -> float | None:
         rho = self.rho
         return self.tables[rho].estimate(batch, self.width(rho, lengths))
+
+    def estimates(self, batch: int) -> Callable[[list[int]], float | None]:
+        """`estimate` at this batch size for the many plans of one step: the table chosen once, each effective
+        width looked up once (nothing is observed between the calls)."""
+        rho = self.rho
+        table, seen = self.tables[rho], {}
+
+        def estimate(lengths: list[int]) -> float | None:
+            width = self.width(rho, lengths)
+            if width not in seen:
+                seen[width] = table.estimate(batch, width)
+            return seen[width]
+
+        return estimate
 
     def observe(self, batch: int, lengths: list[int], seconds: float, replace: bool = False) -> None:
         for rho, table in self.tables.items():

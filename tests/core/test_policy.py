@@ -621,3 +621,49 @@ def test_exploring_a_wider_plan_stays_within_the_latency_bound():
     bounded.latency_slack = 0.1
     # without the check the explore_every-th step would draft [2, 0], a step of 1.16 plain ones
     assert [bounded.plan(2, offers) for _ in range(2 * bounded.explore_every)] == [[1, 0]] * (2 * bounded.explore_every)
+
+
+def _recounted_lengths(policy: DraftPolicy, batch: int, gains, drafting: bool, trust) -> list[int]:
+    """The rule of `_best_lengths` as its docstring states it, every threshold counted afresh: the oracle for the
+    incremental version that runs on every planned step."""
+    reach = [[g[j] - g[j - 1] for j in range(1, len(g))] for g in gains]
+    best, best_rate = [0] * len(gains), -1.0
+    for threshold in ([] if drafting else [math.inf]) + sorted({p for r in reach for p in r}, reverse=True):
+        ks = [sum(1 for p in r if p >= threshold) for r in reach]
+        cost = policy.costs.estimate(batch, ks)
+        each = [1.0 + g[k] for g, k in zip(gains, ks)]
+        if any(ks) and not policy._within_latency(batch, cost, each, trust):
+            continue
+        rate = sum(each) / cost * (policy.margin_at(batch) if not any(ks) else 1.0)
+        if rate > best_rate * 1.0001:
+            best, best_rate = ks, rate
+    return best
+
+
+@pytest.mark.parametrize("slack", [None, 0.1])
+def test_per_row_lengths_are_the_thresholds_rule_counted_afresh(slack):
+    rng = random.Random(5)
+    policy = DraftPolicy(k_max=16, ragged=True, latency_slack=slack)
+    for batch in (1, 2, 4, 8, 16):  # steps whose drafted tokens cost 2-20% of a plain step's, noisy
+        for _ in range(60):
+            lengths = [rng.choice([0, 0, 1, 2, 4, 8, 16]) for _ in range(batch)]
+            cost = 0.004 * (1 + 0.1 * batch) * (1 + rng.uniform(0.02, 0.2) * sum(lengths) / batch)
+            policy.observe_step(batch, lengths, cost)
+    drafted = 0
+    for _ in range(300):
+        batch = rng.choice([1, 2, 4, 8, 16])
+        gains = []
+        for _ in range(batch):
+            g, alive = [0.0], 1.0
+            for _ in range(rng.randint(0, 16)):
+                alive *= rng.uniform(0.3, 1.0)
+                if alive < policy.min_reach:
+                    break
+                g.append(g[-1] + alive)
+            gains.append(g)
+        trust = rng.choice([None, [rng.uniform(0.3, 1.0) for _ in range(batch)]])
+        for drafting in (False, True):
+            want = _recounted_lengths(policy, batch, gains, drafting, trust)
+            assert policy._best_lengths(batch, gains, drafting, trust) == want
+            drafted += any(want) and not drafting
+    assert drafted > 100  # plans of the free choice that draft, not only plain decoding
