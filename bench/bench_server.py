@@ -4,7 +4,8 @@ with speculation on (the drafter given) and off (`none`), each against its own `
 Every client sends chat requests one after another (the official `openai` client, greedy, max_tokens fixed) for
 --requests requests per level; aggregate tokens/s = all completion tokens / the level's wall time. Both servers
 run side by side and take turns level by level (which goes first alternates), so a machine whose speed drifts
-over minutes drifts for both; `--runs N` repeats the whole and prints the medians of the runs. Concurrent
+over minutes drifts for both; `--runs N` repeats the whole, each run with two servers started for it (a process's
+speed can sit ~10% off another's for its whole life), and prints the medians of the runs. Concurrent
 clients share the engine's steps (continuous batching), so tokens/s should grow with clients, and speculation at 1
 client should keep the core's batch-1 ratio (bench_core). Timings belong in docs/benchmarks.md, run on a quiet
 machine.
@@ -123,6 +124,21 @@ def report_medians(runs: list[tuple[list[Level], list[Level]]], draft: str) -> s
     return "\n".join(lines)
 
 
+def bench_fresh_servers(args: argparse.Namespace, prompts: list[str], turn: int) -> tuple[list[Level], list[Level]]:
+    """One run against two servers started for it: a process's speed on a VM can sit ~10% off another's for its
+    whole life (the same decode, one process after another, 463-485 against 540-569 tokens/s on the Zen 5 VM of
+    docs/benchmarks.md), so servers kept across runs would carry one pair's bias into every run's ratio."""
+    with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+        servers = [start_server(Path(tmp), args, draft) for draft in (args.draft, "none")]
+        try:
+            for server in servers:
+                run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
+            return bench_interleaved(*servers, args, prompts, turn)
+        finally:
+            for server in servers:
+                server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="default")
@@ -139,15 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     prompts = SETS[args.prompt_set]
     runs: list[tuple[list[Level], list[Level]]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
-        servers = [start_server(Path(tmp), args, draft) for draft in (args.draft, "none")]
-        try:
-            for server in servers:
-                run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
-            runs = [bench_interleaved(*servers, args, prompts, turn) for turn in range(args.runs)]
-        finally:
-            for server in servers:
-                server.stop()
+    for turn in range(args.runs):
+        runs.append(bench_fresh_servers(args, prompts, turn))
     print(
         f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
         f"{args.max_tokens}, engine max_batch {args.max_batch}, latency slack {args.latency_slack or 'default'}"
