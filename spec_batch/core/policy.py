@@ -64,6 +64,11 @@ def _gains(accept_probs: list[float], min_reach: float) -> list[float]:
     return gains
 
 
+def _discounted(expected: float, trust: float) -> float:
+    """A row's expected tokens with its drafts counted at the share it has been getting (RowAcceptance.trust)."""
+    return 1.0 + (expected - 1.0) * trust
+
+
 class DraftPolicy:
     def __init__(
         self,
@@ -315,7 +320,7 @@ class DraftPolicy:
         estimate, bound = self.costs.estimates(batch), self._latency_bound(batch)
         ks = [0] * len(gains)
         each = [1.0 + g[0] for g in gains]  # each row's expected tokens
-        counted = each if trust is None else [1.0 + (e - 1.0) * t for e, t in zip(each, trust, strict=True)]
+        counted = each if trust is None else [_discounted(e, t) for e, t in zip(each, trust, strict=True)]
         best, best_rate, added = [0] * len(gains), -1.0, 0
         for threshold in thresholds:
             while added < len(tokens) and tokens[added][0] >= threshold:
@@ -323,7 +328,7 @@ class DraftPolicy:
                 ks[b] += 1
                 each[b] = 1.0 + gains[b][ks[b]]
                 if trust is not None:
-                    counted[b] = 1.0 + (each[b] - 1.0) * trust[b]
+                    counted[b] = _discounted(each[b], trust[b])
                 added += 1
             cost = estimate(ks)
             if added and bound is not None and not cost <= bound * min(counted):  # type: ignore[operator]
@@ -345,7 +350,7 @@ class DraftPolicy:
         bound = self._latency_bound(batch)
         if bound is None:
             return True
-        fewest = min(each) if trust is None else min(1.0 + (e - 1.0) * t for e, t in zip(each, trust, strict=True))
+        fewest = min(each) if trust is None else min(_discounted(e, t) for e, t in zip(each, trust, strict=True))
         return cost <= bound * fewest
 
     def _latency_bound(self, batch: int) -> float | None:

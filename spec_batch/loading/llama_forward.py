@@ -214,8 +214,7 @@ class LlamaForward:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layers' loop in one native call: the slabs make room for the step's n columns first, and count
         them as written after (as `_attend_appended` does a layer at a time)."""
-        rooms = [layer.room(n) for layer in slabs]
-        keys, values, lengths = ([room[i] for room in rooms] for i in range(3))
+        keys, values, lengths = zip(*(layer.room(n) for layer in slabs))
         positions = None if real is None else real.index
         stack = self.stack
         out = torch.ops.spec_batch.decoder_layers(
