@@ -208,42 +208,51 @@ inline __m256i group(const int8_t* x, int64_t p) {
   return _mm256_set1_epi32(g);
 }
 
-// N rows' 8 integer block sums each (one per output of the tile) from the unpacked weights and the rows' blocks of
+// N rows' 8 integer block sums each (one per output of the tile) from the block's weights and the rows' blocks of
 // int8 activations (row i at x + i * kBlock: QuantRows' layout). The rows' chains are interleaved, so the products of
 // independent rows overlap instead of waiting on one another's latency; the sums are integers, the same in any order.
 // Q4 on AVX2: u8 x s8 products paired into int16 (no overflow: 8 * 2 * 15 * 127 < 2^15), then widened. Q8 on AVX2:
-// q + 128 would overflow those pairs, so the signs move onto the weights (|x| * sign(x) q, as llama.cpp does:
+// q + 128 would overflow those pairs, so the signs move onto the activations (|q| * sign(q) x, as llama.cpp does:
 // 2 * 127 * 127 < 2^15) and each group widens at once.
+// The weights are unpacked as they are used (a Q4 load gives groups q and q + 4) and each row's sum is pinned to a
+// register after every group: with all 8 groups unpacked first and the sums free to reassociate, GCC built one tree
+// of every product, and 4 rows' sums spilled to the stack. One 3072x576 layer, one thread hot, AVX2 Zen 3: 8 rows
+// 1.29x, 16-32 rows 1.37-1.39x faster (4 rows a chunk before, 8 now); the W8A8 head's shape 1.1-1.2x from 2 rows.
 struct SumsAvx2 {
-  static constexpr int kRows = 4;  // rows a chunk: a block's unpacked weights serve them all
+  static constexpr int kRows = 8;  // rows a chunk: a block's weights serve them all
   template <int N>
-  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, const int32_t*, __m256i* out) {
+  static void rows(Q4Blocks, const uint8_t* w, const int8_t* x, const int32_t*, __m256i* out) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i s16[N];
-#pragma GCC unroll 8
-    for (int i = 0; i < N; ++i) s16[i] = _mm256_maddubs_epi16(wq[0], group(x + i * kBlock, 0));
-#pragma GCC unroll 8
-    for (int64_t p = 1; p < 8; ++p) {
+#pragma GCC unroll 4
+    for (int64_t q = 0; q < 4; ++q) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 32));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) {
-        s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wq[p], group(x + i * kBlock, p)));
+        const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, group(x + i * kBlock, q)),
+                                              _mm256_maddubs_epi16(hi, group(x + i * kBlock, q + 4)));
+        s16[i] = q == 0 ? pair : _mm256_add_epi16(s16[i], pair);
+        __asm__("" : "+x"(s16[i]));  // pinned: see above
       }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) out[i] = _mm256_madd_epi16(s16[i], _mm256_set1_epi16(1));
   }
+  // Q8: |q| once a group for every row, q's signs moved onto each row's x
   template <int N>
-  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, const int32_t*, __m256i* out) {
+  static void rows(Q8Blocks, const uint8_t* w, const int8_t* x, const int32_t*, __m256i* out) {
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 8
-    for (int i = 0; i < N; ++i) out[i] = _mm256_setzero_si256();
-#pragma GCC unroll 8
     for (int64_t p = 0; p < 8; ++p) {
-      const __m256i q = _mm256_xor_si256(wq[p], flip);
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32)), flip);
+      const __m256i size = _mm256_abs_epi8(q);
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) {
-        const __m256i xg = group(x + i * kBlock, p);
-        const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xg, xg), _mm256_sign_epi8(q, xg));
-        out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(pairs, ones));
+        const __m256i signed_x = _mm256_sign_epi8(group(x + i * kBlock, p), q);
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(size, signed_x), ones);
+        out[i] = p == 0 ? sums : _mm256_add_epi32(out[i], sums);
+        __asm__("" : "+x"(out[i]));
       }
     }
   }
@@ -280,11 +289,15 @@ struct SumsVnni {
     }
   }
   template <int N>
-  static void rows(Q4Blocks, const __m256i* wq, const int8_t* x, const int32_t*, __m256i* out) {
+  static void rows(Q4Blocks, const uint8_t* w, const int8_t* x, const int32_t*, __m256i* out) {
+    __m256i wq[8];
+    unpack(Q4Blocks{}, w, wq);
     dots<N>(wq, x, out);
   }
   template <int N>
-  static void rows(Q8Blocks, const __m256i* wq, const int8_t* x, const int32_t* totals, __m256i* out) {
+  static void rows(Q8Blocks, const uint8_t* w, const int8_t* x, const int32_t* totals, __m256i* out) {
+    __m256i wq[8];
+    unpack(Q8Blocks{}, w, wq);
     dots<N>(wq, x, out);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) out[i] = _mm256_sub_epi32(out[i], _mm256_set1_epi32(128 * totals[i]));
@@ -326,13 +339,12 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
   for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
   int32_t totals[N];
   for (int64_t b = 0; b < blocks; ++b) {
-    __m256i wq[8], sums[N];
+    __m256i sums[N];
     fetch_ahead<Format>(w + b * Format::kBytes);
-    unpack(Format{}, w + b * Format::kBytes, wq);
     const __m256 dv = halves(d + b * kTile), mv = m == nullptr ? _mm256_setzero_ps() : halves(m + b * kTile);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) totals[i] = xr.total[xr.at(r0 + i, b)];
-    Sums::template rows<N>(Format{}, wq, xr.block(r0, b), totals, sums);
+    Sums::template rows<N>(Format{}, w + b * Format::kBytes, xr.block(r0, b), totals, sums);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) {
       const int64_t at = xr.at(r0 + i, b);
