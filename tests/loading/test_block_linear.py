@@ -215,3 +215,31 @@ def test_a_thread_other_than_the_main_one_gets_the_same_bits():
     assert len(got) == 2
     for outputs in got:
         assert all(torch.equal(a, b) for a, b in zip(outputs, want))
+
+
+_PASSIVE_CHECK = """
+import torch
+from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
+from spec_batch.loading.kernels import native_ops
+native_ops("on")
+torch.set_num_threads(2)
+gen = torch.Generator().manual_seed(14)
+layers = [BlockLinear.quantize(torch.randn(3072, 576, generator=gen) * 0.05, None, torch.float32),
+          Q8BlockLinear.quantize(torch.randn(576, 576, generator=gen) * 0.05, None, torch.float32)]
+x = torch.randn(9, 576, generator=gen)
+torch.save([layer(x[:n]) for layer in layers for n in (1, 4, 9)], {path!r})
+"""
+
+
+def test_the_main_thread_on_the_kernels_own_threads_gets_the_same_bits(tmp_path):
+    """With OMP_WAIT_POLICY=passive the main thread's regions run on the kernels' own threads, split into pieces
+    claimed in turn, not OpenMP's team: the same bits as the team's, in processes of their own."""
+    outputs = []
+    for policy in ("active", "passive"):
+        path = tmp_path / f"{policy}.pt"
+        env = dict(os.environ, OMP_WAIT_POLICY=policy)
+        check = _PASSIVE_CHECK.format(path=str(path))
+        done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append(torch.load(path))
+    assert len(outputs[0]) == 6 and all(torch.equal(a, b) for a, b in zip(*outputs))

@@ -391,7 +391,7 @@ inline int64_t list_visible(const bool* vis, int64_t stride, int64_t length, int
   return count;
 }
 
-// The (row, head, query) tasks split into one contiguous run per thread of about equal work (visible columns,
+// The (row, head, query) tasks split into contiguous runs of about equal work, a few a thread (visible columns,
 // plus one for the scan), not of equal count: in a verify step the real queries crowd into the rows that
 // drafted most (a padded query sees nothing), and an even split by count would leave one thread all the work.
 template <typename F>
@@ -404,12 +404,13 @@ void parallel_by_work(const std::vector<int64_t>& work_before, int64_t dim, cons
     run(0, tasks);
     return;
   }
-  spec_batch_kernels::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t parts = std::min<int64_t>(4 * threads, tasks);  // a few a thread: parallel_for's pieces
+  spec_batch_kernels::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       auto cut = [&](int64_t i) {
-        return i == threads ? tasks
-                            : std::lower_bound(work_before.begin(), work_before.end(), total * i / threads) -
-                                  work_before.begin();
+        return i == parts ? tasks
+                          : std::lower_bound(work_before.begin(), work_before.end(), total * i / parts) -
+                                work_before.begin();
       };
       const int64_t lo = std::min(cut(t), tasks), hi = std::min(cut(t + 1), tasks);
       if (lo < hi) run(lo, hi);

@@ -5,8 +5,8 @@
 #include <functional>
 
 namespace spec_batch_kernels {
-// f(lo, hi) over [begin, end) split as at::parallel_for splits it: at most at::get_num_threads() contiguous
-// chunks of at least `grain`. Runs on the calling thread alone when the range is one chunk, when called from
+// f(lo, hi) over [begin, end) on at most at::get_num_threads() threads, in pieces of a multiple of `grain` (a few a
+// thread) that the threads claim in turn. Runs on the calling thread alone when the range is one chunk, when called from
 // inside another parallel_for, or while another thread's parallel_for holds the pool. The first exception a chunk
 // throws is rethrown here.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
