@@ -320,6 +320,7 @@ class DraftPolicy:
         estimate, bound = self.costs.estimates(batch), self._latency_bound(batch)
         ks = [0] * len(gains)
         each = [1.0 + g[0] for g in gains]  # each row's expected tokens
+        # what the latency bound counts: the same list as `each` where every draft is trusted in full
         counted = each if trust is None else [_discounted(e, t) for e, t in zip(each, trust, strict=True)]
         best, best_rate, added = [0] * len(gains), -1.0, 0
         for threshold in thresholds:

@@ -404,7 +404,7 @@ void parallel_by_work(const std::vector<int64_t>& work_before, int64_t dim, cons
     run(0, tasks);
     return;
   }
-  const int64_t parts = std::min<int64_t>(4 * threads, tasks);  // a few a thread: parallel_for's pieces
+  const int64_t parts = std::min<int64_t>(spec_batch_kernels::kPiecesPerThread * threads, tasks);
   spec_batch_kernels::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       auto cut = [&](int64_t i) {

@@ -12,7 +12,8 @@
 // Why that matters on a busy machine: an OpenMP region ends at a barrier that waits for every thread of the team,
 // one the OS has descheduled included; the pool waits only for the pieces claimed, so a delayed worker's share is
 // taken by the running threads. Beside a CPU burner on 2 cores (AVX2 Zen 3, plain decoding at batch 1): 1.65x the
-// tokens/s of the OpenMP team, the same quiet (but Hugging Face's forward, all ATen regions, lost 25-30% quiet).
+// tokens/s of the OpenMP team; quiet, plain decoding the same, wider steps and Hugging Face's forward (ATen's
+// regions, which then pay a wake-up each) slower: docs/weights.md.
 // What each chunk computes does not depend on which thread runs it, so results are the same bits with any split.
 //
 // One job at a time: a job is published in one atomic word (its tag, its chunk count, the next chunk to claim), so
@@ -42,7 +43,6 @@ namespace spec_batch_kernels {
 namespace {
 
 constexpr int64_t kSpinMicros = 500;  // a step's regions are microseconds apart; steps, a millisecond or more
-constexpr int64_t kPiecesPerThread = 4;
 
 inline void relax() {
 #if defined(__x86_64__) || defined(_M_X64)
