@@ -159,23 +159,35 @@ inline void axpy_vector(float p, const T* v, float* acc, int64_t dim) {
   for (; d < dim; ++d) acc[d] += p * static_cast<float>(v[d]);
 }
 
-// acc[d] += p[c] * v[c][d] over the columns c in order, `axpy`'s arithmetic, with acc held in registers across
-// the columns (Chunks * 16 = dim) instead of stored and reloaded for each
-// the columns' weights summed in order into *total as it goes (a chain of its own, overlapping the sum's)
-template <int Chunks, typename T>
-inline void weighted_sum(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc,
-                         float* total) {
-  __m512 sum[Chunks];
-  float weights = *total;
-  for (int i = 0; i < Chunks; ++i) sum[i] = _mm512_loadu_ps(acc + 16 * i);
-  for (int64_t c = 0; c < count; ++c) {
-    weights += p[c];
-    const __m512 pv = _mm512_set1_ps(p[c]);
-    const T* row = v + cols[c] * stride;
-    for (int i = 0; i < Chunks; ++i) sum[i] = _mm512_add_ps(sum[i], _mm512_mul_ps(pv, load16(row + 16 * i)));
+// acc[d] += p[c] * v[c][d] over the columns c in order, `axpy`'s arithmetic, with acc held in registers across the
+// columns (Chunks * 16 = dim) instead of stored and reloaded for each, and the columns' weights summed in order into
+// total (a chain of its own, overlapping the sums'); for G heads that read the same value rows (grouped-query
+// attention), each column's row loaded once for all G, each head's sums in its own registers (its bits as alone).
+// p: head g's weights at p + g * p_stride; acc, total: head g's at acc + g * Chunks * 16, total + g.
+template <int Chunks, int G, typename T>
+inline void weighted_sum_heads(const float* p, int64_t p_stride, const int64_t* cols, int64_t count, const T* v,
+                               int64_t stride, float* acc, float* total) {
+  __m512 sum[G][Chunks];
+  float weights[G];
+  for (int g = 0; g < G; ++g) {
+    weights[g] = total[g];
+    for (int i = 0; i < Chunks; ++i) sum[g][i] = _mm512_loadu_ps(acc + (g * Chunks + i) * 16);
   }
-  for (int i = 0; i < Chunks; ++i) _mm512_storeu_ps(acc + 16 * i, sum[i]);
-  *total = weights;
+  for (int64_t c = 0; c < count; ++c) {
+    const T* row = v + cols[c] * stride;
+    __m512 values[Chunks];
+    for (int i = 0; i < Chunks; ++i) values[i] = load16(row + 16 * i);
+    for (int g = 0; g < G; ++g) {
+      const float w = p[g * p_stride + c];
+      weights[g] += w;
+      const __m512 pv = _mm512_set1_ps(w);
+      for (int i = 0; i < Chunks; ++i) sum[g][i] = _mm512_add_ps(sum[g][i], _mm512_mul_ps(pv, values[i]));
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; i < Chunks; ++i) _mm512_storeu_ps(acc + (g * Chunks + i) * 16, sum[g][i]);
+    total[g] = weights[g];
+  }
 }
 
 // the largest of count floats: exact whatever the order (ties between -0 and +0 give the same exp(x - top))
@@ -244,7 +256,7 @@ inline void weighted_lanes(const float* p, const int64_t* cols, int64_t count, c
   for (int i = 0; i < Regs; ++i) _mm256_storeu_ps(acc + 8 * i, sum[i]);
 }
 
-// the AVX-512 path's weighted_sum (Chunks * 16 = dim): 8 registers of lanes at a time (AVX2 has 16 registers)
+// the AVX-512 path's weighted sum of one head (Chunks * 16 = dim): 8 registers of lanes at a time (AVX2 has 16)
 template <int Chunks, typename T>
 inline void weighted_sum(const float* p, const int64_t* cols, int64_t count, const T* v, int64_t stride, float* acc,
                          float* total) {
@@ -373,9 +385,12 @@ inline int64_t list_visible(const bool* vis, int64_t stride, int64_t length, int
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vis + j));
     const __mmask16 seen = _mm_test_epi8_mask(bytes, bytes);
     const __m512i low = _mm512_add_epi64(_mm512_set1_epi64(j), lanes);
-    _mm512_mask_compressstoreu_epi64(cols + count, static_cast<__mmask8>(seen), low);
+    // compressed in a register, then stored whole: a compressing store to memory is microcoded on Zen 4 (a fifth
+    // of the kernel's time at 200 columns). Each store writes 8 lanes from `count` <= j (+ 8): within [0, length).
+    _mm512_storeu_si512(cols + count, _mm512_maskz_compress_epi64(static_cast<__mmask8>(seen), low));
     count += __builtin_popcount(seen & 0xFFu);
-    _mm512_mask_compressstoreu_epi64(cols + count, static_cast<__mmask8>(seen >> 8), _mm512_add_epi64(low, eight));
+    _mm512_storeu_si512(cols + count, _mm512_maskz_compress_epi64(static_cast<__mmask8>(seen >> 8),
+                                                                  _mm512_add_epi64(low, eight)));
     count += __builtin_popcount(seen >> 8);
   }
 #elif defined(SPEC_BATCH_ATTENTION_AVX2)
@@ -391,7 +406,10 @@ inline int64_t list_visible(const bool* vis, int64_t stride, int64_t length, int
   return count;
 }
 
-// The (row, head, query) tasks split into contiguous runs of about equal work, a few a thread (visible columns,
+// below this much work (visible columns times the head size) a step runs on the calling thread
+constexpr int64_t kParallelWork = int64_t{1} << 18;
+
+// The (row, set of heads, query) tasks split into contiguous runs of about equal work, a few a thread (visible columns,
 // plus one for the scan), not of equal count: in a verify step the real queries crowd into the rows that
 // drafted most (a padded query sees nothing), and an even split by count would leave one thread all the work.
 template <typename F>
@@ -400,7 +418,7 @@ void parallel_by_work(const std::vector<int64_t>& work_before, int64_t dim, cons
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, tasks));
   // a small step (one row of one token) runs on the calling thread: a parallel region costs more than its work,
   // and far more on a busy machine, where it waits for a descheduled thread
-  if (threads == 1 || total * dim < (int64_t{1} << 18)) {
+  if (threads == 1 || total * dim < kParallelWork) {
     run(0, tasks);
     return;
   }
@@ -418,6 +436,50 @@ void parallel_by_work(const std::vector<int64_t>& work_before, int64_t dim, cons
   });
 }
 
+// The weighted sums of `heads` heads over the same columns: with AVX-512 up to 4 heads at a time (2 at dim 128:
+// the registers), with AVX2 one at a time; false where this build or the head size has no vector path
+template <typename T>
+bool weighted_sums(const float* p, int64_t p_stride, const int64_t* cols, int64_t count, const T* v, int64_t stride,
+                   int64_t dim, int64_t heads, float* acc, float* total) {
+#ifdef SPEC_BATCH_ATTENTION_AVX512
+  if (dim != 64 && dim != 128) return false;
+  for (int64_t g = 0; g < heads;) {
+    const int64_t take = std::min<int64_t>(heads - g, dim == 64 ? 4 : 2);
+    const float* pg = p + g * p_stride;
+    float* ag = acc + g * dim;
+    if (dim == 64) {
+      if (take == 4) weighted_sum_heads<4, 4>(pg, p_stride, cols, count, v, stride, ag, total + g);
+      if (take == 3) weighted_sum_heads<4, 3>(pg, p_stride, cols, count, v, stride, ag, total + g);
+      if (take == 2) weighted_sum_heads<4, 2>(pg, p_stride, cols, count, v, stride, ag, total + g);
+      if (take == 1) weighted_sum_heads<4, 1>(pg, p_stride, cols, count, v, stride, ag, total + g);
+    } else {
+      if (take == 2) weighted_sum_heads<8, 2>(pg, p_stride, cols, count, v, stride, ag, total + g);
+      if (take == 1) weighted_sum_heads<8, 1>(pg, p_stride, cols, count, v, stride, ag, total + g);
+    }
+    g += take;
+  }
+  return true;
+#elif defined(SPEC_BATCH_ATTENTION_AVX2)
+  if (dim != 64 && dim != 128) return false;
+  for (int64_t g = 0; g < heads; ++g) {
+    if (dim == 64) {
+      weighted_sum<4>(p + g * p_stride, cols, count, v, stride, acc + g * dim, total + g);
+    } else {
+      weighted_sum<8>(p + g * p_stride, cols, count, v, stride, acc + g * dim, total + g);
+    }
+  }
+  return true;
+#else
+  (void)p, (void)p_stride, (void)cols, (void)count, (void)v, (void)stride, (void)dim, (void)heads, (void)acc,
+      (void)total;
+  return false;
+#endif
+}
+
+// A task is one query of one row for a set of heads that see the same columns: the query heads that share a
+// key/value head where the mask is broadcast over heads (grouped-query attention: each key and value row is read
+// once for the set, from L1, instead of once a head), else a single head. Each head's arithmetic is the same as
+// alone, so its bits do not depend on the set.
 template <typename T>
 void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const at::Tensor& visible, const at::Tensor& bias, bool has_bias, double scale, bool portable,
@@ -436,14 +498,16 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
   auto visible_row = [&](int64_t b, int64_t h, int64_t i) {
     return vis_ptr + (visible.size(0) == 1 ? 0 : b * ms[0]) + (visible.size(1) == 1 ? 0 : h * ms[1]) + i * ms[2];
   };
-  // each task's work: its visible columns, counted once per mask row (heads share a broadcast mask)
-  const int64_t tasks = rows * heads * n;
+  const bool per_head = visible.size(1) != 1;
+  // heads a task computes: a set shares its columns (a bias is laid out per head). Even a batch-1 decode step's
+  // three sets (2:1 between two threads) beat nine single heads split 5:4 (1000 columns: 42 against 55 us)
+  const int64_t set = per_head || has_bias ? 1 : group, sets = heads / set, tasks = rows * sets * n;
+  // each task's work: its heads' visible columns, counted once per mask row, plus one for the scan
   std::vector<int64_t> work_before(tasks + 1, 0);
   {
-    const bool per_head = visible.size(1) != 1;
     std::vector<int64_t> seen(per_head ? 0 : n);
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t b = task / (heads * n), h = (task / n) % heads, i = task % n;
+      const int64_t b = task / (sets * n), h = (task / n) % sets * set, i = task % n;
       int64_t count = 0;
       if (!per_head && h > 0) {
         count = seen[i];
@@ -451,7 +515,7 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
         count = count_visible(visible_row(b, h, i), ms[3], length);
         if (!per_head) seen[i] = count;
       }
-      work_before[task + 1] = work_before[task] + count + 1;
+      work_before[task + 1] = work_before[task] + set * count + 1;
     }
   }
   bool vector_path = false, vector_exp = false;
@@ -460,92 +524,111 @@ void attend_kernel(const at::Tensor& query, const at::Tensor& key, const at::Ten
   vector_exp = vector_path && exp_matches_libm();
 #endif
   parallel_by_work(work_before, dim, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(dim), acc(dim), scores(length);
+    std::vector<float> q(set * dim), acc(set * dim), scores(set * length), total(set);
     std::vector<int64_t> cols(length);
     for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (sets * n), h0 = (task / n) % sets * set, i = task % n, kvh = h0 / group;
       if (work_before[task + 1] - work_before[task] == 1) {  // sees nothing (a padded query): zeros
-        const int64_t b = task / (heads * n), h = (task / n) % heads, i = task % n;
-        T* orow = o_ptr + b * os[0] + i * os[1] + h * os[2];
-        for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(0.f);
+        for (int64_t g = 0; g < set; ++g) {
+          T* orow = o_ptr + b * os[0] + i * os[1] + (h0 + g) * os[2];
+          for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(0.f);
+        }
         continue;
       }
-      const int64_t b = task / (heads * n), h = (task / n) % heads, i = task % n, kvh = h / group;
-      const T* qrow = q_ptr + b * qs[0] + h * qs[1] + i * qs[2];
-      for (int64_t d = 0; d < dim; ++d) q[d] = static_cast<float>(qrow[d]);
-      const bool* vis = visible_row(b, h, i);
+      for (int64_t g = 0; g < set; ++g) {
+        const T* qrow = q_ptr + b * qs[0] + (h0 + g) * qs[1] + i * qs[2];
+        for (int64_t d = 0; d < dim; ++d) q[g * dim + d] = static_cast<float>(qrow[d]);
+      }
+      const bool* vis = visible_row(b, h0, i);
       const float* brow = has_bias ? bias_ptr + (vis - vis_ptr) : nullptr;  // same layout as visible
       const int64_t count = list_visible(vis, ms[3], length, cols.data());
       const T* kbase = k_ptr + b * ks[0] + kvh * ks[1];
       int64_t c = 0;
 #ifdef SPEC_BATCH_ATTENTION_VECTOR
-      // 16 (AVX-512) or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits)
+      // 16 (AVX-512) or four columns' dot products at a time: independent, so they overlap (each is `dot`'s bits);
+      // a block's key rows serve every head of the set while they are in L1
       if (vector_path) {
 #ifdef SPEC_BATCH_ATTENTION_AVX512
         if (dim % kLanes == 0) {
           const T* rows16[16];
           for (; c + 16 <= count; c += 16) {
             for (int j = 0; j < 16; ++j) rows16[j] = kbase + cols[c + j] * ks[2];
-            _mm512_storeu_ps(scores.data() + c, _mm512_mul_ps(dots16(q.data(), rows16, dim), _mm512_set1_ps(fscale)));
+            for (int64_t g = 0; g < set; ++g) {
+              const __m512 dots = dots16(q.data() + g * dim, rows16, dim);
+              _mm512_storeu_ps(scores.data() + g * length + c, _mm512_mul_ps(dots, _mm512_set1_ps(fscale)));
+            }
           }
         }
 #endif
         for (; c + 4 <= count; c += 4) {
-          const float s0 = dot_vector(q.data(), kbase + cols[c] * ks[2], dim);
-          const float s1 = dot_vector(q.data(), kbase + cols[c + 1] * ks[2], dim);
-          const float s2 = dot_vector(q.data(), kbase + cols[c + 2] * ks[2], dim);
-          const float s3 = dot_vector(q.data(), kbase + cols[c + 3] * ks[2], dim);
-          scores[c] = s0 * fscale, scores[c + 1] = s1 * fscale, scores[c + 2] = s2 * fscale, scores[c + 3] = s3 * fscale;
+          for (int64_t g = 0; g < set; ++g) {
+            const float* qg = q.data() + g * dim;
+            float* sg = scores.data() + g * length;
+            const float s0 = dot_vector(qg, kbase + cols[c] * ks[2], dim);
+            const float s1 = dot_vector(qg, kbase + cols[c + 1] * ks[2], dim);
+            const float s2 = dot_vector(qg, kbase + cols[c + 2] * ks[2], dim);
+            const float s3 = dot_vector(qg, kbase + cols[c + 3] * ks[2], dim);
+            sg[c] = s0 * fscale, sg[c + 1] = s1 * fscale, sg[c + 2] = s2 * fscale, sg[c + 3] = s3 * fscale;
+          }
         }
-        for (; c < count; ++c) scores[c] = dot_vector(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
+        for (; c < count; ++c) {
+          for (int64_t g = 0; g < set; ++g) {
+            scores[g * length + c] = dot_vector(q.data() + g * dim, kbase + cols[c] * ks[2], dim) * fscale;
+          }
+        }
       }
 #endif
-      for (; c < count; ++c) scores[c] = dot(q.data(), kbase + cols[c] * ks[2], dim) * fscale;
-      if (brow) {
+      for (; c < count; ++c) {
+        for (int64_t g = 0; g < set; ++g) {
+          scores[g * length + c] = dot(q.data() + g * dim, kbase + cols[c] * ks[2], dim) * fscale;
+        }
+      }
+      if (brow) {  // set == 1
         for (c = 0; c < count; ++c) scores[c] += brow[cols[c] * ms[3]];
       }
-      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t g = 0; g < set; ++g) {
+        float* sg = scores.data() + g * length;
+        float top = -std::numeric_limits<float>::infinity();
 #ifdef SPEC_BATCH_ATTENTION_VECTOR
-      if (vector_path) top = largest(scores.data(), count);
+        if (vector_path) top = largest(sg, count);
 #endif
-      for (c = 0; !vector_path && c < count; ++c) top = scores[c] > top ? scores[c] : top;
+        for (c = 0; !vector_path && c < count; ++c) top = sg[c] > top ? sg[c] : top;
 #ifdef SPEC_BATCH_ATTENTION_VECTOR
-      if (vector_exp) {
-        exp_shifted(scores.data(), count, top);
-      } else {
-        for (int64_t c = 0; c < count; ++c) scores[c] = std::exp(scores[c] - top);
-      }
-#else
-      for (int64_t c = 0; c < count; ++c) scores[c] = std::exp(scores[c] - top);
-#endif
-      for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
-      float total = 0.f;
-      bool summed = false;
-#ifdef SPEC_BATCH_ATTENTION_VECTOR
-      if (vector_path && (dim == 64 || dim == 128)) {
-        const T* vbase = v_ptr + b * vs[0] + kvh * vs[1];
-        if (dim == 64) {
-          weighted_sum<4>(scores.data(), cols.data(), count, vbase, vs[2], acc.data(), &total);
+        if (vector_exp) {
+          exp_shifted(sg, count, top);
         } else {
-          weighted_sum<8>(scores.data(), cols.data(), count, vbase, vs[2], acc.data(), &total);
+          for (int64_t c = 0; c < count; ++c) sg[c] = std::exp(sg[c] - top);
         }
-        summed = true;
-      }
+#else
+        for (int64_t c = 0; c < count; ++c) sg[c] = std::exp(sg[c] - top);
 #endif
-      for (int64_t c = 0; !summed && c < count; ++c) {
-        const float p = scores[c];
-        total += p;
-        const T* vrow = v_ptr + b * vs[0] + kvh * vs[1] + cols[c] * vs[2];
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(total.begin(), total.end(), 0.f);
+      const T* vbase = v_ptr + b * vs[0] + kvh * vs[1];
+      const bool summed = vector_path && weighted_sums(scores.data(), length, cols.data(), count, vbase, vs[2], dim,
+                                                       set, acc.data(), total.data());
+      for (int64_t g = 0; g < set && !summed; ++g) {
+        const float* sg = scores.data() + g * length;
+        float* ag = acc.data() + g * dim;
+        for (int64_t c = 0; c < count; ++c) {
+          const float p = sg[c];
+          total[g] += p;
+          const T* vrow = vbase + cols[c] * vs[2];
 #ifdef SPEC_BATCH_ATTENTION_VECTOR
-        if (vector_path) {
-          axpy_vector(p, vrow, acc.data(), dim);
-          continue;
-        }
+          if (vector_path) {
+            axpy_vector(p, vrow, ag, dim);
+            continue;
+          }
 #endif
-        axpy(p, vrow, acc.data(), dim);
+          axpy(p, vrow, ag, dim);
+        }
       }
-      T* orow = o_ptr + b * os[0] + i * os[1] + h * os[2];
-      const float inv = count > 0 ? 1.f / total : 0.f;
-      for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(acc[d] * inv);
+      for (int64_t g = 0; g < set; ++g) {
+        T* orow = o_ptr + b * os[0] + i * os[1] + (h0 + g) * os[2];
+        const float inv = count > 0 ? 1.f / total[g] : 0.f;
+        for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(acc[g * dim + d] * inv);
+      }
     }
   });
 }
