@@ -45,23 +45,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     native_ops("on")
     none = torch.empty(0)
-    print(f"{'rows':>4} {'queries':>7} {'columns':>7}  {'vector us':>9} {'ns/head-col':>11} {'x30 ms':>7}  "
-          f"{'portable us':>11}  {'ratio':>5}")
+    print(
+        f"{'rows':>4} {'queries':>7} {'columns':>7}  {'vector us':>9} {'ns/head-col':>11} {'x30 ms':>7}  "
+        f"{'portable us':>11}  {'ratio':>5}"
+    )
     with torch.inference_mode():
         for rows, n, length in SHAPES:
-            q = torch.randn(rows, HEADS, n, DIM)
-            k, v = torch.randn(rows, KV_HEADS, length, DIM), torch.randn(rows, KV_HEADS, length, DIM)
-            visible = torch.ones(rows, 1, n, length, dtype=torch.bool)
-            times = {
-                portable: _median_s(
-                    lambda p=portable: torch.ops.spec_batch.attend(q, k, v, visible, none, DIM**-0.5, p), args.repeats
-                )
-                for portable in (False, True)
-            }
-            fast, plain = times[False], times[True]
+            inputs = (
+                torch.randn(rows, HEADS, n, DIM),
+                torch.randn(rows, KV_HEADS, length, DIM),
+                torch.randn(rows, KV_HEADS, length, DIM),
+                torch.ones(rows, 1, n, length, dtype=torch.bool),
+                none,
+                DIM**-0.5,
+            )
+            fast, plain = (
+                _median_s(lambda p=p, i=inputs: torch.ops.spec_batch.attend(*i, p), args.repeats) for p in (False, True)
+            )
             per_col = fast * 1e9 / (rows * HEADS * n * length)
-            print(f"{rows:>4} {n:>7} {length:>7}  {fast * 1e6:>9.1f} {per_col:>11.2f} {fast * LAYERS * 1e3:>7.2f}  "
-                  f"{plain * 1e6:>11.1f}  {plain / fast:>4.2f}x")
+            print(
+                f"{rows:>4} {n:>7} {length:>7}  {fast * 1e6:>9.1f} {per_col:>11.2f} {fast * LAYERS * 1e3:>7.2f}  "
+                f"{plain * 1e6:>11.1f}  {plain / fast:>4.2f}x"
+            )
 
 
 if __name__ == "__main__":
