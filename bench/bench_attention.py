@@ -14,11 +14,10 @@ Needs the native kernels (a C++ compiler).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from bench.bench_block_linear import median_ms
 from spec_batch.loading.kernels import native_ops
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
@@ -26,24 +25,13 @@ HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 SHAPES = [(1, 1, 200), (1, 1, 1000), (1, 5, 1000), (8, 1, 500), (16, 1, 200), (16, 5, 200)]
 
 
-def _median_s(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     native_ops("on")
+    torch.set_num_threads(args.threads)
     none = torch.empty(0)
     print(
         f"{'rows':>4} {'queries':>7} {'columns':>7}  {'vector us':>9} {'ns/head-col':>11} {'x30 ms':>7}  "
@@ -60,7 +48,8 @@ def main() -> None:
                 DIM**-0.5,
             )
             fast, plain = (
-                _median_s(lambda p=p, i=inputs: torch.ops.spec_batch.attend(*i, p), args.repeats) for p in (False, True)
+                median_ms(lambda p=p, i=inputs: torch.ops.spec_batch.attend(*i, p), args.repeats) / 1e3
+                for p in (False, True)
             )
             per_col = fast * 1e9 / (rows * HEADS * n * length)
             print(

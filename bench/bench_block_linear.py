@@ -25,7 +25,8 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS, VOCAB = 30, 49152
 
 
-def _median_ms(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int) -> float:
+    """fn's median wall time in ms over `repeats` calls, after one untimed call (bench_attention's too)."""
     fn()
     times = []
     for _ in range(repeats):
@@ -58,9 +59,9 @@ def main() -> None:
     with torch.inference_mode():
         for rows in (1, 8, 32):
             xs = [torch.randn(rows, k) for _, k in SHAPES]
-            ms = {name: _median_ms(lambda ls=ls, xs=xs: _forward(ls, xs), args.repeats) for name, ls in kinds.items()}
+            ms = {name: median_ms(lambda ls=ls, xs=xs: _forward(ls, xs), args.repeats) for name, ls in kinds.items()}
             x = torch.randn(rows, 576)
-            lm = _median_ms(lambda x=x: head(x), args.repeats)
+            lm = median_ms(lambda x=x: head(x), args.repeats)
             ratio = ms["int4"] / ms["w4a8"]
             print(f"{rows:>4}  {ms['w4a8']:>12.2f} ms  {ms['int4']:>12.2f} ms  {ratio:>5.2f}x  {lm:>9.2f} ms")
 
