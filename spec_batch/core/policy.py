@@ -228,7 +228,7 @@ class DraftPolicy:
         of its expected accepted tokens row b has been getting (RowAcceptance.trust; None: all 1), which the
         latency bound holds each row to."""
         ks = self._plan(batch, offers, probe, trust)
-        self.lookups.planned(any(ks))
+        self.lookups.planned(any(ks), probe=self._probing)
         return ks
 
     def consults(self, batch: int) -> bool:
@@ -238,7 +238,7 @@ class DraftPolicy:
 
     def skip(self) -> None:
         """A step that did not look at the offers (`consults`): plain decoding, an idle step."""
-        self.lookups.planned(False)
+        self.lookups.planned(False, looked=False)
         self._idle_steps += 1
 
     def observe_lookup(self, batch: int, seconds: float) -> None:

@@ -205,9 +205,17 @@ class LlamaForward:
         x = x + delta
         if real is not None:  # back to [B, n, H] (zeros at the padded positions) for the norm's hooks and the head
             x = real.scatter(x[0])
-        x = self.norm(x)  # through __call__: core/heads/hidden.py's hook reads it
+        x = self._final_norm(x)
         kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return ForwardOutput(logits=self.lm_head(kept), past_key_values=past_key_values)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's last norm: through its __call__ where a hook reads it (core/heads/hidden.py's), else the
+        family's RMSNorm as one native call, as the layers' norms (the same bits; ~0.1 ms of a batch-1 step)."""
+        norm = self.norm
+        if not self.glue or norm._forward_hooks or norm._forward_pre_hooks:
+            return norm(x)
+        return torch.ops.spec_batch.rms_norm(x, norm.weight, norm.variance_epsilon)
 
     def _stack(
         self, x: torch.Tensor, rotary: tuple, visible: torch.Tensor, slabs: list[SlabLayer], n: int, real: Any

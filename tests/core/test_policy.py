@@ -612,6 +612,40 @@ def test_while_drafting_is_off_a_wide_batch_looks_at_offers_only_every_few_steps
     assert all(cheap.consults(8) for _ in range(5))
 
 
+def test_a_wide_batchs_looks_that_keep_finding_nothing_thin_out_until_one_drafts():
+    """At 8 rows a lookup costing 10% of a plain step looks every 5th step; after LookupPacing.dry_after fruitless
+    looks the interval doubles, up to dry_most; a look that drafts resets it, a cost probe does not. At one row a
+    cheap lookup looks every step throughout."""
+    p = _policy_with_costs({1: 1.0, 2: 1.5}, batch=8)
+    p.observe_lookup(8, 0.1)
+    weak, strong = [[0.01] * 4] * 8, [[0.99] * 8] * 8
+
+    def looks_in(steps: int) -> int:
+        looked = 0
+        for _ in range(steps):
+            if p.consults(8):
+                looked += 1
+                assert not any(p.plan(8, weak, probe=False))
+            else:
+                p.skip()
+        return looked
+
+    assert looks_in(5 * p.lookups.dry_after) == p.lookups.dry_after  # one step in 5 while few looks found nothing
+    assert looks_in(320) < 320 // 10  # then thinner: one in 10, 20, ...
+    assert p.lookups.dry >= 3 * p.lookups.dry_after
+    assert looks_in(4 * p.lookups.dry_most) <= 5  # ... down to one in dry_most
+    assert any(p.plan(8, strong, probe=False))  # a look that drafts: every step looks again, the interval reset
+    assert p.consults(8) and p.lookups.dry == 0
+    p.lookups.dry = 3 * p.lookups.dry_after
+    p.lookups.planned(True, probe=True)  # a cost probe drafts, and found nothing worth drafting on its merits
+    assert p.lookups.dry == 3 * p.lookups.dry_after + 1 and p.lookups.quiet == 0
+    narrow = _policy_with_costs({1: 1.0, 2: 1.5}, batch=1)
+    narrow.observe_lookup(1, 0.01)
+    for _ in range(10 * narrow.lookups.dry_after):
+        assert narrow.consults(1)
+        assert not any(narrow.plan(1, [[0.01] * 4], probe=False))
+
+
 def test_exploring_a_wider_plan_stays_within_the_latency_bound():
     """Every explore_every-th drafting step drafts one token more per row, except where that step would break the
     bound: the row that drafts nothing must not pay for the exploration."""
