@@ -39,7 +39,8 @@ class LookupPacing:
             return True
         every = min(self.most, max(1, int(lookup / (self.share * plain))))
         if batch >= self.dry_batch:  # a wide batch: fewer looks while they find nothing
-            every = max(every, min(self.dry_most, every << min(self.dry // self.dry_after, 5)))
+            doublings = min(self.dry // self.dry_after, self.dry_most.bit_length())  # enough to reach dry_most
+            every = max(every, min(self.dry_most, every << doublings))
         return self.quiet % every == 0
 
     def planned(self, drafted: bool, looked: bool = True, probe: bool = False) -> None:

@@ -160,6 +160,7 @@ class LlamaForward:
         inner = model.model
         self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
         self.glue = _glue_applies(self.layers)
+        self.final_glue = self.glue and type(self.norm).__name__ in _RMS_NORMS  # the last norm the glue's too
         self.parts = [_Layer.of(layer, self.glue) for layer in self.layers]
         self.stack = _Stack.of(self.parts)
         self.rotary, self.lm_head = inner.rotary_emb, model.lm_head
@@ -213,7 +214,7 @@ class LlamaForward:
         """The model's last norm: through its __call__ where a hook reads it (core/heads/hidden.py's), else the
         family's RMSNorm as one native call, as the layers' norms (the same bits; ~0.1 ms of a batch-1 step)."""
         norm = self.norm
-        if not self.glue or norm._forward_hooks or norm._forward_pre_hooks:
+        if not self.final_glue or norm._forward_hooks or norm._forward_pre_hooks:
             return norm(x)
         return torch.ops.spec_batch.rms_norm(x, norm.weight, norm.variance_epsilon)
 
