@@ -177,11 +177,9 @@ class Q8BlockLinear(_TiledLinear):
         return torch.ops.spec_batch.w8a8_linear(rows, self.packed, self.scales)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """The weight's rows `ids` (any shape) in fp32, read from the tiles: a tied input embedding's lookup."""
-        q = self.packed[ids // TILE, :, :, ids % TILE]  # [..., blocks, 8, 4]
-        d = self.scales[ids // TILE, :, ids % TILE].float()  # [..., blocks]
-        w = (q.to(torch.int16) - 128).float().flatten(-2) * d.unsqueeze(-1)
-        return w.flatten(-2)
+        """The weight's rows `ids` (any shape) in fp32, read from the tiles: a tied input embedding's lookup, each
+        element (q - 128) * d in one native call (a dozen indexing operators from Python cost ~0.1 ms a step)."""
+        return torch.ops.spec_batch.q8_embedding(ids, self.packed, self.scales)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [out, in] in fp32."""

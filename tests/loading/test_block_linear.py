@@ -138,6 +138,8 @@ def test_q8_0_blocks_are_taken_as_they_are_and_read_back_as_embedding_rows():
     assert torch.equal(layer.dequantized(), want)
     ids = torch.tensor([[19, 0, 7], [8, 8, 3]])
     assert torch.equal(layer.embedding_rows(ids), want[ids])
+    with pytest.raises(RuntimeError, match="id 24 is out of range"):
+        layer.embedding_rows(torch.tensor([24]))
 
 
 @pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])

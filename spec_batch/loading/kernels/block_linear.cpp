@@ -560,6 +560,40 @@ void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
 #endif
 }
 
+// Rows `ids` of a W8A8 weight [tiles, blocks, 8, 8, 4] (q + 128) with d [tiles, blocks, 8], dequantized to
+// float32 [..., K]: a tied input embedding's lookup. Each element is (q - 128) * d, one product rounded once (the
+// bits of the same indexing and arithmetic in torch), in one call instead of a dozen small operators a step.
+at::Tensor q8_embedding(const at::Tensor& ids_in, const at::Tensor& weight, const at::Tensor& d) {
+  TORCH_CHECK(weight.dim() == 5 && weight.scalar_type() == at::kByte && weight.is_contiguous() &&
+                  weight.size(2) == 8 && weight.size(3) == kTile && weight.size(4) == 4,
+              "q8_embedding: weight must be contiguous uint8 [tiles, blocks, 8, 8, 4]");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous(), "q8_embedding: d must be contiguous float16");
+  const at::Tensor ids = ids_in.to(at::kLong).contiguous();
+  const int64_t tiles = weight.size(0), blocks = weight.size(1), k = blocks * kBlock, n = ids.numel();
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(k);
+  at::Tensor out = at::empty(shape, weight.options().dtype(at::kFloat));
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const at::Half* dp = d.data_ptr<at::Half>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t id = ip[r], t = id / kTile, o = id % kTile;
+    TORCH_CHECK(id >= 0 && t < tiles, "q8_embedding: id ", id, " is out of range");
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float scale = static_cast<float>(dp[(t * blocks + b) * kTile + o]);
+      const uint8_t* block = w + (t * blocks + b) * 8 * kTile * 4;
+      float* dst = op + r * k + b * kBlock;
+      for (int64_t p = 0; p < 8; ++p) {
+        for (int64_t j = 0; j < 4; ++j) {
+          dst[p * 4 + j] = static_cast<float>(static_cast<int32_t>(block[(p * kTile + o) * 4 + j]) - 128) * scale;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace spec_batch_kernels {
@@ -573,6 +607,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("w4a8_linear(Tensor x, Tensor weight, Tensor d, Tensor m, bool portable=False) -> Tensor");
   m.def("w8a8_linear(Tensor x, Tensor weight, Tensor d, bool portable=False) -> Tensor");
+  m.def("q8_embedding(Tensor ids, Tensor weight, Tensor d) -> Tensor");
   m.def("tile_pair_rows(str kind) -> int", tile_pair_rows);  // no tensors: catch-all kernels
   m.def("set_tile_pair_rows(str kind, int rows) -> ()", set_tile_pair_rows);
 }
@@ -580,4 +615,5 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
   m.impl("w4a8_linear", spec_batch_kernels::w4a8_linear);
   m.impl("w8a8_linear", w8a8_linear);
+  m.impl("q8_embedding", q8_embedding);
 }

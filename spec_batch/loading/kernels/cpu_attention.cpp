@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
@@ -664,6 +665,31 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
 
 namespace spec_batch_kernels {
 
+// slab[:, :, at : at + n] = x [B, H, n, D]: row by row where both hold D contiguous elements of one dtype (a copy
+// is exact in any order), else through ATen's copy (a dtype conversion, an odd layout). From the stack's loop this
+// runs twice a layer, and ATen's copy costs a few microseconds of set-up each time for a few hundred bytes.
+void write_columns(const at::Tensor& slab, const at::Tensor& x, int64_t at) {
+  const int64_t rows = x.size(0), heads = x.size(1), n = x.size(2), dim = x.size(3);
+  if (slab.scalar_type() != x.scalar_type() || slab.stride(3) != 1 || x.stride(3) != 1 || slab.size(0) != rows ||
+      slab.size(1) != heads || slab.size(3) != dim) {
+    slab.narrow(2, at, n).copy_(x);
+    return;
+  }
+  const int64_t bytes = dim * x.element_size();
+  const auto ss = slab.strides(), xs = x.strides();
+  char* out = static_cast<char*>(slab.data_ptr());
+  const char* in = static_cast<const char*>(x.const_data_ptr());
+  const int64_t size = x.element_size();
+  for (int64_t b = 0; b < rows; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(out + (b * ss[0] + h * ss[1] + (at + i) * ss[2]) * size,
+                    in + (b * xs[0] + h * xs[1] + i * xs[2]) * size, bytes);
+      }
+    }
+  }
+}
+
 // A decode step's cache write and attention in one call: key, value [B, Hkv, n, D] written into the cache's
 // slabs [B, Hkv, capacity, D] at columns [length, length + n), then `attend` over the first length + n columns
 // (the same bits as a cache update followed by `attend`; from Python those were four indexing calls a layer).
@@ -673,8 +699,8 @@ at::Tensor attend_appended(const at::Tensor& query, const at::Tensor& key, const
   const int64_t n = key.size(2);
   TORCH_CHECK(key_slab.dim() == 4 && value_slab.dim() == 4 && key_slab.size(2) >= length + n &&
                   value_slab.size(2) >= length + n, "attend_appended: the slabs hold no room for ", n, " columns");
-  key_slab.narrow(2, length, n).copy_(key);
-  value_slab.narrow(2, length, n).copy_(value);
+  write_columns(key_slab, key, length);
+  write_columns(value_slab, value, length);
   return attend(query, key_slab.narrow(2, 0, length + n), value_slab.narrow(2, 0, length + n), visible, bias, scale,
                 false);
 }

@@ -169,11 +169,32 @@ std::tuple<Tensor, Tensor, Tensor> rotary_heads(const Tensor& heads_in, const Te
           heads.narrow(2, rotated, key_heads).transpose(1, 2)};
 }
 
-// Hugging Face's LlamaMLP between its projections, on a fused gate/up output [..., 2 I]: silu(gate) * up, both
-// through torch's kernels (silu's exp is torch's vectorized one).
-Tensor silu_mul(const Tensor& gate_up, int64_t size) {
+template <typename T>
+void multiply_rows(Tensor& out, const Tensor& gate_up, int64_t size) {
+  const int64_t rows = out.numel() / size, stride = gate_up.size(-1);
+  T* op = out.data_ptr<T>();
+  const T* up = gate_up.const_data_ptr<T>() + size;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < size; ++i) {
+      op[r * size + i] = static_cast<T>(static_cast<float>(op[r * size + i]) * static_cast<float>(up[r * stride + i]));
+    }
+  }
+}
+
+// Hugging Face's LlamaMLP between its projections, on a fused gate/up output [..., 2 I]: silu(gate) * up. silu is
+// torch's kernel (its exp is torch's vectorized one); the product one IEEE multiply an element, by hand for float32
+// and bfloat16 (ATen's set-up costs more than the product at a decode step's few rows), else torch's.
+Tensor silu_mul(const Tensor& gate_up_in, int64_t size) {
+  const Tensor gate_up = gate_up_in.contiguous();
   Tensor out = at::silu(gate_up.narrow(-1, 0, size));
-  out.mul_(gate_up.narrow(-1, size, size));
+  const auto dtype = gate_up.scalar_type();
+  if (out.is_contiguous() && out.scalar_type() == dtype && dtype == at::kFloat) {
+    multiply_rows<float>(out, gate_up, size);
+  } else if (out.is_contiguous() && out.scalar_type() == dtype && dtype == at::kBFloat16) {
+    multiply_rows<BFloat16>(out, gate_up, size);
+  } else {
+    out.mul_(gate_up.narrow(-1, size, size));
+  }
   return out;
 }
 
