@@ -80,6 +80,8 @@ def verify(
             f"draft_probs {tuple(draft_probs.shape)}: expected [{batch} rows, >= {k} draft positions, {vocab}]"
         )
         assert draft_probs.shape[2] == vocab, f"draft_probs vocab {draft_probs.shape[2]} != target logits vocab {vocab}"
+    if k == 0 and all(r.params.greedy for r in rows):  # plain greedy decoding: each row's argmax, nothing to check
+        return [0] * batch, logits[:, 0].argmax(dim=-1).tolist()
     device = logits.device
     draft_tokens = torch.tensor(
         [list(d) + [placeholder_id] * (k - len(d)) for d in drafts], dtype=torch.long, device=device

@@ -36,6 +36,8 @@ def plan_step(
     rows: the drafter's view of the batch (each with `acceptance`, `params`); budget: how many draft tokens each
     row can still take. choose: lengths from the full proposal instead of the policy (free drafters only). clock:
     what a tree's growth costs (the decoder's)."""
+    if policy.k_max == 0 and choose is None:  # speculation off (the `none` drafter): nothing to offer or plan
+        return _nothing(rows), _nothing(rows)
     if drafter.free and choose is None and not policy.consults(len(rows)):
         policy.skip()  # drafting is off and looking costs more than it is worth this step (DraftPolicy.consults)
         return _nothing(rows), _nothing(rows)

@@ -206,7 +206,9 @@ class RunningBatch(Generic[S]):
             reader.observe_hidden(0, [hidden[-1][b, p] for b, p in enumerate(positions)])
         grammar.settle(accepted, next_tokens)
         if tree is None:
-            kv.rollback(torch.tensor([n - a for n, a in zip(drafted, accepted)], device=decoder.device))
+            dropped = [n - a for n, a in zip(drafted, accepted)]
+            if any(dropped):  # a step with nothing to forget pays no tensor calls
+                kv.rollback(torch.tensor(dropped, device=decoder.device))
         else:
             kv.keep_last(path_keep(positions, ids.shape[1], decoder.device))
         kv.maybe_compact()
