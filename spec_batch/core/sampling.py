@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .argmax import last_argmax
 from .params import SamplingParams
 
 
@@ -46,7 +47,7 @@ def accept_uniform(seed: int, position: int, device: torch.device) -> float:
 
 def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Exponential-race sampling: argmax(probs / noise) along the last dim. probs [..., vocab]."""
-    return (probs / noise).argmax(dim=-1)
+    return last_argmax(probs / noise)
 
 
 def sampling_tensors(

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import torch
 
+from .argmax import last_argmax
 from .params import SamplingParams
 from .sampling import (
     STREAM_TARGET,
@@ -81,13 +82,13 @@ def verify(
         )
         assert draft_probs.shape[2] == vocab, f"draft_probs vocab {draft_probs.shape[2]} != target logits vocab {vocab}"
     if k == 0 and all(r.params.greedy for r in rows):  # plain greedy decoding: each row's argmax, nothing to check
-        return [0] * batch, logits[:, 0].argmax(dim=-1).tolist()
+        return [0] * batch, last_argmax(logits[:, 0]).tolist()
     device = logits.device
     draft_tokens = torch.tensor(
         [list(d) + [placeholder_id] * (k - len(d)) for d in drafts], dtype=torch.long, device=device
     ).view(batch, k)
     draft_len = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
-    target_tokens = logits.argmax(dim=-1)  # [B, k + 1]: greedy rows are done here
+    target_tokens = last_argmax(logits)  # [B, k + 1]: greedy rows are done here
     sampled = [b for b, r in enumerate(rows) if not r.params.greedy]
     rejection = [b for b in sampled if draft_probs is not None and drafts[b]]
     one_hot = [b for b in sampled if b not in set(rejection)]

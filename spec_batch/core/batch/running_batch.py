@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 
+from ..argmax import last_argmax
 from ..drafting.drafters import Draft, Drafter
 from ..drafting.job_memory import JobMemory
 from ..drafting.tree import TreeInput, path_keep, path_logits, walk
@@ -196,7 +197,7 @@ class RunningBatch(Generic[S]):
             accepted, next_tokens = verify(rows, chains, draft.probs, logits, decoder.placeholder_id)
             positions: list[list[int]] = [list(range(a + 1)) for a in accepted]
         else:  # greedy rows only (planning.plan_step): the accepted path is a chain from here on
-            positions, next_tokens = walk(draft.tokens, draft.parents, logits.argmax(dim=-1))  # type: ignore[arg-type]
+            positions, next_tokens = walk(draft.tokens, draft.parents, last_argmax(logits))  # type: ignore[arg-type]
             chains = [[d[i - 1] for i in p[1:]] for d, p in zip(draft.tokens, positions)]
             accepted = [len(c) for c in chains]
             logits = path_logits(logits, positions)

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..argmax import last_argmax
 from ..logits_processing import shape_next
 from ..sampling import STREAM_DRAFT, exponential_noise, logits_to_probs, sample_from, sampling_tensors
 from ..structured.grammar import mask_next
@@ -70,7 +71,7 @@ def chain_draft(
         raw = next_logits(j, ids, valid)
         forwards += 1
         if plain:
-            best = raw.argmax(dim=-1)
+            best = last_argmax(raw)
             picked = (best if vocab is None else vocab.d2t[best]).tolist()
             picks = {b: t for b, t in enumerate(picked) if j < k[b]}
         else:
@@ -102,7 +103,7 @@ def _pick(
 ) -> dict[int, int]:
     """Row -> its draft token at position j (rows still drafting): the argmax for greedy rows, else a sample
     from probs with the row's draft noise at this output position (independent of the target's)."""
-    greedy_pick = logits.argmax(dim=-1).tolist()
+    greedy_pick = last_argmax(logits).tolist()
     out = {}
     for b, row in enumerate(rows):
         if j >= k[b]:
