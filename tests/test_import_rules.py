@@ -313,6 +313,7 @@ CORE_LEAVES = (
     "inputs",
     "outputs",
     "text",
+    "argmax",
     "sampling",
     "verify",
     "logprobs",
