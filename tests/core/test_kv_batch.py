@@ -186,6 +186,30 @@ def test_extend_with_a_fresh_group(model):
     a.step([[3], [4]])
 
 
+def test_a_group_joins_in_place_of_rows_that_left(model):
+    """Rows 1 and 2 of 4 leave (the slabs keep their places); a group of two shorter rows joins there, into the
+    same slabs, right-aligned; then one longer than the batch joins into new slabs. Every row stays exact."""
+    m = Mirror(model, [list(range(1, 9)), [20, 21, 22], [23], [24, 25, 26, 27]])
+    m.step([[1, 2], [3], [4, 5, 6], [7]])
+    m.rollback([1, 0, 2, 0])
+    slab = m.kv.cache.layers[0].room(0)[0]
+    keep = fill_order([0, 3])
+    m.kv.select_rows(torch.tensor(keep))
+    m.seqs = [m.seqs[i] for i in keep]
+    new = Mirror(model, [[30, 31, 32], [40]])
+    m.kv.extend(new.kv)
+    m.seqs += new.seqs
+    assert m.kv.batch == 4 and m.kv.cache.layers[0].room(0)[0].data_ptr() == slab.data_ptr()
+    m.step([[5], [6, 7], [8], [9]])
+    m.rollback([0, 1, 0, 0])
+    m.step([[1], [2], [3], [4]])
+    longer = Mirror(model, [list(range(40))])
+    m.kv.extend(longer.kv)  # no free rows left, and longer than the batch: new slabs
+    m.seqs += longer.seqs
+    assert m.kv.cache.layers[0].room(0)[0].data_ptr() != slab.data_ptr()
+    m.step([[5], [6], [7], [8], [9]])
+
+
 def test_extend_into_empty(model):
     empty = KVBatch(model, CPU, 0)
     group = Mirror(model, [[1, 2, 3], [4]])
