@@ -151,12 +151,8 @@ class SlabLayer(DynamicLayer):
         for name in ("_kbuf", "_vbuf"):
             mine, theirs = getattr(self, name), getattr(other, name)
             buf = mine.new_empty((mine.shape[0] + theirs.shape[0], mine.shape[1], length + HEADROOM, mine.shape[3]))
-            for part, side, held in (
-                (buf[: mine.shape[0]], mine, self.length),
-                (buf[mine.shape[0] :], theirs, other.length),
-            ):
-                part[:, :, : length - held].zero_()
-                part[:, :, length - held : length].copy_(side[:, :, :held])
+            _right_aligned(buf[: mine.shape[0]], mine, self.length, length)
+            _right_aligned(buf[mine.shape[0] :], theirs, other.length, length)
             setattr(self, name, buf)
         self.length = length
 
@@ -173,15 +169,20 @@ class SlabLayer(DynamicLayer):
 
     def _write_below(self, other: SlabLayer) -> None:
         """other's rows into the free rows below ours, right-aligned to our length, zeros before them."""
-        rows, pad = self._kbuf.shape[0] + other._kbuf.shape[0], self.length - other.length
+        rows = self._kbuf.shape[0] + other._kbuf.shape[0]
         for name in ("_kbuf", "_vbuf"):
             mine, theirs = getattr(self, name), getattr(other, name)
             whole = mine.as_strided((rows, *mine.shape[1:]), mine.stride(), mine.storage_offset())
             with torch.inference_mode():  # the slabs may be inference tensors (written in a decode step)
-                part = whole[mine.shape[0] :]
-                part[:, :, :pad].zero_()
-                part[:, :, pad : self.length].copy_(theirs[:, :, : other.length])
+                _right_aligned(whole[mine.shape[0] :], theirs, other.length, self.length)
             setattr(self, name, whole)
+
+
+def _right_aligned(part: torch.Tensor, side: torch.Tensor, held: int, length: int) -> None:
+    """part[:, :, :length] = side's first `held` columns, right-aligned, zeros before them (which the rows' masks
+    hide)."""
+    part[:, :, : length - held].zero_()
+    part[:, :, length - held : length].copy_(side[:, :, :held])
 
 
 def kv_storage_dtype(model) -> torch.dtype | None:

@@ -65,11 +65,11 @@ int64_t argmax_avx512(const float* x, int64_t n) {
 
 at::Tensor argmax_last(const at::Tensor& x_in) {
   TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) > 0, "argmax_last: a tensor with a non-empty last dimension expected");
-  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end() - 1);
 #if defined(__AVX512F__)
   if (x_in.scalar_type() != at::kFloat || x_in.size(-1) >= (int64_t{1} << 31)) return x_in.argmax(-1);
   const at::Tensor x = x_in.contiguous();
   const int64_t n = x.size(-1), rows = x.numel() / n;
+  const std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   at::Tensor out = at::empty(shape, x.options().dtype(at::kLong));
   const float* xp = x.const_data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
@@ -79,7 +79,6 @@ at::Tensor argmax_last(const at::Tensor& x_in) {
   });
   return out;
 #else
-  (void)shape;
   return x_in.argmax(-1);
 #endif
 }

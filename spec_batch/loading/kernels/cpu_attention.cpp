@@ -661,10 +661,6 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
   return out;
 }
 
-}  // namespace
-
-namespace spec_batch_kernels {
-
 // slab[:, :, at : at + n] = x [B, H, n, D]: row by row where both hold D contiguous elements of one dtype (a copy
 // is exact in any order), else through ATen's copy (a dtype conversion, an odd layout). From the stack's loop this
 // runs twice a layer, and ATen's copy costs a few microseconds of set-up each time for a few hundred bytes.
@@ -675,11 +671,10 @@ void write_columns(const at::Tensor& slab, const at::Tensor& x, int64_t at) {
     slab.narrow(2, at, n).copy_(x);
     return;
   }
-  const int64_t bytes = dim * x.element_size();
+  const int64_t size = x.element_size(), bytes = dim * size;
   const auto ss = slab.strides(), xs = x.strides();
   char* out = static_cast<char*>(slab.data_ptr());
   const char* in = static_cast<const char*>(x.const_data_ptr());
-  const int64_t size = x.element_size();
   for (int64_t b = 0; b < rows; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < n; ++i) {
@@ -689,6 +684,10 @@ void write_columns(const at::Tensor& slab, const at::Tensor& x, int64_t at) {
     }
   }
 }
+
+}  // namespace
+
+namespace spec_batch_kernels {
 
 // A decode step's cache write and attention in one call: key, value [B, Hkv, n, D] written into the cache's
 // slabs [B, Hkv, capacity, D] at columns [length, length + n), then `attend` over the first length + n columns

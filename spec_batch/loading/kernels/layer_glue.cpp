@@ -169,16 +169,20 @@ std::tuple<Tensor, Tensor, Tensor> rotary_heads(const Tensor& heads_in, const Te
           heads.narrow(2, rotated, key_heads).transpose(1, 2)};
 }
 
+// out [rows, size] *= the up half of gate_up [rows, 2 size], each product rounded once to T (torch's mul), the rows
+// split over the threads as torch's mul splits a prefill's
 template <typename T>
 void multiply_rows(Tensor& out, const Tensor& gate_up, int64_t size) {
   const int64_t rows = out.numel() / size, stride = gate_up.size(-1);
   T* op = out.data_ptr<T>();
   const T* up = gate_up.const_data_ptr<T>() + size;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < size; ++i) {
-      op[r * size + i] = static_cast<T>(static_cast<float>(op[r * size + i]) * static_cast<float>(up[r * stride + i]));
+  at::parallel_for(0, rows, grain_rows(size), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* o = op + r * size;
+      const T* u = up + r * stride;
+      for (int64_t i = 0; i < size; ++i) o[i] = static_cast<T>(static_cast<float>(o[i]) * static_cast<float>(u[i]));
     }
-  }
+  });
 }
 
 // Hugging Face's LlamaMLP between its projections, on a fused gate/up output [..., 2 I]: silu(gate) * up. silu is
@@ -188,9 +192,10 @@ Tensor silu_mul(const Tensor& gate_up_in, int64_t size) {
   const Tensor gate_up = gate_up_in.contiguous();
   Tensor out = at::silu(gate_up.narrow(-1, 0, size));
   const auto dtype = gate_up.scalar_type();
-  if (out.is_contiguous() && out.scalar_type() == dtype && dtype == at::kFloat) {
+  const bool by_hand = out.is_contiguous() && out.scalar_type() == dtype;
+  if (by_hand && dtype == at::kFloat) {
     multiply_rows<float>(out, gate_up, size);
-  } else if (out.is_contiguous() && out.scalar_type() == dtype && dtype == at::kBFloat16) {
+  } else if (by_hand && dtype == at::kBFloat16) {
     multiply_rows<BFloat16>(out, gate_up, size);
   } else {
     out.mul_(gate_up.narrow(-1, size, size));
