@@ -17,7 +17,16 @@ import torch
 
 from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
 from spec_batch.loading.kernels import native_ops
-from spec_batch.loading.kernels.tuning import KINDS, NEVER, ROWS, last_level_cache_bytes, tune_tile_pairs, tuned
+from spec_batch.loading.kernels.tuning import (
+    AMX_ROWS,
+    KINDS,
+    NEVER,
+    ROWS,
+    last_level_cache_bytes,
+    tune_amx,
+    tune_tile_pairs,
+    tuned,
+)
 
 pytestmark = pytest.mark.skipif(not native_ops(), reason="no C++ compiler: the native kernels cannot be built here")
 
@@ -50,59 +59,105 @@ def tile_pair_rows(request):
             ops.set_tile_pair_rows(kind, rows)
 
 
+@pytest.fixture(params=[16, NEVER], ids=["tile-multiplies", "no-tile-multiplies"])
+def amx_rows(request):
+    """AMX's tile multiplies for the chunks of 16 rows of calls of 16 rows or more, or none; restored after."""
+    ops = torch.ops.spec_batch
+    before = {kind: ops.amx_rows(kind) for kind in KINDS}
+    if before["w4a8"] < 0 and request.param != NEVER:
+        pytest.skip("no AMX in this build or process")
+    for kind in KINDS:
+        if before[kind] > 0:
+            ops.set_amx_rows(kind, request.param)
+    yield request.param
+    for kind, rows in before.items():
+        if rows > 0:
+            ops.set_amx_rows(kind, rows)
+
+
 @pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(576, 576), (200, 96), (64, 1536)])
-def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype, shape, tile_pair_rows):
+def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype, shape, tile_pair_rows, amx_rows):
     layer = _layer(*shape, kind=kind)
     x = torch.randn(37, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     every = layer(x)
     assert every.dtype == dtype and every.shape == (37, shape[0])
-    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17):  # a chunk's rows, and the rest run as one chunk of their count
+    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 32):  # a chunk's rows, and the rest run as one chunk
         assert torch.equal(layer(x[:n]), every[:n]), n
     assert torch.equal(layer(x[20:21]), every[20:21])
     assert torch.equal(_portable(layer, x)[:, : shape[0]].to(dtype), every)
 
 
+def _paths() -> dict[str, dict[str, int]]:
+    ops = torch.ops.spec_batch
+    return {
+        "tile_pairs": {kind: ops.tile_pair_rows(kind) for kind in KINDS},
+        "amx": {kind: ops.amx_rows(kind) for kind in KINDS},
+    }
+
+
+def _restore(before: dict[str, dict[str, int]]) -> None:
+    ops = torch.ops.spec_batch
+    for path, set_rows in (("tile_pairs", ops.set_tile_pair_rows), ("amx", ops.set_amx_rows)):
+        for kind, rows in before[path].items():
+            if rows > 0:
+                set_rows(kind, rows)
+
+
 def test_tuning_chooses_a_timed_row_count_or_never_for_each_kind_and_the_kernels_follow_it():
     ops = torch.ops.spec_batch
-    before = {kind: ops.tile_pair_rows(kind) for kind in KINDS}
+    before = _paths()
     try:
-        chosen = tune_tile_pairs(trials=1, working_bytes=4 << 20)
-        if before["w4a8"] < 0:
-            assert chosen is None and all(ops.tile_pair_rows(kind) == -1 for kind in KINDS)
+        pairs = tune_tile_pairs(trials=1, working_bytes=4 << 20)
+        amx = tune_amx(trials=1, working_bytes=4 << 20)
+        if before["tile_pairs"]["w4a8"] < 0:
+            assert pairs is None and all(ops.tile_pair_rows(kind) == -1 for kind in KINDS)
         else:
-            assert set(chosen) == set(KINDS)
-            assert all(chosen[k] in (*ROWS, NEVER) and ops.tile_pair_rows(k) == chosen[k] for k in KINDS)
+            assert set(pairs) == set(KINDS)
+            assert all(pairs[k] in (*ROWS, NEVER) and ops.tile_pair_rows(k) == pairs[k] for k in KINDS)
+        if before["amx"]["w4a8"] < 0:
+            assert amx is None and all(ops.amx_rows(kind) == -1 for kind in KINDS)
+        else:
+            assert all(amx[k] in (*AMX_ROWS, NEVER) and ops.amx_rows(k) == amx[k] for k in KINDS)
+            assert _paths()["amx"] == amx  # timing the tile pairs left the tile multiplies as they were
     finally:
-        for kind, rows in before.items():
-            if rows > 0:
-                ops.set_tile_pair_rows(kind, rows)
+        _restore(before)
     with pytest.raises(RuntimeError, match="rows must be >= 1"):
         ops.set_tile_pair_rows("w4a8", 0)
+    with pytest.raises(RuntimeError, match="rows must be >= 1"):
+        ops.set_amx_rows("w8a8", 0)
     with pytest.raises(RuntimeError, match="kind must be w4a8 or w8a8"):
         ops.tile_pair_rows("int4")
+    with pytest.raises(RuntimeError, match="kind must be w4a8 or w8a8"):
+        ops.amx_rows("int4")
 
 
 def test_a_stored_choice_is_applied_and_a_broken_one_timed_again_and_stored(tmp_path):
     ops = torch.ops.spec_batch
-    before = {kind: ops.tile_pair_rows(kind) for kind in KINDS}
-    if before["w4a8"] < 0:
+    before = _paths()
+    if before["tile_pairs"]["w4a8"] < 0:
         assert tuned(tmp_path / "spec_batch_ops-x.so") is None
         return
     library = tmp_path / "spec_batch_ops-x.so"
     stored = tmp_path / "spec_batch_ops-x.tuning.json"
+    has_amx = before["amx"]["w4a8"] > 0
+    choice = {"tile_pairs": {"w4a8": 3, "w8a8": 5}, "amx": {"w4a8": 32, "w8a8": 16} if has_amx else None}
     try:
-        stored.write_text(json.dumps({"w4a8": 3, "w8a8": 5}))
-        assert tuned(library) == {"w4a8": 3, "w8a8": 5}
+        stored.write_text(json.dumps(choice))
+        assert tuned(library) == choice
         assert (ops.tile_pair_rows("w4a8"), ops.tile_pair_rows("w8a8")) == (3, 5)
-        stored.write_text('{"w4a8": 0}')
-        chosen = tuned(library)
-        assert set(chosen) == set(KINDS) and all(rows in (*ROWS, NEVER) for rows in chosen.values())
-        assert json.loads(stored.read_text()) == chosen
+        if has_amx:
+            assert (ops.amx_rows("w4a8"), ops.amx_rows("w8a8")) == (32, 16)
+        for broken in ('{"w4a8": 0}', json.dumps({"w4a8": 3, "w8a8": 5}), json.dumps({**choice, "amx": {"w4a8": 0}})):
+            stored.write_text(broken)  # not a choice, one stored by an earlier version, or a bad row count
+            chosen = tuned(library)
+            assert set(chosen) == {"tile_pairs", "amx"}
+            assert all(rows in (*ROWS, NEVER) for rows in chosen["tile_pairs"].values())
+            assert (chosen["amx"] is None) == (not has_amx)
+            assert json.loads(stored.read_text()) == chosen
     finally:
-        for kind, rows in before.items():
-            ops.set_tile_pair_rows(kind, rows)
+        _restore(before)
 
 
 def test_the_last_level_cache_is_read_from_sysfs_or_defaulted():

@@ -6,7 +6,7 @@
 // Then  y[r,o] = sum_b ( float(sum_j q qx) * (d * dx) + m * (dx * sum_j qx) ),  the blocks added in order with
 // one fused multiply-add each. The block sums are integers (exact in any order), and the float steps are the
 // same for a row whatever else the call holds, so a row's outputs are the same bits at every row count: the
-// exactness speculation needs. The AVX-512 VNNI, AVX2 and portable paths compute the same bits.
+// exactness speculation needs. The AMX (tile multiply), AVX-512 VNNI, AVX2 and portable paths compute the same bits.
 //
 // W8A8 (w8a8_linear): GGUF Q8_0 blocks, w = d[o,b] * q with q in -127..127, against the same int8 activations:
 // y[r,o] = sum_b float(sum_j q qx) * (d * dx), one fused multiply-add a block, in order (llama.cpp's q8_0 x q8_0).
@@ -28,10 +28,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
+#endif
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace {
@@ -471,16 +476,117 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
 // pairs lose at a few rows): timed as the library loads (loading/kernels/tuning.py).
 std::atomic<int64_t> g_tile_pair_rows[2] = {1, 1};
 
-// Two neighbouring tiles for every row: chunks of 8 rows, then the rest as one chunk.
+// Two neighbouring tiles for rows r0 on: chunks of 8 rows, then the rest as one chunk.
 template <typename Format>
 void tile_pair_simd(const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m, int64_t next_scales,
-                    const QuantRows& xr, int64_t rows, int64_t k, float* out, int64_t out_stride) {
-  int64_t r0 = 0;
+                    const QuantRows& xr, int64_t r0, int64_t rows, int64_t k, float* out, int64_t out_stride) {
   for (; r0 + 8 <= rows; r0 += 8) rows_of_tile_pair<Format, 8>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
   with_row_count<7>(rows - r0, [&](auto n) {
     rows_of_tile_pair<Format, decltype(n)::value>(w, next, d, m, next_scales, xr, r0, k, out, out_stride);
   });
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define SPEC_BATCH_AMX 1
+// AMX (Intel's tile multiply): a block's integer sums for 16 rows x a tile pair's 16 outputs in one instruction,
+// A = the rows' int8 activations (QuantRows keeps a block's rows side by side: 16 rows x 32 bytes), B = the block's
+// weights as unpack_pair lays them out (8 groups of 4 inputs x 16 outputs, unsigned), C[row][output] = the same
+// integers as rows_of_tile_pair's sums. The float steps after it are add_pair's, in the same order: same bits.
+constexpr int64_t kAmxRows = 16, kPanelBytes = 8 * 64;
+
+// Linux hands AMX's tile registers only to a process that asks for them (arch_prctl ARCH_REQ_XCOMP_PERM with
+// XFEATURE_XTILEDATA); without them the first tile instruction faults. Asked once; refused, AMX stays off.
+bool amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+
+// Calls of at least this many rows run their tile pairs' chunks of 16 rows by tile multiplies, for W4A8 [0] and
+// W8A8 [1] (the rest as before).
+std::atomic<int64_t> g_amx_rows[2] = {kAmxRows, kAmxRows};
+
+// The thread's tiles for one task: 0 = C (16 rows x 16 int32), 1 = A (16 rows x 32 bytes), 2 = B (8 x 64 bytes);
+// released at the end, so that a thread not using them does not carry their 8 KB of state.
+struct TileScope {
+  struct alignas(64) Config {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 32, 64};
+    uint8_t rows[16] = {16, 16, 8};
+  };
+  TileScope() {
+    static const Config config;
+    _tile_loadconfig(&config);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// Tiles t and t + 1's weights for every block, unpacked once a call into B's layout (then shared by every chunk
+// of 16 rows).
+template <typename Format>
+void unpack_panels(const uint8_t* w, int64_t next, int64_t blocks, uint8_t* panels) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i wq[8];
+    unpack_pair(Format{}, w + b * Format::kBytes, w + next + b * Format::kBytes, wq);
+    for (int64_t p = 0; p < 8; ++p) _mm512_store_si512(panels + b * kPanelBytes + p * 64, wq[p]);
+  }
+}
+
+// One block's float steps for 16 rows (add_pair's, in order) from its integer sums [row][16 outputs].
+template <typename Format>
+inline void add_block_amx(const int32_t* sums, const at::Half* d, const at::Half* m, int64_t next_scales,
+                          const QuantRows& xr, int64_t r0, int64_t b, __m512* acc) {
+  const __m512 dv = halves_pair(d + b * kTile, d + next_scales + b * kTile);
+  const __m512 mv = m == nullptr ? _mm512_setzero_ps() : halves_pair(m + b * kTile, m + next_scales + b * kTile);
+#pragma GCC unroll 16
+  for (int i = 0; i < kAmxRows; ++i) {
+    __m512i row = _mm512_load_si512(sums + i * 16);
+    const int64_t at = xr.at(r0 + i, b);
+    if constexpr (std::is_same_v<Format, Q8Blocks>) row = _mm512_sub_epi32(row, _mm512_set1_epi32(128 * xr.total[at]));
+    acc[i] = add_pair(Format{}, acc[i], _mm512_cvtepi32_ps(row), dv, mv, xr.scale[at], xr.shift[at]);
+  }
+}
+
+// rows_of_tile_pair for 16 rows from r0, the integer sums from tile multiplies. (Issuing the next blocks'
+// multiplies before this block's float steps, or two blocks at a time, measured no faster on a Sapphire Rapids VM:
+// a block's tile store and its float steps take about as long as each other, one after the other.)
+template <typename Format>
+void rows_of_tile_pair_amx(const uint8_t* panels, const at::Half* d, const at::Half* m, int64_t next_scales,
+                           const QuantRows& xr, int64_t r0, int64_t k, float* out, int64_t out_stride) {
+  const int64_t blocks = k / kBlock;
+  alignas(64) int32_t sums[kAmxRows * 16];
+  __m512 acc[kAmxRows];
+#pragma GCC unroll 16
+  for (int i = 0; i < kAmxRows; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    _tile_zero(0);
+    _tile_loadd(1, xr.block(r0, b), kBlock);
+    _tile_loadd(2, panels + b * kPanelBytes, 64);
+    _tile_dpbsud(0, 1, 2);  // signed activations x unsigned weights, as VNNI's dpbusd with the operands swapped
+    _tile_stored(0, sums, 64);
+    add_block_amx<Format>(sums, d, m, next_scales, xr, r0, b, acc);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kAmxRows; ++i) _mm512_storeu_ps(out + (r0 + i) * out_stride, acc[i]);
+}
+
+// Two neighbouring tiles for every row: chunks of 16 rows by tile multiplies, then the rest as tile_pair_simd's.
+template <typename Format>
+void tile_pair_amx(const uint8_t* w, int64_t next, const at::Half* d, const at::Half* m, int64_t next_scales,
+                   const QuantRows& xr, int64_t rows, int64_t k, float* out, int64_t out_stride) {
+  const int64_t blocks = k / kBlock;
+  thread_local std::vector<__m512i> panels;  // 64-byte aligned (C++17's aligned new)
+  panels.resize(blocks * kPanelBytes / sizeof(__m512i));
+  uint8_t* panel_bytes = reinterpret_cast<uint8_t*>(panels.data());
+  unpack_panels<Format>(w, next, blocks, panel_bytes);
+  int64_t r0 = 0;
+  for (; r0 + kAmxRows <= rows; r0 += kAmxRows) {
+    rows_of_tile_pair_amx<Format>(panel_bytes, d, m, next_scales, xr, r0, k, out, out_stride);
+  }
+  tile_pair_simd<Format>(w, next, d, m, next_scales, xr, r0, rows, k, out, out_stride);
+}
+#endif
 #endif
 #endif
 
@@ -504,13 +610,29 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const at::Half *dp = d.data_ptr<at::Half>(), *mp = m ? m->data_ptr<at::Half>() : nullptr;
   float* op = out.data_ptr<float>();
+  constexpr int kind = std::is_same_v<Format, Q8Blocks>;
+#ifdef SPEC_BATCH_AMX
+  const bool amx = !portable && rows >= g_amx_rows[kind].load(std::memory_order_relaxed) && amx_granted();
+#endif
   spec_batch_kernels::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+#ifdef SPEC_BATCH_AMX
+    std::optional<TileScope> tile_scope;
+    if (amx) tile_scope.emplace();
+#endif
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * blocks * Format::kBytes;
       const at::Half *dt = dp + t * blocks * kTile, *mt = mp == nullptr ? nullptr : mp + t * blocks * kTile;
+#ifdef SPEC_BATCH_AMX
+      if (amx && t + 1 < end) {
+        tile_pair_amx<Format>(wt, blocks * Format::kBytes, dt, mt, blocks * kTile, xr, rows, k, op + t * kTile,
+                              tiles * kTile);
+        ++t;
+        continue;
+      }
+#endif
 #ifdef SPEC_BATCH_TILE_PAIRS
-      if (!portable && t + 1 < end && rows >= g_tile_pair_rows[std::is_same_v<Format, Q8Blocks>].load(std::memory_order_relaxed)) {
-        tile_pair_simd<Format>(wt, blocks * Format::kBytes, dt, mt, blocks * kTile, xr, rows, k, op + t * kTile,
+      if (!portable && t + 1 < end && rows >= g_tile_pair_rows[kind].load(std::memory_order_relaxed)) {
+        tile_pair_simd<Format>(wt, blocks * Format::kBytes, dt, mt, blocks * kTile, xr, 0, rows, k, op + t * kTile,
                                tiles * kTile);
         ++t;
         continue;
@@ -536,7 +658,7 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 
 // The row count from which a kind's calls ("w4a8", "w8a8") run tile pairs; -1 where this build has none.
 int kind_index(c10::string_view kind) {
-  TORCH_CHECK(kind == "w4a8" || kind == "w8a8", "tile pairs: kind must be w4a8 or w8a8, got ", kind);
+  TORCH_CHECK(kind == "w4a8" || kind == "w8a8", "kind must be w4a8 or w8a8, got ", kind);
   return kind == "w8a8";
 }
 
@@ -555,6 +677,26 @@ void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
   TORCH_CHECK(rows >= 1, "set_tile_pair_rows: rows must be >= 1, got ", rows);
 #ifdef SPEC_BATCH_TILE_PAIRS
   g_tile_pair_rows[index].store(rows);
+#else
+  (void)index;
+#endif
+}
+
+// The row count from which a kind's calls run tile multiplies (AMX); -1 where this build or this process has none.
+int64_t amx_rows(c10::string_view kind) {
+  const int index = kind_index(kind);
+#ifdef SPEC_BATCH_AMX
+  if (amx_granted()) return g_amx_rows[index].load();
+#endif
+  (void)index;
+  return -1;
+}
+
+void set_amx_rows(c10::string_view kind, int64_t rows) {
+  const int index = kind_index(kind);
+  TORCH_CHECK(rows >= 1, "set_amx_rows: rows must be >= 1, got ", rows);
+#ifdef SPEC_BATCH_AMX
+  g_amx_rows[index].store(rows);
 #else
   (void)index;
 #endif
@@ -610,6 +752,8 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("q8_embedding(Tensor ids, Tensor weight, Tensor d) -> Tensor");
   m.def("tile_pair_rows(str kind) -> int", tile_pair_rows);  // no tensors: catch-all kernels
   m.def("set_tile_pair_rows(str kind, int rows) -> ()", set_tile_pair_rows);
+  m.def("amx_rows(str kind) -> int", amx_rows);
+  m.def("set_amx_rows(str kind, int rows) -> ()", set_amx_rows);
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {

@@ -10,6 +10,9 @@ stored beside the compiled library (`<cache>/kernels/spec_batch_ops-<key>.tuning
 every process of the machine runs the same paths (timed in each process, near-ties fell either way, and two servers
 compared side by side differed by what each had measured). Every path computes the same bits
 (tests/loading/test_block_linear.py runs each), so the choice changes speed only.
+
+Where the build and the process have AMX (Intel's tile multiply: Sapphire Rapids on), a call's tile pairs can also
+run their chunks of 16 rows by tile multiplies: timed the same way, after the tile pairs, from 16 rows on.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from pathlib import Path
 import torch
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed: a decode step's, a verify step's, a batch's, a prefill's
-NEVER = 1 << 40  # a tile-pair threshold no call reaches
-MARGIN = 1.05  # pairs must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
+AMX_ROWS = (16, 32, 64)  # tile multiplies take 16 rows at a time
+NEVER = 1 << 40  # a threshold no call reaches
+MARGIN = 1.05  # a path must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
 KINDS = ("w4a8", "w8a8")
+PATHS = ("tile_pairs", "amx")  # the stored choice: {path: {kind: rows}}
 # what each kind runs in the default model: a layer's q/k/v, o, gate/up and down projections; the LM head
 SHAPES = {"w4a8": ((960, 576), (576, 576), (3072, 576), (576, 1536)), "w8a8": ((49152, 576),)}
 _BLOCK_BYTES = {"w4a8": 128 + 32, "w8a8": 256 + 16}  # a tile's block: weights, float16 scales (and minimums)
@@ -76,41 +81,81 @@ def _layers(kind: str, working_bytes: int) -> Callable[[int], Callable[[], None]
     return for_rows
 
 
-def tune_tile_pairs(trials: int = 3, working_bytes: int | None = None) -> dict[str, int] | None:
-    """For each kind, times passes through layers streaming `working_bytes` (1.5x the last-level cache by default)
-    with and without tile pairs at each of ROWS, alternating, each one's best of `trials`; sets the row count from
-    which the kind's calls run pairs to the smallest from which pairs win (by MARGIN) at every larger count timed
-    (NEVER where they never win) and returns the choices. None: this build has no tile pairs. ~0.4 s on 2 cores."""
+def _rows_from(kind: str, path: str, rows_timed: tuple[int, ...], trials: int, working: int) -> int:
+    """Times passes through the kind's layers with `path` on and off at each of `rows_timed`, alternating, each
+    one's best of `trials`; sets and returns the smallest count from which the path wins (by MARGIN) at every
+    larger count timed, NEVER where it never wins."""
     ops = torch.ops.spec_batch
-    if ops.tile_pair_rows("w4a8") < 0:
-        return None
-    working = working_bytes or min(192 << 20, max(32 << 20, last_level_cache_bytes() * 3 // 2))
-    chosen = {}
-    for kind in KINDS:
-        passes = _layers(kind, working)
-        wins = {}
-        for rows in ROWS:
-            run = passes(rows)
-            best = {1: math.inf, NEVER: math.inf}
-            for _ in range(trials):
-                for threshold in best:
-                    ops.set_tile_pair_rows(kind, threshold)
-                    started = time.perf_counter()
-                    run()
-                    best[threshold] = min(best[threshold], time.perf_counter() - started)
-            wins[rows] = best[1] * MARGIN < best[NEVER]
-        chosen[kind] = NEVER
-        for rows in reversed(ROWS):
-            if not wins[rows]:
-                break
-            chosen[kind] = rows
-        ops.set_tile_pair_rows(kind, chosen[kind])
+    set_rows = ops.set_tile_pair_rows if path == "tile_pairs" else ops.set_amx_rows
+    passes = _layers(kind, working)
+    wins = {}
+    for rows in rows_timed:
+        run = passes(rows)
+        best = {1: math.inf, NEVER: math.inf}
+        for _ in range(trials):
+            for threshold in best:
+                set_rows(kind, threshold)
+                started = time.perf_counter()
+                run()
+                best[threshold] = min(best[threshold], time.perf_counter() - started)
+        wins[rows] = best[1] * MARGIN < best[NEVER]
+    chosen = NEVER
+    for rows in reversed(rows_timed):
+        if not wins[rows]:
+            break
+        chosen = rows
+    set_rows(kind, chosen)
     return chosen
 
 
-def tuned(library: Path) -> dict[str, int] | None:
-    """Applies this machine's tile-pair choices for `library`: those stored beside it, else timed now
-    (tune_tile_pairs) and stored, under a lock so that processes starting together time once. None: no tile pairs."""
+def _working(working_bytes: int | None) -> int:
+    return working_bytes or min(192 << 20, max(32 << 20, last_level_cache_bytes() * 3 // 2))
+
+
+def tune_tile_pairs(trials: int = 3, working_bytes: int | None = None) -> dict[str, int] | None:
+    """For each kind, the row count from which its calls run tile pairs (_rows_from over ROWS, streaming
+    `working_bytes`: 1.5x the last-level cache by default), with tile multiplies off while timed; sets and returns
+    the choices. None: this build has no tile pairs. ~0.4 s on 2 cores."""
+    ops = torch.ops.spec_batch
+    if ops.tile_pair_rows("w4a8") < 0:
+        return None
+    amx = {kind: ops.amx_rows(kind) for kind in KINDS}
+    chosen = {}
+    for kind in KINDS:
+        if amx[kind] > 0:
+            ops.set_amx_rows(kind, NEVER)
+        try:
+            chosen[kind] = _rows_from(kind, "tile_pairs", ROWS, trials, _working(working_bytes))
+        finally:
+            if amx[kind] > 0:
+                ops.set_amx_rows(kind, amx[kind])
+    return chosen
+
+
+def tune_amx(trials: int = 3, working_bytes: int | None = None) -> dict[str, int] | None:
+    """For each kind, the row count from which its calls run tile multiplies (_rows_from over AMX_ROWS, the tile
+    pairs as set); sets and returns the choices. None: this build or process has no AMX."""
+    ops = torch.ops.spec_batch
+    if ops.amx_rows("w4a8") < 0:
+        return None
+    return {kind: _rows_from(kind, "amx", AMX_ROWS, trials, _working(working_bytes)) for kind in KINDS}
+
+
+def tune(trials: int = 3) -> dict[str, dict[str, int] | None]:
+    """Every path's choices, {path: {kind: rows}} (None for a path this build or process lacks), set as timed."""
+    return {"tile_pairs": tune_tile_pairs(trials), "amx": tune_amx(trials)}
+
+
+def _apply(chosen: dict[str, dict[str, int] | None]) -> None:
+    ops = torch.ops.spec_batch
+    for path, set_rows in (("tile_pairs", ops.set_tile_pair_rows), ("amx", ops.set_amx_rows)):
+        for kind, rows in (chosen[path] or {}).items():
+            set_rows(kind, rows)
+
+
+def tuned(library: Path) -> dict[str, dict[str, int] | None] | None:
+    """Applies this machine's path choices for `library`: those stored beside it, else timed now (tune) and stored,
+    under a lock so that processes starting together time once. None: this build has no tile pairs (nor AMX)."""
     ops = torch.ops.spec_batch
     if ops.tile_pair_rows("w4a8") < 0:
         return None
@@ -118,24 +163,28 @@ def tuned(library: Path) -> dict[str, int] | None:
     with open(library.parent / ".tuning.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         chosen = _read(stored)
-        if chosen is not None:
-            for kind, rows in chosen.items():
-                ops.set_tile_pair_rows(kind, rows)
+        if chosen is not None and (chosen["amx"] is None) == (ops.amx_rows("w4a8") < 0):
+            _apply(chosen)
             return chosen
-        chosen = tune_tile_pairs(trials=5)
+        chosen = tune(trials=5)
         partial = stored.with_name(stored.name + f".{os.getpid()}")
         partial.write_text(json.dumps(chosen))
         os.replace(partial, stored)  # whole or not at all
         return chosen
 
 
-def _read(stored: Path) -> dict[str, int] | None:
+def _read(stored: Path) -> dict[str, dict[str, int] | None] | None:
     """A stored choice, or None where there is none or it is not one (then it is timed again)."""
     try:
         chosen = json.loads(stored.read_text())
     except (OSError, ValueError):
         return None
-    valid = isinstance(chosen, dict) and set(chosen) == set(KINDS)
-    if not valid or not all(isinstance(rows, int) and rows >= 1 for rows in chosen.values()):
+    if not isinstance(chosen, dict) or set(chosen) != set(PATHS) or chosen["tile_pairs"] is None:
         return None
+    for rows_by_kind in chosen.values():
+        if rows_by_kind is None:
+            continue
+        valid = isinstance(rows_by_kind, dict) and set(rows_by_kind) == set(KINDS)
+        if not valid or not all(isinstance(rows, int) and rows >= 1 for rows in rows_by_kind.values()):
+            return None
     return chosen
