@@ -20,6 +20,7 @@ from . import gguf_cache
 from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
 from .fused_projections import fuse_projections
+from .huge_pages import move_to_huge_pages
 from .gguf_cache import CacheEntry
 from .kernels import KernelBuildError, native_ops
 from .llama_forward import use_own_forward
@@ -228,6 +229,8 @@ def _load_dir(
     elif get_settings().pack_weights:  # CPU only: a verify step of several tokens then costs little more than one
         pack_linear_weights(model)
     fuse_projections(model)  # q/k/v and gate/up in one call each: fewer small kernel calls, the same bits
+    if device.type == "cpu" and get_settings().huge_pages:
+        move_to_huge_pages(model)  # before anything holds the tensors: a decode step streams them all
     use_gqa_attention(model, native=native)
     _own_forward(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(path), precision=precision)

@@ -314,13 +314,22 @@ struct SumsVnni {
 // once, falls behind a one-row call (a decode step), so each block asks for the block kAhead further on (in a
 // tile's blocks and on into the next tile's, which follow it). 1 row of a 3072x576 layer out of memory: 62 -> 48
 // us (8 ahead; 4 and 16: 51 and 53).
-constexpr int64_t kAhead = 8;
+std::atomic<int64_t> g_ahead[2] = {8, 8};
+std::atomic<int64_t> g_hint{0};
 template <typename Format>
 inline void fetch_ahead(const uint8_t* block) {
+  const int64_t ahead = g_ahead[std::is_same_v<Format, Q8Blocks>].load(std::memory_order_relaxed);
+  const int64_t hint = g_hint.load(std::memory_order_relaxed);
   for (int64_t line = 0; line < Format::kBytes; line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(block + kAhead * Format::kBytes + line), _MM_HINT_T0);
+    const char* p = reinterpret_cast<const char*>(block + ahead * Format::kBytes + line);
+    if (hint == 0) _mm_prefetch(p, _MM_HINT_T0);
+    else if (hint == 1) _mm_prefetch(p, _MM_HINT_T1);
+    else if (hint == 2) _mm_prefetch(p, _MM_HINT_T2);
+    else if (hint == 3) { _mm_prefetch(p, _MM_HINT_T1); _mm_prefetch(p - (ahead / 2) * Format::kBytes, _MM_HINT_T0); }
   }
 }
+void set_hint(int64_t h) { g_hint.store(h); }
+void set_ahead(c10::string_view kind, int64_t n) { g_ahead[kind == "w8a8"].store(n); }
 
 // 8 float16 scales as float32 (exact).
 inline __m256 halves(const at::Half* h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))); }
@@ -346,6 +355,11 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i sums[N];
     fetch_ahead<Format>(w + b * Format::kBytes);
+    if (g_hint.load(std::memory_order_relaxed) >= 4 && (b & 3) == 0) {
+      const int64_t far = g_hint.load(std::memory_order_relaxed) == 4 ? 32 : 64;
+      _mm_prefetch(reinterpret_cast<const char*>(d + (b + far) * kTile), _MM_HINT_T0);
+      if (m != nullptr) _mm_prefetch(reinterpret_cast<const char*>(m + (b + far) * kTile), _MM_HINT_T0);
+    }
     const __m256 dv = halves(d + b * kTile), mv = m == nullptr ? _mm256_setzero_ps() : halves(m + b * kTile);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) totals[i] = xr.total[xr.at(r0 + i, b)];
@@ -754,6 +768,8 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("set_tile_pair_rows(str kind, int rows) -> ()", set_tile_pair_rows);
   m.def("amx_rows(str kind) -> int", amx_rows);
   m.def("set_amx_rows(str kind, int rows) -> ()", set_amx_rows);
+  m.def("set_ahead(str kind, int n) -> ()", set_ahead);
+  m.def("set_hint(int h) -> ()", set_hint);
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {
