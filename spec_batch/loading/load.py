@@ -20,8 +20,8 @@ from . import gguf_cache
 from .cpu_attention import use_gqa_attention
 from .cpu_linear import pack_linear_weights
 from .fused_projections import fuse_projections
-from .huge_pages import move_to_huge_pages
 from .gguf_cache import CacheEntry
+from .huge_pages import move_to_huge_pages
 from .kernels import KernelBuildError, native_ops
 from .llama_forward import use_own_forward
 from .resolve import resolve_spec
