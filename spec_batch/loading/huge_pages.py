@@ -38,6 +38,22 @@ def huge_pages_available() -> bool:
     return "[never]" not in mode
 
 
+def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
+    """`nbytes` of uint8 in a private mapping advised MADV_HUGEPAGE, starting on a huge page's boundary (the
+    mapping lives as long as the tensor or a view of it); None where huge pages are not available or it fails."""
+    if not huge_pages_available():
+        return None
+    try:
+        region = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError) as exc:
+        log.info("no huge pages: %s", exc)
+        return None
+    whole = torch.frombuffer(region, dtype=torch.uint8)
+    start = -whole.data_ptr() % _HUGE
+    return whole[start : start + nbytes]
+
+
 def _movable(tensor: torch.Tensor) -> bool:
     return (
         tensor.device.type == "cpu"
@@ -66,8 +82,6 @@ def move_to_huge_pages(model: nn.Module) -> int:
     """Moves the model's large CPU parameters and buffers into one mapping advised MADV_HUGEPAGE, in place (a
     Parameter keeps its identity: its data is replaced). Returns the bytes moved; 0 where huge pages are not
     available or the mapping fails (the model is then left as it was)."""
-    if not huge_pages_available():
-        return 0
     slots = _slots(model)
     offsets: dict[int, int] = {}
     total = 0
@@ -77,14 +91,9 @@ def move_to_huge_pages(model: nn.Module) -> int:
             total += -(-tensor.numel() * tensor.element_size() // _ALIGN) * _ALIGN
     if total == 0:
         return 0
-    try:
-        region = mmap.mmap(-1, total + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        region.madvise(mmap.MADV_HUGEPAGE)
-    except (OSError, ValueError) as exc:
-        log.info("weights stay on the allocator's pages: %s", exc)
+    arena = huge_page_buffer(total)
+    if arena is None:
         return 0
-    whole = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping for as long as a view of it lives
-    arena = whole[-whole.data_ptr() % _HUGE :]
     views: dict[int, torch.Tensor] = {}
     for table, name, tensor, key in slots:
         if key not in views:

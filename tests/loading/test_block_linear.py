@@ -19,11 +19,13 @@ from spec_batch.loading.block_linear import BlockLinear, Q8BlockLinear
 from spec_batch.loading.kernels import native_ops
 from spec_batch.loading.kernels.tuning import (
     AMX_ROWS,
+    DISTANCES,
     KINDS,
     NEVER,
     ROWS,
     last_level_cache_bytes,
     tune_amx,
+    tune_prefetch,
     tune_tile_pairs,
     tuned,
 )
@@ -89,26 +91,50 @@ def test_a_row_is_the_same_bits_at_every_row_count_and_on_both_paths(kind, dtype
     assert torch.equal(_portable(layer, x)[:, : shape[0]].to(dtype), every)
 
 
-def _paths() -> dict[str, dict[str, int]]:
+def _paths() -> dict[str, dict]:
     ops = torch.ops.spec_batch
     return {
+        "prefetch": {kind: ops.prefetch(kind) for kind in KINDS},
         "tile_pairs": {kind: ops.tile_pair_rows(kind) for kind in KINDS},
         "amx": {kind: ops.amx_rows(kind) for kind in KINDS},
     }
 
 
-def _restore(before: dict[str, dict[str, int]]) -> None:
+def _restore(before: dict[str, dict]) -> None:
     ops = torch.ops.spec_batch
+    for kind, distance in before["prefetch"].items():
+        ops.set_prefetch(kind, distance)
     for path, set_rows in (("tile_pairs", ops.set_tile_pair_rows), ("amx", ops.set_amx_rows)):
         for kind, rows in before[path].items():
             if rows > 0:
                 set_rows(kind, rows)
 
 
+@pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])
+def test_the_prefetch_distance_changes_no_bit(kind):
+    ops = torch.ops.spec_batch
+    layer = _layer(576, 1536, kind=kind)
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(3))
+    before = _paths()
+    try:
+        outputs = []
+        for distance in DISTANCES:
+            for name in KINDS:
+                ops.set_prefetch(name, distance)
+            outputs.append(layer(x))
+        assert torch.equal(outputs[0], outputs[1])
+    finally:
+        _restore(before)
+
+
 def test_tuning_chooses_a_timed_row_count_or_never_for_each_kind_and_the_kernels_follow_it():
     ops = torch.ops.spec_batch
     before = _paths()
     try:
+        prefetch = tune_prefetch(trials=1, working_bytes=4 << 20)
+        assert all(prefetch[k] in DISTANCES for k in KINDS)
+        if before["tile_pairs"]["w4a8"] > 0:  # an AVX-512 build: the prefetches are real, and follow the choice
+            assert all(ops.prefetch(k) == prefetch[k] for k in KINDS)
         pairs = tune_tile_pairs(trials=1, working_bytes=4 << 20)
         amx = tune_amx(trials=1, working_bytes=4 << 20)
         if before["tile_pairs"]["w4a8"] < 0:
@@ -131,6 +157,8 @@ def test_tuning_chooses_a_timed_row_count_or_never_for_each_kind_and_the_kernels
         ops.tile_pair_rows("int4")
     with pytest.raises(RuntimeError, match="kind must be w4a8 or w8a8"):
         ops.amx_rows("int4")
+    with pytest.raises(RuntimeError, match="distance must be near or far"):
+        ops.set_prefetch("w4a8", "farther")
 
 
 def test_a_stored_choice_is_applied_and_a_broken_one_timed_again_and_stored(tmp_path):
@@ -142,17 +170,25 @@ def test_a_stored_choice_is_applied_and_a_broken_one_timed_again_and_stored(tmp_
     library = tmp_path / "spec_batch_ops-x.so"
     stored = tmp_path / "spec_batch_ops-x.tuning.json"
     has_amx = before["amx"]["w4a8"] > 0
-    choice = {"tile_pairs": {"w4a8": 3, "w8a8": 5}, "amx": {"w4a8": 32, "w8a8": 16} if has_amx else None}
+    choice = {
+        "prefetch": {"w4a8": "far", "w8a8": "near"},
+        "tile_pairs": {"w4a8": 3, "w8a8": 5},
+        "amx": {"w4a8": 32, "w8a8": 16} if has_amx else None,
+    }
     try:
         stored.write_text(json.dumps(choice))
         assert tuned(library) == choice
         assert (ops.tile_pair_rows("w4a8"), ops.tile_pair_rows("w8a8")) == (3, 5)
+        assert (ops.prefetch("w4a8"), ops.prefetch("w8a8")) == ("far", "near")
         if has_amx:
             assert (ops.amx_rows("w4a8"), ops.amx_rows("w8a8")) == (32, 16)
-        for broken in ('{"w4a8": 0}', json.dumps({"w4a8": 3, "w8a8": 5}), json.dumps({**choice, "amx": {"w4a8": 0}})):
-            stored.write_text(broken)  # not a choice, one stored by an earlier version, or a bad row count
+        earlier = [json.dumps({"w4a8": 3, "w8a8": 5}), json.dumps({k: v for k, v in choice.items() if k != "prefetch"})]
+        bad = [json.dumps({**choice, "amx": {"w4a8": 0}}), json.dumps({**choice, "prefetch": {"w4a8": 8, "w8a8": 8}})]
+        for broken in ('{"w4a8": 0}', *earlier, *bad):  # not a choice, one stored by an earlier version, bad values
+            stored.write_text(broken)
             chosen = tuned(library)
-            assert set(chosen) == {"tile_pairs", "amx"}
+            assert set(chosen) == {"prefetch", "tile_pairs", "amx"}
+            assert all(distance in DISTANCES for distance in chosen["prefetch"].values())
             assert all(rows in (*ROWS, NEVER) for rows in chosen["tile_pairs"].values())
             assert (chosen["amx"] is None) == (not has_amx)
             assert json.loads(stored.read_text()) == chosen

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 #ifdef __AVX2__
@@ -311,25 +312,28 @@ struct SumsVnni {
 #endif
 
 // A block's weights are read once a call, from memory: the hardware prefetcher, following several streams at
-// once, falls behind a one-row call (a decode step), so each block asks for the block kAhead further on (in a
-// tile's blocks and on into the next tile's, which follow it). 1 row of a 3072x576 layer out of memory: 62 -> 48
-// us (8 ahead; 4 and 16: 51 and 53).
-std::atomic<int64_t> g_ahead[2] = {8, 8};
-std::atomic<int64_t> g_hint{0};
+// once, falls behind a one-row call (a decode step), so each block asks for weights further on (in a tile's blocks
+// and on into the next tile's, which follow it). How far, and into which cache, is per CPU, timed as the library
+// loads (loading/kernels/tuning.py), per kind (W4A8 [0], W8A8 [1]):
+// - near: the block kAhead further on, into L1. 1 row of a 3072x576 layer out of memory on AMD Zen 4: 62 -> 48 us
+//   (8 ahead; 4 and 16: 51 and 53).
+// - far: kFarBytes further on, into L2. On a 2-core Sapphire Rapids-class VM (weights on huge pages), one-row calls
+//   streaming 192 MB of the default model's shapes: W4A8 16.4 -> 18.2 GB/s, W8A8 28.7 -> 31.9; plain decoding at
+//   batch 1, in process, 8.20 -> 7.19 ms a token.
+constexpr int64_t kAhead = 8, kFarBytes = 4096;
+std::atomic<bool> g_prefetch_far[2] = {false, false};
 template <typename Format>
 inline void fetch_ahead(const uint8_t* block) {
-  const int64_t ahead = g_ahead[std::is_same_v<Format, Q8Blocks>].load(std::memory_order_relaxed);
-  const int64_t hint = g_hint.load(std::memory_order_relaxed);
+  if (g_prefetch_far[std::is_same_v<Format, Q8Blocks>].load(std::memory_order_relaxed)) {
+    for (int64_t line = 0; line < Format::kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(block + kFarBytes + line), _MM_HINT_T1);
+    }
+    return;
+  }
   for (int64_t line = 0; line < Format::kBytes; line += 64) {
-    const char* p = reinterpret_cast<const char*>(block + ahead * Format::kBytes + line);
-    if (hint == 0) _mm_prefetch(p, _MM_HINT_T0);
-    else if (hint == 1) _mm_prefetch(p, _MM_HINT_T1);
-    else if (hint == 2) _mm_prefetch(p, _MM_HINT_T2);
-    else if (hint == 3) { _mm_prefetch(p, _MM_HINT_T1); _mm_prefetch(p - (ahead / 2) * Format::kBytes, _MM_HINT_T0); }
+    _mm_prefetch(reinterpret_cast<const char*>(block + kAhead * Format::kBytes + line), _MM_HINT_T0);
   }
 }
-void set_hint(int64_t h) { g_hint.store(h); }
-void set_ahead(c10::string_view kind, int64_t n) { g_ahead[kind == "w8a8"].store(n); }
 
 // 8 float16 scales as float32 (exact).
 inline __m256 halves(const at::Half* h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))); }
@@ -355,11 +359,6 @@ void rows_of_tile(const uint8_t* w, const at::Half* d, const at::Half* m, const 
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i sums[N];
     fetch_ahead<Format>(w + b * Format::kBytes);
-    if (g_hint.load(std::memory_order_relaxed) >= 4 && (b & 3) == 0) {
-      const int64_t far = g_hint.load(std::memory_order_relaxed) == 4 ? 32 : 64;
-      _mm_prefetch(reinterpret_cast<const char*>(d + (b + far) * kTile), _MM_HINT_T0);
-      if (m != nullptr) _mm_prefetch(reinterpret_cast<const char*>(m + (b + far) * kTile), _MM_HINT_T0);
-    }
     const __m256 dv = halves(d + b * kTile), mv = m == nullptr ? _mm256_setzero_ps() : halves(m + b * kTile);
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) totals[i] = xr.total[xr.at(r0 + i, b)];
@@ -696,6 +695,27 @@ void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
 #endif
 }
 
+// How far ahead a kind's calls ask for their weights: "near" or "far" (fetch_ahead); on builds without AVX2 a no-op
+// that reads "near".
+std::string prefetch(c10::string_view kind) {
+  const int index = kind_index(kind);
+#ifdef __AVX2__
+  if (g_prefetch_far[index].load()) return "far";
+#endif
+  (void)index;
+  return "near";
+}
+
+void set_prefetch(c10::string_view kind, c10::string_view distance) {
+  const int index = kind_index(kind);
+  TORCH_CHECK(distance == "near" || distance == "far", "set_prefetch: distance must be near or far, got ", distance);
+#ifdef __AVX2__
+  g_prefetch_far[index].store(distance == "far");
+#else
+  (void)index;
+#endif
+}
+
 // The row count from which a kind's calls run tile multiplies (AMX); -1 where this build or this process has none.
 int64_t amx_rows(c10::string_view kind) {
   const int index = kind_index(kind);
@@ -768,8 +788,8 @@ TORCH_LIBRARY_FRAGMENT(spec_batch, m) {
   m.def("set_tile_pair_rows(str kind, int rows) -> ()", set_tile_pair_rows);
   m.def("amx_rows(str kind) -> int", amx_rows);
   m.def("set_amx_rows(str kind, int rows) -> ()", set_amx_rows);
-  m.def("set_ahead(str kind, int n) -> ()", set_ahead);
-  m.def("set_hint(int h) -> ()", set_hint);
+  m.def("prefetch(str kind) -> str", prefetch);
+  m.def("set_prefetch(str kind, str distance) -> ()", set_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(spec_batch, CPU, m) {

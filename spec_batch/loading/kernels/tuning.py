@@ -12,7 +12,8 @@ compared side by side differed by what each had measured). Every path computes t
 (tests/loading/test_block_linear.py runs each), so the choice changes speed only.
 
 Where the build and the process have AMX (Intel's tile multiply: Sapphire Rapids on), a call's tile pairs can also
-run their chunks of 16 rows by tile multiplies: timed the same way, after the tile pairs, from 16 rows on.
+run their chunks of 16 rows by tile multiplies: timed the same way, after the tile pairs, from 16 rows on. Before
+both, how far ahead the kernels ask for weights (8 blocks into L1, or 4 KB into L2), timed at one row.
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ from pathlib import Path
 
 import torch
 
+from ..huge_pages import huge_page_buffer
+
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed: a decode step's, a verify step's, a batch's, a prefill's
 AMX_ROWS = (16, 32, 64)  # tile multiplies take 16 rows at a time
 NEVER = 1 << 40  # a threshold no call reaches
 MARGIN = 1.05  # a path must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
 KINDS = ("w4a8", "w8a8")
-PATHS = ("tile_pairs", "amx")  # the stored choice: {path: {kind: rows}}
+PATHS = ("prefetch", "tile_pairs", "amx")  # the stored choice: {path: {kind: "near" | "far", or a row count}}
+DISTANCES = ("near", "far")  # how far ahead the kernels ask for weights (block_linear.cpp's fetch_ahead)
+# "near" must win by this much, else "far": on a 2-core Xeon VM, plain decoding at batch 1 ran 1.11x faster with far
+# for both kinds than with near, 1.065x with far for W4A8 alone; timed apart (one kind's calls back to back), far
+# won for W4A8 and tied for the head, so the kinds are timed as a step runs them, layers then the head
+PREFETCH_MARGIN = 1.02
 # what each kind runs in the default model: a layer's q/k/v, o, gate/up and down projections; the LM head
 SHAPES = {"w4a8": ((960, 576), (576, 576), (3072, 576), (576, 1536)), "w8a8": ((49152, 576),)}
 _BLOCK_BYTES = {"w4a8": 128 + 32, "w8a8": 256 + 16}  # a tile's block: weights, float16 scales (and minimums)
@@ -50,6 +58,24 @@ def last_level_cache_bytes(default: int = 32 << 20) -> int:
     return max(sizes, default=default)
 
 
+def _constants(nbytes: int) -> Callable[[tuple[int, ...], torch.dtype, float], torch.Tensor]:
+    """A maker of constant tensors, in one buffer on huge pages where the machine has them (as a loaded model's
+    weights are: loading/huge_pages.py), else torch's own."""
+    arena = huge_page_buffer(nbytes + 64 * 16)
+    used = 0
+
+    def constant(shape: tuple[int, ...], dtype: torch.dtype, value: float) -> torch.Tensor:
+        nonlocal used
+        if arena is None:
+            return torch.full(shape, value, dtype=dtype)
+        size = math.prod(shape) * dtype.itemsize
+        tensor = arena[used : used + size].view(dtype).view(shape)
+        used += -(-size // 64) * 64
+        return tensor.fill_(value)
+
+    return constant
+
+
 def _layers(kind: str, working_bytes: int) -> Callable[[int], Callable[[], None]]:
     """For a row count, one pass through enough copies of the kind's shapes (a layer's projections one after
     another) to stream `working_bytes` from memory, as a decode step does. The weights' values do not change the
@@ -57,12 +83,14 @@ def _layers(kind: str, working_bytes: int) -> Callable[[int], Callable[[], None]
     ops = torch.ops.spec_batch
     per_copy = sum(o // 8 * (k // 32) * _BLOCK_BYTES[kind] for o, k in SHAPES[kind])
     copies = max(1, math.ceil(working_bytes / per_copy))
+    constant = _constants(copies * per_copy)
     tensors = []
     for out_features, in_features in SHAPES[kind]:
         tiles, blocks = out_features // 8, in_features // 32
-        weight = torch.full((copies, tiles, blocks, 4 if kind == "w4a8" else 8, 8, 4), 0x5A, dtype=torch.uint8)
-        d = torch.full((copies, tiles, blocks, 8), 0.01, dtype=torch.float16)
-        tensors.append((in_features, weight, d, torch.full_like(d, -0.05)))
+        weight = constant((copies, tiles, blocks, 4 if kind == "w4a8" else 8, 8, 4), torch.uint8, 0x5A)
+        d = constant((copies, tiles, blocks, 8), torch.float16, 0.01)
+        m = constant((copies, tiles, blocks, 8), torch.float16, -0.05) if kind == "w4a8" else d  # (W8A8 has none)
+        tensors.append((in_features, weight, d, m))
 
     def for_rows(rows: int) -> Callable[[], None]:
         inputs = [torch.full((rows, in_features), 0.5) for in_features, *_ in tensors]
@@ -141,19 +169,53 @@ def tune_amx(trials: int = 3, working_bytes: int | None = None) -> dict[str, int
     return {kind: _rows_from(kind, "amx", AMX_ROWS, trials, _working(working_bytes)) for kind in KINDS}
 
 
-def tune(trials: int = 3) -> dict[str, dict[str, int] | None]:
-    """Every path's choices, {path: {kind: rows}} (None for a path this build or process lacks), set as timed."""
-    return {"tile_pairs": tune_tile_pairs(trials), "amx": tune_amx(trials)}
-
-
-def _apply(chosen: dict[str, dict[str, int] | None]) -> None:
+def tune_prefetch(trials: int = 3, working_bytes: int | None = None) -> dict[str, str]:
+    """For each kind, how far ahead its calls ask for weights, timed as a decode step streams them: one-row passes
+    through W4A8 layers and then W8A8 heads (2:1, `working_bytes` in all), with the kind's DISTANCES in turn and the
+    other kind's "far", alternating, each one's best of `trials`; "near" where it wins by PREFETCH_MARGIN, else
+    "far". Sets and returns them."""
     ops = torch.ops.spec_batch
-    for path, set_rows in (("tile_pairs", ops.set_tile_pair_rows), ("amx", ops.set_amx_rows)):
-        for kind, rows in (chosen[path] or {}).items():
-            set_rows(kind, rows)
+    working = _working(working_bytes)
+    layers, heads = _layers("w4a8", working * 2 // 3)(1), _layers("w8a8", working // 3)(1)
+    chosen = dict.fromkeys(KINDS, "far")
+    for kind in KINDS:
+        for other in KINDS:
+            ops.set_prefetch(other, chosen[other])
+        best = dict.fromkeys(DISTANCES, math.inf)
+        for _ in range(trials):
+            for distance in DISTANCES:
+                ops.set_prefetch(kind, distance)
+                started = time.perf_counter()
+                layers()
+                heads()
+                best[distance] = min(best[distance], time.perf_counter() - started)
+        chosen[kind] = "near" if best["near"] * PREFETCH_MARGIN < best["far"] else "far"
+    for kind in KINDS:
+        ops.set_prefetch(kind, chosen[kind])
+    return chosen
 
 
-def tuned(library: Path) -> dict[str, dict[str, int] | None] | None:
+Choice = dict[str, dict[str, int] | dict[str, str] | None]
+
+
+def tune(trials: int = 3) -> Choice:
+    """Every path's choices, {path: {kind: choice}} (None for a path this build or process lacks), set as timed:
+    the prefetch distance first (the other paths' timings stream weights too)."""
+    if torch.ops.spec_batch.tile_pair_rows("w4a8") < 0:
+        return {"prefetch": None, "tile_pairs": None, "amx": None}
+    prefetch = tune_prefetch(trials)
+    return {"prefetch": prefetch, "tile_pairs": tune_tile_pairs(trials), "amx": tune_amx(trials)}
+
+
+def _apply(chosen: Choice) -> None:
+    ops = torch.ops.spec_batch
+    setters = (("prefetch", ops.set_prefetch), ("tile_pairs", ops.set_tile_pair_rows), ("amx", ops.set_amx_rows))
+    for path, set_choice in setters:
+        for kind, value in (chosen[path] or {}).items():
+            set_choice(kind, value)
+
+
+def tuned(library: Path) -> Choice | None:
     """Applies this machine's path choices for `library`: those stored beside it, else timed now (tune) and stored,
     under a lock so that processes starting together time once. None: this build has no tile pairs (nor AMX)."""
     ops = torch.ops.spec_batch
@@ -173,18 +235,22 @@ def tuned(library: Path) -> dict[str, dict[str, int] | None] | None:
         return chosen
 
 
-def _read(stored: Path) -> dict[str, dict[str, int] | None] | None:
+def _read(stored: Path) -> Choice | None:
     """A stored choice, or None where there is none or it is not one (then it is timed again)."""
     try:
         chosen = json.loads(stored.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(chosen, dict) or set(chosen) != set(PATHS) or chosen["tile_pairs"] is None:
+    if not isinstance(chosen, dict) or set(chosen) != set(PATHS):
         return None
-    for rows_by_kind in chosen.values():
-        if rows_by_kind is None:
+    if chosen["prefetch"] is None or chosen["tile_pairs"] is None:
+        return None
+    for path, by_kind in chosen.items():
+        if by_kind is None:
             continue
-        valid = isinstance(rows_by_kind, dict) and set(rows_by_kind) == set(KINDS)
-        if not valid or not all(isinstance(rows, int) and rows >= 1 for rows in rows_by_kind.values()):
+        if not isinstance(by_kind, dict) or set(by_kind) != set(KINDS):
+            return None
+        valid = (lambda v: v in DISTANCES) if path == "prefetch" else (lambda v: isinstance(v, int) and v >= 1)
+        if not all(valid(value) for value in by_kind.values()):
             return None
     return chosen
