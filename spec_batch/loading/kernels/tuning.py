@@ -20,21 +20,29 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..huge_pages import huge_page_buffer
+
+log = logging.getLogger(__name__)
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed: a decode step's, a verify step's, a batch's, a prefill's
 AMX_ROWS = (16, 32, 64)  # tile multiplies take 16 rows at a time
 NEVER = 1 << 40  # a threshold no call reaches
 MARGIN = 1.05  # a path must be this much faster to be chosen: near a tie, timing noise would pick by chance per process
 KINDS = ("w4a8", "w8a8")
+# A timing's median over its best beyond this is noise; where over a quarter of them are, the machine was busy (a
+# choice timed beside a compiler build once ran no tile pairs, its prefill 1.36x slower) and nothing is stored.
+NOISY_SPREAD = 1.15
 PATHS = ("prefetch", "tile_pairs", "amx")  # the stored choice: {path: {kind: "near" | "far", or a row count}}
 DISTANCES = ("near", "far")  # how far ahead the kernels ask for weights (block_linear.cpp's fetch_ahead)
 # "near" must win by this much, else "far": on a 2-core Xeon VM, plain decoding at batch 1 ran 1.11x faster with far
@@ -109,6 +117,23 @@ def _layers(kind: str, working_bytes: int) -> Callable[[int], Callable[[], None]
     return for_rows
 
 
+_spreads: list[float] = []  # each timed candidate's median over its best, since tune() began
+
+
+def _best_of(trials: int, candidates: tuple, use: Callable[[Any], None], run: Callable[[], object]) -> dict:
+    """Each candidate's best time of `trials` passes of `run`, the candidates alternating (`use` switches to one);
+    each one's spread (median over best) is kept for tuned() to judge the machine's quiet."""
+    samples: dict = {candidate: [] for candidate in candidates}
+    for _ in range(trials):
+        for candidate in candidates:
+            use(candidate)
+            started = time.perf_counter()
+            run()
+            samples[candidate].append(time.perf_counter() - started)
+    _spreads.extend(statistics.median(times) / min(times) for times in samples.values())
+    return {candidate: min(times) for candidate, times in samples.items()}
+
+
 def _rows_from(kind: str, path: str, rows_timed: tuple[int, ...], trials: int, working: int) -> int:
     """Times passes through the kind's layers with `path` on and off at each of `rows_timed`, alternating, each
     one's best of `trials`; sets and returns the smallest count from which the path wins (by MARGIN) at every
@@ -118,14 +143,7 @@ def _rows_from(kind: str, path: str, rows_timed: tuple[int, ...], trials: int, w
     passes = _layers(kind, working)
     wins = {}
     for rows in rows_timed:
-        run = passes(rows)
-        best = {1: math.inf, NEVER: math.inf}
-        for _ in range(trials):
-            for threshold in best:
-                set_rows(kind, threshold)
-                started = time.perf_counter()
-                run()
-                best[threshold] = min(best[threshold], time.perf_counter() - started)
+        best = _best_of(trials, (1, NEVER), lambda threshold: set_rows(kind, threshold), passes(rows))
         wins[rows] = best[1] * MARGIN < best[NEVER]
     chosen = NEVER
     for rows in reversed(rows_timed):
@@ -181,14 +199,11 @@ def tune_prefetch(trials: int = 3, working_bytes: int | None = None) -> dict[str
     for kind in KINDS:
         for other in KINDS:
             ops.set_prefetch(other, chosen[other])
-        best = dict.fromkeys(DISTANCES, math.inf)
-        for _ in range(trials):
-            for distance in DISTANCES:
-                ops.set_prefetch(kind, distance)
-                started = time.perf_counter()
-                layers()
-                heads()
-                best[distance] = min(best[distance], time.perf_counter() - started)
+
+        def use(distance: str, kind: str = kind) -> None:
+            ops.set_prefetch(kind, distance)
+
+        best = _best_of(trials, DISTANCES, use, lambda: (layers(), heads()))
         chosen[kind] = "near" if best["near"] * PREFETCH_MARGIN < best["far"] else "far"
     for kind in KINDS:
         ops.set_prefetch(kind, chosen[kind])
@@ -201,6 +216,7 @@ Choice = dict[str, dict[str, int] | dict[str, str] | None]
 def tune(trials: int = 3) -> Choice:
     """Every path's choices, {path: {kind: choice}} (None for a path this build or process lacks), set as timed:
     the prefetch distance first (the other paths' timings stream weights too)."""
+    _spreads.clear()
     if torch.ops.spec_batch.tile_pair_rows("w4a8") < 0:
         return {"prefetch": None, "tile_pairs": None, "amx": None}
     prefetch = tune_prefetch(trials)
@@ -229,6 +245,12 @@ def tuned(library: Path) -> Choice | None:
             _apply(chosen)
             return chosen
         chosen = tune(trials=5)
+        noisy = sum(spread > NOISY_SPREAD for spread in _spreads)
+        if noisy > len(_spreads) // 4:  # a busy machine: use the choice here, time again in a later process
+            log.warning(
+                "kernel path timings were noisy (%d of %d over %.2f): not stored", noisy, len(_spreads), NOISY_SPREAD
+            )
+            return chosen
         partial = stored.with_name(stored.name + f".{os.getpid()}")
         partial.write_text(json.dumps(chosen))
         os.replace(partial, stored)  # whole or not at all
