@@ -233,7 +233,8 @@ def _apply(chosen: Choice) -> None:
 
 def tuned(library: Path) -> Choice | None:
     """Applies this machine's path choices for `library`: those stored beside it, else timed now (tune) and stored,
-    under a lock so that processes starting together time once. None: this build has no tile pairs (nor AMX)."""
+    under a lock so that processes starting together time once. None: this build has no tile pairs (an AVX2 or
+    portable build: no AMX either, and its prefetch stays "near")."""
     ops = torch.ops.spec_batch
     if ops.tile_pair_rows("w4a8") < 0:
         return None
