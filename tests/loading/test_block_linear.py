@@ -44,37 +44,34 @@ def _portable(layer, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.spec_batch.w4a8_linear(x, layer.packed, layer.scales, layer.minimums, True)
 
 
+def _path_rows(read, write, rows: int, missing: str):
+    """Sets a kernel path's row threshold for both kinds (skips where the build lacks the path), restores after."""
+    before = {kind: read(kind) for kind in KINDS}
+    if before["w4a8"] < 0 and rows != NEVER:
+        pytest.skip(missing)
+    for kind in KINDS:
+        if before[kind] > 0:
+            write(kind, rows)
+    yield rows
+    for kind, kept in before.items():
+        if kept > 0:
+            write(kind, kept)
+
+
 @pytest.fixture(params=[1, 4, NEVER], ids=["tile-pairs", "pairs-from-4-rows", "single-tiles"])
 def tile_pair_rows(request):
     """Each of the AVX-512 paths (two tiles a 512-bit register from this many rows on, one tile a 256-bit one below),
     whichever tuning chose for this CPU; restored after."""
     ops = torch.ops.spec_batch
-    before = {kind: ops.tile_pair_rows(kind) for kind in KINDS}
-    if before["w4a8"] < 0 and request.param != NEVER:
-        pytest.skip("this build has no tile pairs (no AVX-512 VNNI)")
-    for kind in KINDS:
-        if before[kind] > 0:
-            ops.set_tile_pair_rows(kind, request.param)
-    yield request.param
-    for kind, rows in before.items():
-        if rows > 0:
-            ops.set_tile_pair_rows(kind, rows)
+    missing = "this build has no tile pairs (no AVX-512 VNNI)"
+    yield from _path_rows(ops.tile_pair_rows, ops.set_tile_pair_rows, request.param, missing)
 
 
 @pytest.fixture(params=[16, NEVER], ids=["tile-multiplies", "no-tile-multiplies"])
 def amx_rows(request):
     """AMX's tile multiplies for the chunks of 16 rows of calls of 16 rows or more, or none; restored after."""
     ops = torch.ops.spec_batch
-    before = {kind: ops.amx_rows(kind) for kind in KINDS}
-    if before["w4a8"] < 0 and request.param != NEVER:
-        pytest.skip("no AMX in this build or process")
-    for kind in KINDS:
-        if before[kind] > 0:
-            ops.set_amx_rows(kind, request.param)
-    yield request.param
-    for kind, rows in before.items():
-        if rows > 0:
-            ops.set_amx_rows(kind, rows)
+    yield from _path_rows(ops.amx_rows, ops.set_amx_rows, request.param, "no AMX in this build or process")
 
 
 @pytest.mark.parametrize("kind", [BlockLinear, Q8BlockLinear])

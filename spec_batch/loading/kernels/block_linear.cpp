@@ -712,14 +712,27 @@ int64_t tile_pair_rows(c10::string_view kind) {
 #endif
 }
 
-void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
+// A kind's row threshold stored in `table` (nullptr where this build lacks the path: the arguments are checked).
+void store_rows(std::atomic<int64_t>* table, c10::string_view kind, int64_t rows, const char* name) {
   const int index = kind_index(kind);
-  TORCH_CHECK(rows >= 1, "set_tile_pair_rows: rows must be >= 1, got ", rows);
+  TORCH_CHECK(rows >= 1, name, ": rows must be >= 1, got ", rows);
+  if (table != nullptr) table[index].store(rows);
+}
+
+// Each path's thresholds, nullptr where this build lacks the path.
 #ifdef SPEC_BATCH_TILE_PAIRS
-  g_tile_pair_rows[index].store(rows);
+std::atomic<int64_t>* const kTilePairRows = g_tile_pair_rows;
 #else
-  (void)index;
+std::atomic<int64_t>* const kTilePairRows = nullptr;
 #endif
+#ifdef SPEC_BATCH_AMX
+std::atomic<int64_t>* const kAmxRowsTable = g_amx_rows;
+#else
+std::atomic<int64_t>* const kAmxRowsTable = nullptr;
+#endif
+
+void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
+  store_rows(kTilePairRows, kind, rows, "set_tile_pair_rows");
 }
 
 // How far ahead a kind's calls ask for their weights: "near" or "far" (fetch_ahead); on builds without AVX2 a no-op
@@ -753,15 +766,7 @@ int64_t amx_rows(c10::string_view kind) {
   return -1;
 }
 
-void set_amx_rows(c10::string_view kind, int64_t rows) {
-  const int index = kind_index(kind);
-  TORCH_CHECK(rows >= 1, "set_amx_rows: rows must be >= 1, got ", rows);
-#ifdef SPEC_BATCH_AMX
-  g_amx_rows[index].store(rows);
-#else
-  (void)index;
-#endif
-}
+void set_amx_rows(c10::string_view kind, int64_t rows) { store_rows(kAmxRowsTable, kind, rows, "set_amx_rows"); }
 
 // Rows `ids` of a W8A8 weight [tiles, blocks, 8, 8, 4] (q + 128) with d [tiles, blocks, 8], dequantized to
 // float32 [..., K]: a tied input embedding's lookup. Each element is (q - 128) * d, one product rounded once (the
