@@ -467,6 +467,15 @@ inline __m512 add_pair(Q4Blocks, __m512 acc, __m512 sums, __m512 dv, __m512 mv, 
 inline __m512 add_pair(Q8Blocks, __m512 acc, __m512 sums, __m512 dv, __m512, float dx, float) {
   return _mm512_fmadd_ps(sums, _mm512_mul_ps(dv, _mm512_set1_ps(dx)), acc);
 }
+// Row r's integer sums of block b (Q8: less the 128 * sum(x) its stored offset adds) added to its accumulators:
+// the one float step of the VNNI and the AMX paths for a tile pair.
+template <typename Format>
+inline __m512 add_block_pair(__m512 acc, __m512i sums, const QuantRows& xr, int64_t r, int64_t b, __m512 dv,
+                             __m512 mv) {
+  const int64_t at = xr.at(r, b);
+  if constexpr (std::is_same_v<Format, Q8Blocks>) sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * xr.total[at]));
+  return add_pair(Format{}, acc, _mm512_cvtepi32_ps(sums), dv, mv, xr.scale[at], xr.shift[at]);
+}
 
 // rows_of_tile for tiles t (w, d, m) and t + 1 (at `next` bytes, `next_scales` halves further): N rows' chains
 // interleaved, two a row where few rows leave the products' latency exposed (as SumsVnni::dots).
@@ -501,10 +510,8 @@ void rows_of_tile_pair(const uint8_t* w, int64_t next, const at::Half* d, const 
     }
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) {
-      __m512i sums = kChains == 2 ? _mm512_add_epi32(part[i][0], part[i][kChains - 1]) : part[i][0];
-      const int64_t at = xr.at(r0 + i, b);
-      if constexpr (std::is_same_v<Format, Q8Blocks>) sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * xr.total[at]));
-      acc[i] = add_pair(Format{}, acc[i], _mm512_cvtepi32_ps(sums), dv, mv, xr.scale[at], xr.shift[at]);
+      const __m512i sums = kChains == 2 ? _mm512_add_epi32(part[i][0], part[i][kChains - 1]) : part[i][0];
+      acc[i] = add_block_pair<Format>(acc[i], sums, xr, r0 + i, b, dv, mv);
     }
   }
 #pragma GCC unroll 8
@@ -573,7 +580,7 @@ void unpack_panels(const uint8_t* w, int64_t next, int64_t blocks, uint8_t* pane
   }
 }
 
-// One block's float steps for 16 rows (add_pair's, in order) from its integer sums [row][16 outputs].
+// One block's float steps for 16 rows (add_block_pair's, in order) from its integer sums [row][16 outputs].
 template <typename Format>
 inline void add_block_amx(const int32_t* sums, const at::Half* d, const at::Half* m, int64_t next_scales,
                           const QuantRows& xr, int64_t r0, int64_t b, __m512* acc) {
@@ -581,10 +588,7 @@ inline void add_block_amx(const int32_t* sums, const at::Half* d, const at::Half
   const __m512 mv = m == nullptr ? _mm512_setzero_ps() : halves_pair(m + b * kTile, m + next_scales + b * kTile);
 #pragma GCC unroll 16
   for (int i = 0; i < kAmxRows; ++i) {
-    __m512i row = _mm512_load_si512(sums + i * 16);
-    const int64_t at = xr.at(r0 + i, b);
-    if constexpr (std::is_same_v<Format, Q8Blocks>) row = _mm512_sub_epi32(row, _mm512_set1_epi32(128 * xr.total[at]));
-    acc[i] = add_pair(Format{}, acc[i], _mm512_cvtepi32_ps(row), dv, mv, xr.scale[at], xr.shift[at]);
+    acc[i] = add_block_pair<Format>(acc[i], _mm512_load_si512(sums + i * 16), xr, r0 + i, b, dv, mv);
   }
 }
 
@@ -652,7 +656,8 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   float* op = out.data_ptr<float>();
   constexpr int kind = std::is_same_v<Format, Q8Blocks>;
 #ifdef SPEC_BATCH_AMX
-  const bool amx = !portable && rows >= g_amx_rows[kind].load(std::memory_order_relaxed) && amx_granted();
+  const bool amx = !portable && rows >= std::max(kAmxRows, g_amx_rows[kind].load(std::memory_order_relaxed)) &&
+                   amx_granted();  // (below 16 rows there is no chunk to multiply)
 #endif
   spec_batch_kernels::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
 #ifdef SPEC_BATCH_AMX
@@ -696,20 +701,10 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   return block_linear<Q8Blocks>(x, weight, d, c10::nullopt, portable, "w8a8_linear");
 }
 
-// The row count from which a kind's calls ("w4a8", "w8a8") run tile pairs; -1 where this build has none.
+// A kind's place in the paths' tables: "w4a8" 0, "w8a8" 1.
 int kind_index(c10::string_view kind) {
   TORCH_CHECK(kind == "w4a8" || kind == "w8a8", "kind must be w4a8 or w8a8, got ", kind);
   return kind == "w8a8";
-}
-
-int64_t tile_pair_rows(c10::string_view kind) {
-  const int index = kind_index(kind);
-#ifdef SPEC_BATCH_TILE_PAIRS
-  return g_tile_pair_rows[index].load();
-#else
-  (void)index;
-  return -1;
-#endif
 }
 
 // A kind's row threshold stored in `table` (nullptr where this build lacks the path: the arguments are checked).
@@ -730,6 +725,12 @@ std::atomic<int64_t>* const kAmxRowsTable = g_amx_rows;
 #else
 std::atomic<int64_t>* const kAmxRowsTable = nullptr;
 #endif
+
+// The row count from which a kind's calls run tile pairs; -1 where this build has none.
+int64_t tile_pair_rows(c10::string_view kind) {
+  const int index = kind_index(kind);
+  return kTilePairRows == nullptr ? -1 : kTilePairRows[index].load();
+}
 
 void set_tile_pair_rows(c10::string_view kind, int64_t rows) {
   store_rows(kTilePairRows, kind, rows, "set_tile_pair_rows");

@@ -69,7 +69,7 @@ def last_level_cache_bytes(default: int = 32 << 20) -> int:
 def _constants(nbytes: int) -> Callable[[tuple[int, ...], torch.dtype, float], torch.Tensor]:
     """A maker of constant tensors, in one buffer on huge pages where the machine has them (as a loaded model's
     weights are: loading/huge_pages.py), else torch's own."""
-    arena = huge_page_buffer(nbytes + 64 * 16)
+    arena = huge_page_buffer(nbytes + 64 * 16)  # room for each tensor's round-up to a cache line
     used = 0
 
     def constant(shape: tuple[int, ...], dtype: torch.dtype, value: float) -> torch.Tensor:
@@ -189,9 +189,9 @@ def tune_amx(trials: int = 3, working_bytes: int | None = None) -> dict[str, int
 
 def tune_prefetch(trials: int = 3, working_bytes: int | None = None) -> dict[str, str]:
     """For each kind, how far ahead its calls ask for weights, timed as a decode step streams them: one-row passes
-    through W4A8 layers and then W8A8 heads (2:1, `working_bytes` in all), with the kind's DISTANCES in turn and the
-    other kind's "far", alternating, each one's best of `trials`; "near" where it wins by PREFETCH_MARGIN, else
-    "far". Sets and returns them."""
+    through W4A8 layers and then W8A8 heads (2:1, `working_bytes` in all), with the kind's DISTANCES in turn (the
+    kinds before it as chosen, those after it "far"), alternating, each one's best of `trials`; "near" where it wins
+    by PREFETCH_MARGIN, else "far". Sets and returns them."""
     ops = torch.ops.spec_batch
     working = _working(working_bytes)
     layers, heads = _layers("w4a8", working * 2 // 3)(1), _layers("w8a8", working // 3)(1)
@@ -215,10 +215,9 @@ Choice = dict[str, dict[str, int] | dict[str, str] | None]
 
 def tune(trials: int = 3) -> Choice:
     """Every path's choices, {path: {kind: choice}} (None for a path this build or process lacks), set as timed:
-    the prefetch distance first (the other paths' timings stream weights too)."""
+    the prefetch distance first (the other paths' timings stream weights too). For builds with tile pairs
+    (tuned())."""
     _spreads.clear()
-    if torch.ops.spec_batch.tile_pair_rows("w4a8") < 0:
-        return {"prefetch": None, "tile_pairs": None, "amx": None}
     prefetch = tune_prefetch(trials)
     return {"prefetch": prefetch, "tile_pairs": tune_tile_pairs(trials), "amx": tune_amx(trials)}
 
