@@ -1,5 +1,6 @@
 """The suffix index against a brute-force oracle: counts, continuations, longest matches and drafts equal a
-naive scan of the sequences, through interleaved appends, closes and removals."""
+naive scan of the sequences, through interleaved appends, closes and removals. Every test runs on both tries: the
+Python one and the C++ one (loading/kernels/suffix_trie.cpp, where the native kernels build)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,22 @@ from collections import Counter
 
 import pytest
 
+from spec_batch.core.drafting.native_suffix_index import NativeSuffixIndex, new_suffix_index
 from spec_batch.core.drafting.suffix_index import SuffixIndex
+from spec_batch.loading.kernels import native_ops
+
+
+@pytest.fixture(params=["python", "native"])
+def make_index(request):
+    """SuffixIndex(max_depth) of either implementation."""
+    if request.param == "python":
+        return SuffixIndex
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    make = new_suffix_index
+    assert isinstance(make(2), NativeSuffixIndex)  # the drafters get the C++ trie once the kernels are loaded
+    return make
+
 
 # ---------------------------------------------------------------- the oracle: naive scans
 
@@ -45,7 +61,9 @@ def naive_draft(seqs, context, depth, max_tokens, max_match, factor, min_prob):
     return match, tokens, probs
 
 
-def check_against_oracle(index: SuffixIndex, seqs: dict[int, list[int]], alphabet: int, rng: random.Random) -> None:
+def check_against_oracle(
+    index: SuffixIndex | NativeSuffixIndex, seqs: dict[int, list[int]], alphabet: int, rng: random.Random
+) -> None:
     depth = index.max_depth
     for n in range(1, depth + 1):
         for w in itertools.product(range(alphabet), repeat=n):
@@ -65,10 +83,10 @@ def check_against_oracle(index: SuffixIndex, seqs: dict[int, list[int]], alphabe
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_interleaved_appends_closes_and_removals_match_a_naive_scan(seed):
+def test_interleaved_appends_closes_and_removals_match_a_naive_scan(seed, make_index):
     rng = random.Random(seed)
     alphabet, depth = 3, rng.choice([2, 4, 5])
-    index = SuffixIndex(max_depth=depth)
+    index = make_index(depth)
     seqs: dict[int, list[int]] = {}
     open_ids: list[int] = []
     next_id = 0
@@ -94,24 +112,24 @@ def test_interleaved_appends_closes_and_removals_match_a_naive_scan(seed):
         check_against_oracle(index, seqs, alphabet, rng)
 
 
-def test_a_path_of_a_row_in_flight_keeps_growing_after_another_row_catches_up_with_it():
-    index = SuffixIndex(max_depth=4)
+def test_a_path_of_a_row_in_flight_keeps_growing_after_another_row_catches_up_with_it(make_index):
+    index = make_index(4)
     index.extend(0, [1, 2])
     index.extend(1, [1, 2])  # row 1's paths reach the ends of row 0's
     index.extend(0, [3])
     assert (index.count([1, 2, 3]), index.count([2, 3]), index.count([1, 2])) == (1, 1, 2)
 
 
-def test_repeats_of_one_token_count_every_overlapping_occurrence():
-    index = SuffixIndex(max_depth=4)
+def test_repeats_of_one_token_count_every_overlapping_occurrence(make_index):
+    index = make_index(4)
     index.extend(0, [7] * 6)
     assert [index.count([7] * n) for n in range(1, 5)] == [6, 5, 4, 3]
     assert index.next_counts([7, 7, 7]) == {7: 3}
 
 
-def test_removing_every_sequence_leaves_an_empty_trie():
+def test_removing_every_sequence_leaves_an_empty_trie(make_index):
     rng = random.Random(1)
-    index = SuffixIndex(max_depth=6)
+    index = make_index(6)
     for sid in range(5):
         index.extend(sid, [rng.randrange(3) for _ in range(40)])
     for sid in range(5):
@@ -120,8 +138,8 @@ def test_removing_every_sequence_leaves_an_empty_trie():
     assert index.count([0]) == 0
 
 
-def test_text_without_repeats_costs_no_nodes():
-    index = SuffixIndex(max_depth=32)
+def test_text_without_repeats_costs_no_nodes(make_index):
+    index = make_index(32)
     index.extend(0, range(1000))
     assert index.node_count() == 1  # every path is a tail
     index.extend(1, range(500, 520))  # a repeated span becomes nodes along its paths only
@@ -129,8 +147,8 @@ def test_text_without_repeats_costs_no_nodes():
     assert index.node_count() < 20 * 32 + 1
 
 
-def test_the_draft_continues_the_longest_match_and_own_trailing_occurrence_does_not_count():
-    index = SuffixIndex(max_depth=16)
+def test_the_draft_continues_the_longest_match_and_own_trailing_occurrence_does_not_count(make_index):
+    index = make_index(16)
     prompt = [1, 2, 3, 4, 5, 6, 1, 2, 9]
     index.extend(0, prompt + [1, 2])  # the row so far ends with "1 2"; "1 2" was followed by 3 and by 9
     draft = index.draft(prompt + [1, 2], max_tokens=8, max_match=8, max_spec_factor=4, min_token_prob=0.0)
@@ -142,9 +160,39 @@ def test_the_draft_continues_the_longest_match_and_own_trailing_occurrence_does_
     assert draft.score == 3.0
 
 
-def test_closed_sequences_refuse_appends():
-    index = SuffixIndex(max_depth=4)
+def test_closed_sequences_refuse_appends(make_index):
+    index = make_index(4)
     index.extend(0, [1, 2])
     index.close(0)
     with pytest.raises(ValueError, match="closed"):
         index.extend(0, [3])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_cpp_trie_takes_the_python_tries_steps_on_long_rows_with_removals(seed):
+    """Deeper and longer than the oracle can scan: both tries hold the same nodes and give the same drafts,
+    through removals whose freed nodes the C++ trie reuses."""
+    if not native_ops():
+        pytest.skip("no C++ compiler: the native kernels cannot be built here")
+    rng = random.Random(seed)
+    python, native = SuffixIndex(48), new_suffix_index(48)
+    phrases = [[rng.randrange(50) for _ in range(rng.randrange(3, 12))] for _ in range(8)]
+    for sid in range(30):
+        tokens = [t for _ in range(rng.randrange(5, 40)) for t in rng.choice(phrases + [[rng.randrange(200)]])]
+        for index in (python, native):
+            index.extend(sid, tokens[: len(tokens) // 2])
+            index.extend(sid, tokens[len(tokens) // 2 :])
+            if sid % 3:
+                index.close(sid)
+            if sid % 4 == 3:
+                index.remove(sid - 2)
+        assert (native.node_count(), native.num_tokens, len(native)) == (
+            python.node_count(),
+            python.num_tokens,
+            len(python),
+        )
+        for _ in range(10):
+            context = tokens[: rng.randrange(1, len(tokens) + 1)]
+            options = dict(max_tokens=rng.randrange(1, 20), max_match=rng.randrange(1, 48), max_spec_factor=2.0)
+            assert native.draft(context, **options) == python.draft(context, **options)
+            assert native.next_counts(context[-5:]) == python.next_counts(context[-5:])

@@ -7,7 +7,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .suffix_index import SuffixDraft, SuffixIndex
+from .native_suffix_index import new_suffix_index
+from .suffix_index import SuffixDraft
 
 DEFAULT_MAX_DEPTH = 48  # trie depth: match length + draft length fit in it
 
@@ -20,7 +21,7 @@ class JobMemory:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.max_tokens = max_tokens
-        self.index = SuffixIndex(max_depth)
+        self.index = new_suffix_index(max_depth)
         self._order: OrderedDict[int, None] = OrderedDict()  # sequence ids, oldest first
         self._next_id = 0
         self._lock = threading.Lock()

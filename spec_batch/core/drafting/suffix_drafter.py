@@ -14,13 +14,14 @@ from ...errors import InvalidParameterError
 from .drafter_registry import SUFFIX, DraftSettings
 from .drafters import Draft, DraftRow
 from .job_memory import DEFAULT_MAX_DEPTH, JobMemory
-from .suffix_index import SuffixDraft, SuffixIndex
+from .native_suffix_index import AnySuffixIndex, new_suffix_index
+from .suffix_index import SuffixDraft
 
 
 @dataclass
 class _RowState:
     row: DraftRow  # the admitted row: its tokens are the accepted ones (what the indexes take)
-    index: SuffixIndex  # this row's prompt + output
+    index: AnySuffixIndex  # this row's prompt + output
     seen: int  # tokens of row.tokens in `index`
     prompt_len: int
     memory: JobMemory | None  # its job's memory (None: drafts from its own tokens only)
@@ -68,7 +69,7 @@ class SuffixDrafter:
         for row in rows:
             prompt_len = len(row.tokens) - row.n_generated
             key = memory.open() if memory is not None else None
-            self._rows.append(_RowState(row, SuffixIndex(self.max_depth), 0, prompt_len, memory, key))
+            self._rows.append(_RowState(row, new_suffix_index(self.max_depth), 0, prompt_len, memory, key))
         self._cached = []
 
     def _sync(self, state: _RowState) -> None:
