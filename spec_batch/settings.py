@@ -75,6 +75,7 @@ class Settings:
     forward: str = "auto"
     pack_weights: bool = True  # CPU: prepack full-precision linears for oneDNN at load (loading/cpu_linear.py)
     huge_pages: bool = True  # CPU, Linux: weights moved onto transparent huge pages at load (loading/huge_pages.py)
+    adapt_threads: bool = True  # CPU, Linux, our forward: a step's threads follow the CPUs others leave free
     # The OpenAI-compatible server (spec-batch serve, docs/server.md).
     api_host: str = "127.0.0.1"  # this machine only unless set (the compose api service sets 0.0.0.0 and keys)
     api_port: int = DEFAULT_API_PORT
@@ -146,6 +147,7 @@ def get_settings() -> Settings:
         max_line_bytes=_int_env("SPEC_BATCH_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES),
         pack_weights=_bool_env("SPEC_BATCH_PACK_WEIGHTS", True),
         huge_pages=_bool_env("SPEC_BATCH_HUGE_PAGES", True),
+        adapt_threads=_bool_env("SPEC_BATCH_ADAPT_THREADS", True),
         compile=_compile_choice(),
         forward=_choice("SPEC_BATCH_FORWARD", ("auto", "own", "hf")),
         api_host=(os.environ.get("SPEC_BATCH_API_HOST") or "").strip() or "127.0.0.1",

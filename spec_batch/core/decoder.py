@@ -30,6 +30,7 @@ from .params import SamplingParams
 from .policy import DraftPolicy
 from .step_costs import WALL_CLOCK, StepClock
 from .text import eos_ids
+from .thread_governor import ThreadGovernor
 
 Request = PreparedRequest  # the name engine.py and callers import
 
@@ -67,7 +68,8 @@ class Decoder:
     device, max_context (longest prompt + max_new_tokens the models accept), policy, uses_memory (its drafter drafts
     from a job memory: only then is one worth keeping), precision (what load_decoder loaded: the effective
     weights and dtypes of target and draft; None when built otherwise), clock (what a step costs, as the policy learns it: the wall
-    clock unless given chosen costs).
+    clock unless given chosen costs), threads (the ThreadGovernor that sets a step's CPU threads from what other
+    processes leave free, or None: torch's count as it is).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Decoder:
         clock: StepClock = WALL_CLOCK,
         precision: Any = None,
         latency_slack: float | None = None,
+        threads: ThreadGovernor | None = None,
     ):
         why = supports_model(target)
         if why:
@@ -102,6 +105,7 @@ class Decoder:
         self.uses_memory = uses_memory
         self.precision = precision  # the effective weights and dtypes it runs at (loading's DecoderPrecision) or None
         self.clock = clock  # what each step is recorded to cost (the policy learns from it; tests choose it)
+        self.threads = threads  # ticked before each step, on the thread that runs it
         self._drafter_factory = drafter_factory
         self._settings = {
             "num_draft_tokens": num_draft_tokens,
@@ -226,6 +230,7 @@ class Decoder:
             num_draft_tokens=0,
             chat_template=self.chat_template,
             clock=self.clock,
+            threads=self.threads,
         )
 
     @contextlib.contextmanager

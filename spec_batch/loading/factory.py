@@ -17,10 +17,13 @@ from ..core.decoder import Decoder
 from ..core.drafting.drafter_registry import DRAFTERS, SELF, DrafterKind, DraftSettings
 from ..core.drafting.drafters import Drafter, ModelDrafter
 from ..core.heads.head import EagleHead
+from ..core.thread_governor import ThreadGovernor, cpu_governor
 from ..errors import InvalidParameterError, UnknownModelError
+from ..settings import get_settings
 from .chat import apply_chat_template
 from .decoder_spec import DecoderSpec, cache_dir_key, drafter_kind
 from .heads import HybridHead, head_factory, head_precision, load_head_draft
+from .llama_forward import forward_kind
 from .load import LoadedModel, check_compatible, context_length, load_model, resolve_device, resolve_dtype
 from .weights import Precision, resolve_precision, resolve_weights_name
 
@@ -91,7 +94,17 @@ def build_decoder(
         uses_memory=kind.drafts_from_memory,
         precision=precision,
         latency_slack=latency_slack,
+        threads=_thread_governor(target_model, device),
     )
+
+
+def _thread_governor(target_model: Any, device: torch.device) -> ThreadGovernor | None:
+    """A governor of the CPU threads where the forward is ours (the native kernels: the same bits at any thread
+    count) and SPEC_BATCH_ADAPT_THREADS allows; Hugging Face's forward keeps torch's count (its matmuls' bits may
+    follow it)."""
+    if not get_settings().adapt_threads or forward_kind(target_model) != "own":
+        return None
+    return cpu_governor(device)
 
 
 def _check_draft_arguments(

@@ -165,6 +165,8 @@ class RunningBatch(Generic[S]):
     def step(self) -> int:
         """One step of every row: each sink hears of its row's new tokens (the result too, once finished); the
         finished rows leave. Returns how many rows the step decoded."""
+        if self.decoder.threads is not None:
+            self.decoder.threads.tick()  # the CPU threads other processes leave free, on this thread
         events, sinks = self._step(), self.sinks
         self._keep(fill_order([b for b, e in enumerate(events) if not e.finished]))
         for event, sink in zip(events, sinks):

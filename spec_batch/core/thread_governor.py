@@ -1,0 +1,131 @@
+"""How many intra-op threads a CPU decode step gets: as many as the CPUs that other processes leave free.
+
+Why: a step of a small model is ~120 parallel regions of 5-50 us, and each region waits for its slowest thread.
+Beside another CPU-heavy process, one of our threads loses whole time slices to it and every region waits for that
+thread. Beside one busy process on 2 cores (a 2-core Zen 5 VM, w4a8, the edit prompts at batch 1), 2 threads
+decoded 58 tokens/s plainly and 95 with `suffix`; 1 thread, on the core the other process leaves, 168 and 251
+(docs/benchmarks.md). Quiet, 2 threads are the faster. So between steps the governor looks at what the other
+processes used of this process's CPUs over the last `interval` seconds and sets the thread count of the thread
+that runs the steps to the CPUs they leave (at least 1, at most the count it started with).
+
+The native kernels' bits do not depend on the thread count (loading/kernels/spin_pool.cpp: what a piece computes
+does not depend on who runs it), so only speed changes; loading/factory.py gives a decoder a governor only where
+its forward runs on them (`SPEC_BATCH_ADAPT_THREADS`, default on).
+
+Linux only: the other processes' use is /proc/stat's busy time on this process's CPUs less this process's own
+(`os.times`). Elsewhere there is no governor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# A CPU counts as taken once the other processes use this much of it (and free again below UP): between the two
+# the count stays, so a load near one threshold does not flip it every interval. Beside one busy process, 2 of our
+# threads leave it ~2/3 of a core (three busy threads on two cores), 1 thread a whole one.
+DOWN, UP = 0.5, 0.35
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    at: float  # seconds, monotonic
+    busy: float  # CPU-seconds spent busy on our CPUs by every process (steal included: time we could not run)
+    ours: float  # CPU-seconds this process has run
+
+
+def read_cpu(cpus: frozenset[int], clock: Callable[[], float] = time.monotonic) -> CpuSample | None:
+    """Now's sample from /proc/stat (None where there is none: not Linux)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *fields = line.split()
+        if int(name[3:]) in cpus:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+            ticks += user + nice + system + irq + softirq + steal
+    own = os.times()
+    return CpuSample(clock(), ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system)
+
+
+def threads_for(current: int, most: int, others: float) -> int:
+    """The thread count after `others` CPUs' worth of use by other processes, `current` threads now."""
+    down = most - int(others + (1.0 - DOWN))  # a CPU is taken from DOWN of it on ...
+    up = most - int(others + (1.0 - UP))  # ... and free again below UP
+    target = down if down < current else up if up > current else current
+    return max(1, min(most, target))
+
+
+class ThreadGovernor:
+    """Between steps (`tick`, on the thread that runs them): the intra-op thread count for what other processes
+    leave of this process's CPUs. `sample` and `clock` are for tests (defaults: /proc/stat and the monotonic
+    clock)."""
+
+    def __init__(
+        self,
+        most: int,
+        interval: float = 0.5,
+        sample: Callable[[], CpuSample | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if most < 1:
+            raise ValueError(f"most must be >= 1, got {most}")
+        self.most = most
+        self.threads = most
+        self.pid = os.getpid()  # a forked child's own CPU time starts afresh: it makes its own governor
+        self.interval = interval
+        self._clock = clock
+        self._sample = sample or (lambda: read_cpu(frozenset(os.sched_getaffinity(0)), clock))
+        self._last = self._sample()
+        self._due = clock() + interval
+        self.others = 0.0  # the other processes' CPUs over the last interval (metrics and tests read it)
+
+    def tick(self) -> int:
+        """Sets this thread's torch thread count to the governed one (a new sample once an interval has passed)."""
+        now = self._clock()
+        if now >= self._due:
+            self._due = now + self.interval
+            sample = self._sample()
+            last, self._last = self._last, sample
+            if sample is not None and last is not None and sample.at > last.at:
+                used = (sample.busy - last.busy) - (sample.ours - last.ours)
+                self.others = max(0.0, used / (sample.at - last.at))
+                threads = threads_for(self.threads, self.most, self.others)
+                if threads != self.threads:
+                    log.info("CPU threads %d -> %d: other processes used %.2f CPUs", self.threads, threads, self.others)
+                self.threads = threads
+        if torch.get_num_threads() != self.threads:  # per thread (OpenMP's count is): the caller's own
+            torch.set_num_threads(self.threads)
+        return self.threads
+
+
+_shared: ThreadGovernor | None = None  # the process's governor: every decoder on the CPU shares it
+
+
+def cpu_governor(device: torch.device) -> ThreadGovernor | None:
+    """The process's governor for a decoder on `device`, where one can work (the CPU, Linux, more than one thread to
+    govern); else None. It governs up to this thread's torch thread count when it is made; a decoder made later gets
+    the same one while the count is still the governor's (its ceiling, or what it set: a second decoder loaded
+    while the machine is busy must not take 1 thread for its ceiling), a new one where the caller set another."""
+    global _shared
+    if device.type != "cpu" or not hasattr(os, "sched_getaffinity") or read_cpu(frozenset({0})) is None:
+        return None
+    current = torch.get_num_threads()
+    shared = _shared if _shared is not None and _shared.pid == os.getpid() else None
+    if shared is not None and current in (shared.threads, shared.most):
+        return shared
+    most = min(current, len(os.sched_getaffinity(0)))
+    _shared = ThreadGovernor(most) if most >= 2 else None
+    return _shared
