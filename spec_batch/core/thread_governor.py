@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # the count stays, so a load near one threshold does not flip it every interval. Beside one busy process, 2 of our
 # threads leave it ~2/3 of a core (three busy threads on two cores), 1 thread a whole one.
 DOWN, UP = 0.5, 0.35
+STALE = 3  # a window longer than this many intervals (and than a second) starts a new one instead of deciding
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class ThreadGovernor:
         self.threads = most
         self.pid = os.getpid()  # a forked child's own CPU time starts afresh: it makes its own governor
         self.interval = interval
+        self._stale = max(STALE * interval, 1.0)
         self._clock = clock
         self._sample = sample or (lambda: read_cpu(frozenset(os.sched_getaffinity(0)), clock))
         self._last = self._sample()
@@ -99,7 +101,9 @@ class ThreadGovernor:
             self._due = now + self.interval
             sample = self._sample()
             last, self._last = self._last, sample
-            if sample is not None and last is not None and sample.at > last.at:
+            # a window much longer than the interval (no steps for a while: an idle server) says what the machine
+            # did then, not now: it only starts the next window
+            if sample is not None and last is not None and last.at < sample.at <= last.at + self._stale:
                 used = (sample.busy - last.busy) - (sample.ours - last.ours)
                 self.others = max(0.0, used / (sample.at - last.at))
                 threads = threads_for(self.threads, self.most, self.others)

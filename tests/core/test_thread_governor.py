@@ -136,3 +136,15 @@ def test_decoders_share_the_process_governor_even_while_it_holds_a_thread_back(r
     first.threads = 2
     assert cpu_governor(cpu) is None  # 1 thread that no governor set: the caller's choice, nothing to govern
     assert cpu_governor(torch.device("meta")) is None
+
+
+def test_a_window_from_before_an_idle_spell_decides_nothing(restore_threads):
+    """An idle server's first step after another process's busy minute: that minute is not now."""
+    machine = Machine()
+    governor = ThreadGovernor(2, interval=0.5, sample=machine.sample, clock=lambda: machine.now)
+    machine.run(60.0, others=2.0, ours=0.0)  # no steps for a minute while something else was busy
+    assert governor.tick() == 2  # a new window starts
+    machine.run(0.6, others=0.0)
+    assert governor.tick() == 2 and governor.others == pytest.approx(0.0)
+    machine.run(0.6, others=1.0)
+    assert governor.tick() == 1  # a window of the interval's length still decides
