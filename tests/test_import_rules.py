@@ -324,6 +324,7 @@ CORE_LEAVES = (
     "step_costs",
     "realized_rates",
     "calibration",
+    "thread_governor",
 )
 CORE_FRONT = ("decoder", "decoder_like", "engine", "engine_batch")
 CORE_ALIASES = ("drafters", "response_format")  # documented paths of moved modules, for users only

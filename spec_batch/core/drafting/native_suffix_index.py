@@ -10,10 +10,9 @@ the same brute-force oracle (tests/core/test_suffix_index.py).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from .suffix_index import SuffixDraft, SuffixIndex
 
@@ -23,6 +22,9 @@ _trie_class: Any = None  # torch.classes.spec_batch.SuffixTrie once found (the k
 def _native_class() -> Any:
     global _trie_class
     if _trie_class is None:
+        torch = sys.modules.get("torch")
+        if torch is None:  # no model loaded, so no kernels: a process that only queues or reads keeps torch out
+            return None
         try:
             _trie_class = torch.classes.spec_batch.SuffixTrie
         except (AttributeError, RuntimeError):  # not registered (yet): the kernels are not loaded
