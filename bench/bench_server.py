@@ -13,6 +13,8 @@ machine.
     python -m bench.bench_server                       # default model, ngram vs none, 1/4/8/16 clients
     python -m bench.bench_server --draft suffix --requests 64 --runs 3   # the issue's bar: medians of 3 runs
     python -m bench.bench_server --clients 1,2 --requests 4 --max-tokens 16   # a smoke run
+    python -m bench.bench_server --draft suffix --burner 1   # beside a CPU-heavy process (SPEC_BATCH_ADAPT_THREADS=0:
+                                                             # the servers keep their thread count)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.burner import burners
 from bench.prompts import SETS
 from bench.serve_process import ServeProcess
 
@@ -133,7 +136,8 @@ def bench_fresh_servers(args: argparse.Namespace, prompts: list[str], turn: int)
         try:
             for server in servers:
                 run_level(server.base_url, 1, prompts[:1], 1, args.max_tokens)  # warm-up (untimed)
-            return bench_interleaved(*servers, args, prompts, turn)
+            with burners(args.burner):  # a busy machine: both servers beside the same burners
+                return bench_interleaved(*servers, args, prompts, turn)
         finally:
             for server in servers:
                 server.stop()
@@ -152,6 +156,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--latency-slack", default=None, help="the speculation-on server's --latency-slack (default: the server's)"
     )
+    parser.add_argument(
+        "--burner",
+        type=int,
+        default=0,
+        help="CPU-burning processes beside the servers while they are timed (bench/burner.py; default none)",
+    )
     args = parser.parse_args(argv)
     prompts = SETS[args.prompt_set]
     runs: list[tuple[list[Level], list[Level]]] = []
@@ -160,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"target {args.target}, set {args.prompt_set}, {args.requests} requests/level, max_tokens "
         f"{args.max_tokens}, engine max_batch {args.max_batch}, latency slack {args.latency_slack or 'default'}"
+        + (f", beside {args.burner} CPU burner(s)" if args.burner else "")
     )
     for r, (on, off) in enumerate(runs):
         if len(runs) > 1:
