@@ -55,7 +55,8 @@ def read_cpu(cpus: frozenset[int], clock: Callable[[], float] = time.monotonic) 
             continue
         name, *fields = line.split()
         if int(name[3:]) in cpus:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+            values = [int(f) for f in fields[:8]] + [0] * (8 - len(fields[:8]))  # older kernels: fewer columns
+            user, nice, system, _idle, _iowait, irq, softirq, steal = values
             ticks += user + nice + system + irq + softirq + steal
     own = os.times()
     return CpuSample(clock(), ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system)
