@@ -86,7 +86,7 @@ class ThreadGovernor:
             raise ValueError(f"most must be >= 1, got {most}")
         self.most = most
         self.threads = most
-        self.pid = os.getpid()  # a forked child's own CPU time starts afresh: it makes its own governor
+        self.pid = os.getpid()  # a forked child's own CPU time starts afresh (cpu_governor, tick)
         self.interval = interval
         self._stale = max(STALE * interval, 1.0)
         self._clock = clock
@@ -102,6 +102,8 @@ class ThreadGovernor:
             self._due = now + self.interval
             sample = self._sample()
             last, self._last = self._last, sample
+            if self.pid != os.getpid():  # a forked child: its own CPU time starts afresh, so the window does too
+                self.pid, last = os.getpid(), None
             # a window much longer than the interval (no steps for a while: an idle server) says what the machine
             # did then, not now: it only starts the next window
             if sample is not None and last is not None and last.at < sample.at <= last.at + self._stale:

@@ -148,3 +148,15 @@ def test_a_window_from_before_an_idle_spell_decides_nothing(restore_threads):
     assert governor.tick() == 2 and governor.others == pytest.approx(0.0)
     machine.run(0.6, others=1.0)
     assert governor.tick() == 1  # a window of the interval's length still decides
+
+
+def test_a_forked_childs_first_window_decides_nothing(restore_threads):
+    """A child's os.times start near zero: a window from the parent's sample would read as others' use."""
+    machine = Machine()
+    governor = ThreadGovernor(2, interval=0.5, sample=machine.sample, clock=lambda: machine.now)
+    governor.pid = -1  # as if made in a parent process
+    machine.ours = -100.0  # the child's own time restarts
+    machine.run(0.6, others=0.0)
+    assert governor.tick() == 2 and governor.pid == os.getpid()
+    machine.run(0.6, others=1.0)
+    assert governor.tick() == 1
