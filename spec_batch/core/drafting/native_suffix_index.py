@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .suffix_index import SuffixDraft, SuffixIndex
+from .suffix_index import SuffixDraft, SuffixIndex, SuffixQueries
 
 _trie_class: Any = None  # torch.classes.spec_batch.SuffixTrie once found (the kernels may load after this module)
 
@@ -32,8 +32,8 @@ def _native_class() -> Any:
     return _trie_class
 
 
-class NativeSuffixIndex:
-    """SuffixIndex's interface over the C++ trie."""
+class NativeSuffixIndex(SuffixQueries):
+    """SuffixIndex's interface over the C++ trie (the queries' checks are SuffixQueries', shared)."""
 
     def __init__(self, max_depth: int, trie_class: Any):
         if max_depth < 2:
@@ -57,25 +57,15 @@ class NativeSuffixIndex:
     def remove(self, seq_id: int) -> None:
         self._trie.remove(seq_id)
 
-    def count(self, tokens: Sequence[int]) -> int:
-        if len(tokens) > self.max_depth:
-            raise ValueError(f"at most max_depth={self.max_depth} tokens, got {len(tokens)}")
+    def _count(self, tokens: Sequence[int]) -> int:
         return self._trie.count([int(t) for t in tokens])
 
-    def next_counts(self, tokens: Sequence[int]) -> dict[int, int]:
-        if len(tokens) >= self.max_depth:
-            raise ValueError(f"fewer than max_depth={self.max_depth} tokens, got {len(tokens)}")
+    def _next_counts(self, tokens: Sequence[int]) -> dict[int, int]:
         nexts, counts = self._trie.next_counts([int(t) for t in tokens])
         return dict(zip(nexts, counts))
 
-    def draft(
-        self,
-        context: Sequence[int],
-        *,
-        max_tokens: int,
-        max_match: int,
-        max_spec_factor: float = 1.0,
-        min_token_prob: float = 0.1,
+    def _draft(
+        self, context: Sequence[int], max_tokens: int, max_match: int, max_spec_factor: float, min_token_prob: float
     ) -> SuffixDraft:
         match_len, tokens, probs = self._trie.draft(
             [int(t) for t in context], max_tokens, max_match, float(max_spec_factor), float(min_token_prob)

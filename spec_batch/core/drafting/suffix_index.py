@@ -67,7 +67,50 @@ class SuffixDraft:
 _State = tuple[_Node, "_Tail | None", int]
 
 
-class SuffixIndex:
+class SuffixQueries:
+    """The queries a suffix index answers, checked once for both implementations (this module's trie and the C++
+    one, native_suffix_index.py); each supplies `max_depth` and the unchecked `_count`, `_next_counts`, `_draft`."""
+
+    max_depth: int
+
+    def count(self, tokens: Sequence[int]) -> int:
+        """How many times `tokens` (at most max_depth of them) occurs in the indexed sequences."""
+        if len(tokens) > self.max_depth:
+            raise ValueError(f"at most max_depth={self.max_depth} tokens, got {len(tokens)}")
+        return self._count(tokens)
+
+    def next_counts(self, tokens: Sequence[int]) -> dict[int, int]:
+        """Occurrences of tokens + [t] for each t that follows (len(tokens) < max_depth)."""
+        if len(tokens) >= self.max_depth:
+            raise ValueError(f"fewer than max_depth={self.max_depth} tokens, got {len(tokens)}")
+        return self._next_counts(tokens)
+
+    def draft(
+        self,
+        context: Sequence[int],
+        *,
+        max_tokens: int,
+        max_match: int,
+        max_spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+    ) -> SuffixDraft:
+        """The most frequent continuation of the longest matching suffix, token by token; stops at max_tokens,
+        at max_spec_factor * match length, or when the cumulative probability falls below min_token_prob."""
+        return self._draft(context, max_tokens, max_match, max_spec_factor, min_token_prob)
+
+    def _count(self, tokens: Sequence[int]) -> int:
+        raise NotImplementedError
+
+    def _next_counts(self, tokens: Sequence[int]) -> dict[int, int]:
+        raise NotImplementedError
+
+    def _draft(
+        self, context: Sequence[int], max_tokens: int, max_match: int, max_spec_factor: float, min_token_prob: float
+    ) -> SuffixDraft:
+        raise NotImplementedError
+
+
+class SuffixIndex(SuffixQueries):
     """Sequences of token ids, indexed for the longest-match and count queries of suffix drafting."""
 
     def __init__(self, max_depth: int = 48):
@@ -199,20 +242,14 @@ class SuffixIndex:
             return best_token, best_count / total, (node, best_child, 1)
         return best_token, best_count / total, (best_child, None, 0)
 
-    def count(self, tokens: Sequence[int]) -> int:
-        """How many times `tokens` (at most max_depth of them) occurs in the indexed sequences."""
-        if len(tokens) > self.max_depth:
-            raise ValueError(f"at most max_depth={self.max_depth} tokens, got {len(tokens)}")
+    def _count(self, tokens: Sequence[int]) -> int:
         state = self._walk(tokens)
         if state is None:
             return 0
         node, tail, _ = state
         return 1 if tail is not None else node.count
 
-    def next_counts(self, tokens: Sequence[int]) -> dict[int, int]:
-        """Occurrences of tokens + [t] for each t that follows (len(tokens) < max_depth)."""
-        if len(tokens) >= self.max_depth:
-            raise ValueError(f"fewer than max_depth={self.max_depth} tokens, got {len(tokens)}")
+    def _next_counts(self, tokens: Sequence[int]) -> dict[int, int]:
         state = self._walk(tokens)
         if state is None:
             return {}
@@ -237,17 +274,9 @@ class SuffixIndex:
                 hi = mid - 1
         return lo, best
 
-    def draft(
-        self,
-        context: Sequence[int],
-        *,
-        max_tokens: int,
-        max_match: int,
-        max_spec_factor: float = 1.0,
-        min_token_prob: float = 0.1,
+    def _draft(
+        self, context: Sequence[int], max_tokens: int, max_match: int, max_spec_factor: float, min_token_prob: float
     ) -> SuffixDraft:
-        """The most frequent continuation of the longest matching suffix, token by token; stops at max_tokens,
-        at max_spec_factor * match length, or when the cumulative probability falls below min_token_prob."""
         match_len, state = self.longest_match(context, max_match)
         out = SuffixDraft(match_len=match_len)
         limit = min(max_tokens, int(match_len * max_spec_factor + 1e-9))
