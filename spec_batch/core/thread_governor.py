@@ -62,6 +62,23 @@ def read_cpu(cpus: frozenset[int], clock: Callable[[], float] = time.monotonic) 
     return CpuSample(clock(), ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system)
 
 
+def other_cpus(first: CpuSample | None, second: CpuSample | None) -> float | None:
+    """The CPUs other processes used on average between two samples (None: no samples, or no time between)."""
+    if first is None or second is None or second.at <= first.at:
+        return None
+    used = (second.busy - first.busy) - (second.ours - first.ours)
+    return max(0.0, used / (second.at - first.at))
+
+
+def this_process_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (every CPU where the OS does not say)."""
+    return (
+        frozenset(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else frozenset(range(os.cpu_count() or 1))
+    )
+
+
 def threads_for(current: int, most: int, others: float) -> int:
     """The thread count after `others` CPUs' worth of use by other processes, `current` threads now."""
     down = most - int(others + (1.0 - DOWN))  # a CPU is taken from DOWN of it on ...
@@ -90,7 +107,7 @@ class ThreadGovernor:
         self.interval = interval
         self._stale = max(STALE * interval, 1.0)
         self._clock = clock
-        self._sample = sample or (lambda: read_cpu(frozenset(os.sched_getaffinity(0)), clock))
+        self._sample = sample or (lambda: read_cpu(this_process_cpus(), clock))
         self._last = self._sample()
         self._due = clock() + interval
         self.others = 0.0  # the other processes' CPUs over the last interval (metrics and tests read it)
@@ -106,12 +123,13 @@ class ThreadGovernor:
                 self.pid, last = os.getpid(), None
             # a window much longer than the interval (no steps for a while: an idle server) says what the machine
             # did then, not now: it only starts the next window
-            if sample is not None and last is not None and last.at < sample.at <= last.at + self._stale:
-                used = (sample.busy - last.busy) - (sample.ours - last.ours)
-                self.others = max(0.0, used / (sample.at - last.at))
-                threads = threads_for(self.threads, self.most, self.others)
+            fresh = last is not None and sample is not None and sample.at - last.at <= self._stale
+            others = other_cpus(last, sample) if fresh else None
+            if others is not None:
+                self.others = others
+                threads = threads_for(self.threads, self.most, others)
                 if threads != self.threads:
-                    log.info("CPU threads %d -> %d: other processes used %.2f CPUs", self.threads, threads, self.others)
+                    log.info("CPU threads %d -> %d: other processes used %.2f CPUs", self.threads, threads, others)
                 self.threads = threads
         if torch.get_num_threads() != self.threads:  # per thread (OpenMP's count is): the caller's own
             torch.set_num_threads(self.threads)
