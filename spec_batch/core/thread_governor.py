@@ -145,12 +145,13 @@ def cpu_governor(device: torch.device) -> ThreadGovernor | None:
     the same one while the count is still the governor's (its ceiling, or what it set: a second decoder loaded
     while the machine is busy must not take 1 thread for its ceiling), a new one where the caller set another."""
     global _shared
-    if device.type != "cpu" or not hasattr(os, "sched_getaffinity") or read_cpu(frozenset({0})) is None:
+    cpus = this_process_cpus()
+    if device.type != "cpu" or read_cpu(cpus) is None:
         return None
     current = torch.get_num_threads()
     shared = _shared if _shared is not None and _shared.pid == os.getpid() else None
     if shared is not None and current in (shared.threads, shared.most):
         return shared
-    most = min(current, len(os.sched_getaffinity(0)))
+    most = min(current, len(cpus))
     _shared = ThreadGovernor(most) if most >= 2 else None
     return _shared

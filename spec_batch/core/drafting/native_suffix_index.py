@@ -2,10 +2,10 @@
 `SuffixIndex`'s interface and answers: the drafters ask `new_suffix_index` for one and get the Python trie
 elsewhere (no compiler, `SPEC_BATCH_COMPILE=off`, or before any model loaded the kernels).
 
-Why: the Python trie costs ~5-10 us a token (dict updates, node splits), about 1 ms a request for a 180-token
+Why: the Python trie costs ~6 us a token (dict updates, node splits), about 1 ms a request for a 180-token
 prompt and its output, paid by every row the drafter looks at. At 16 server clients, where drafting rarely pays,
-that was ~1-2% of the engine's time; the C++ trie takes well under a microsecond a token. Both are checked against
-the same brute-force oracle (tests/core/test_suffix_index.py).
+that was ~1% of the engine's time; the C++ trie takes ~0.7-1 us a token, the call from Python included. Both are
+checked against the same brute-force oracle (tests/core/test_suffix_index.py).
 """
 
 from __future__ import annotations
@@ -36,10 +36,8 @@ class NativeSuffixIndex(SuffixQueries):
     """SuffixIndex's interface over the C++ trie (the queries' checks are SuffixQueries', shared)."""
 
     def __init__(self, max_depth: int, trie_class: Any):
-        if max_depth < 2:
-            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
+        super().__init__(max_depth)
         self._trie = trie_class(max_depth)
-        self.max_depth = max_depth
 
     @property
     def num_tokens(self) -> int:

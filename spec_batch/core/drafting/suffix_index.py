@@ -69,9 +69,12 @@ _State = tuple[_Node, "_Tail | None", int]
 
 class SuffixQueries:
     """The queries a suffix index answers, checked once for both implementations (this module's trie and the C++
-    one, native_suffix_index.py); each supplies `max_depth` and the unchecked `_count`, `_next_counts`, `_draft`."""
+    one, native_suffix_index.py); each supplies the unchecked `_count`, `_next_counts`, `_draft`."""
 
-    max_depth: int
+    def __init__(self, max_depth: int):
+        if max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
+        self.max_depth = max_depth
 
     def count(self, tokens: Sequence[int]) -> int:
         """How many times `tokens` (at most max_depth of them) occurs in the indexed sequences."""
@@ -114,9 +117,7 @@ class SuffixIndex(SuffixQueries):
     """Sequences of token ids, indexed for the longest-match and count queries of suffix drafting."""
 
     def __init__(self, max_depth: int = 48):
-        if max_depth < 2:
-            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
-        self.max_depth = max_depth
+        super().__init__(max_depth)
         self._root = _Node(0)
         self._seqs: dict[int, list[int]] = {}
         # per open sequence: suffix starts whose path still grows and ends at a node (not in a tail)
