@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spec_batch.core import thread_governor
 from spec_batch.core.params import SamplingParams
 from spec_batch.core.thread_governor import CpuSample, ThreadGovernor
 from spec_batch.loading import build_decoder
@@ -76,6 +77,9 @@ def _counting(set_num_threads, counts: list[int]):
 
 
 def test_only_our_forward_at_several_threads_gets_a_governor(prepared_llama, fake_tokenizer, monkeypatch):
+    # no governor from an earlier test in this process: one that held a thread back (a busy CI machine) would be
+    # shared with a decoder built at 1 thread (tests/core/test_thread_governor.py tests that sharing)
+    monkeypatch.setattr(thread_governor, "_shared", None)
     model = prepared_llama("full", torch.float32, True, seed=5, layers=1)
     use_own_forward(model, "own")
     before = torch.get_num_threads()
